@@ -1,0 +1,27 @@
+//! Architecture primitives behind one interface.
+//!
+//! `crate::copy` and `crate::clear` own the strategy names; this module maps
+//! the instruction-level ones onto the current architecture's code and says
+//! why a strategy is missing when it is.
+
+/// A copy primitive: copies exactly `len` bytes from `src` to `dst`.
+/// Callers guarantee both ranges are valid and disjoint.
+pub type CopyFn = unsafe fn(dst: *mut u8, src: *const u8, len: usize);
+
+/// A clear primitive: zeroes exactly `len` bytes at `dst`.
+/// Callers guarantee the range is valid for writes.
+pub type ClearFn = unsafe fn(dst: *mut u8, len: usize);
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86_64;
+#[cfg(target_arch = "x86_64")]
+pub use self::x86_64::{
+    clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, CAN_FLUSH,
+};
+
+#[cfg(not(target_arch = "x86_64"))]
+pub mod generic;
+#[cfg(not(target_arch = "x86_64"))]
+pub use self::generic::{
+    clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, CAN_FLUSH,
+};

@@ -1,0 +1,275 @@
+//! x86_64 copy primitives.
+//!
+//! Every primitive has the signature `unsafe fn(dst, src, len)` and copies
+//! exactly `len` bytes. They are written in inline asm so that the compiler
+//! cannot replace a loop by a call to `memcpy`: a strategy's name must be the
+//! instructions that run. The direction flag is clear on entry by the ABI.
+
+use core::arch::asm;
+
+/// Copies `len` bytes with 8-byte then 1-byte register moves.
+///
+/// The tail helper shared by every bulk primitive below (and the whole of a
+/// short copy): no string instructions, no vectors.
+///
+/// # Safety
+/// `src` must be valid for reads and `dst` for writes of `len` bytes, and the
+/// ranges must not overlap.
+#[inline]
+pub unsafe fn copy_tail(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: the caller guarantees both ranges are valid and disjoint; the
+    // loops below touch exactly [src, src+len) and [dst, dst+len).
+    //
+    // Contract: in  rdi=dst, rsi=src, rcx=len (all consumed)
+    //           clobbers r8, flags; memory is written.
+    unsafe {
+        asm!(
+            "mov {q}, rcx",
+            "shr {q}, 3",
+            "jz 3f",
+            "2:",
+            "mov r8, qword ptr [rsi]",
+            "mov qword ptr [rdi], r8",
+            "add rsi, 8",
+            "add rdi, 8",
+            "dec {q}",
+            "jnz 2b",
+            "3:",
+            "and rcx, 7",
+            "jz 5f",
+            "4:",
+            "mov r8b, byte ptr [rsi]",
+            "mov byte ptr [rdi], r8b",
+            "inc rsi",
+            "inc rdi",
+            "dec rcx",
+            "jnz 4b",
+            "5:",
+            q = out(reg) _,
+            inout("rcx") len => _,
+            inout("rdi") dst => _,
+            inout("rsi") src => _,
+            out("r8") _,
+            options(nostack),
+        );
+    }
+}
+
+/// `rep movsb`: the CPU's microcoded byte string copy (fast with ERMS/FSRM).
+///
+/// # Safety
+/// As [`copy_tail`].
+pub unsafe fn copy_movsb(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: caller guarantees valid, disjoint ranges of `len` bytes.
+    // Contract: in rdi=dst, rsi=src, rcx=len (consumed); flags preserved.
+    unsafe {
+        asm!(
+            "rep movsb",
+            inout("rcx") len => _,
+            inout("rdi") dst => _,
+            inout("rsi") src => _,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// `rep movsq` over the 8-byte body, `rep movsb` for the tail: the kernel's
+/// `copy_page` on REP_GOOD CPUs.
+///
+/// # Safety
+/// As [`copy_tail`].
+pub unsafe fn copy_movsq(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: caller guarantees valid, disjoint ranges of `len` bytes; the
+    // two string ops together move exactly `len` bytes.
+    // Contract: in rdi=dst, rsi=src, rcx=len/8 then len%8; flags preserved.
+    unsafe {
+        asm!(
+            "rep movsq",
+            "mov rcx, {tail}",
+            "rep movsb",
+            tail = in(reg) len & 7,
+            inout("rcx") len >> 3 => _,
+            inout("rdi") dst => _,
+            inout("rsi") src => _,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// Unrolled 64-bit register moves, 64 bytes per iteration: the kernel's
+/// `memcpy_orig`, which a CPU without FSRM/ERMS gets for `memcpy`.
+///
+/// # Safety
+/// As [`copy_tail`].
+pub unsafe fn copy_unrolled(dst: *mut u8, src: *const u8, len: usize) {
+    let blocks = len / 64;
+    if blocks > 0 {
+        // SAFETY: caller guarantees valid, disjoint ranges; the loop moves
+        // exactly blocks*64 <= len bytes from the start of each range.
+        // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
+        //           clobbers r8-r11, flags.
+        unsafe {
+            asm!(
+                "2:",
+                "mov r8,  qword ptr [rsi]",
+                "mov r9,  qword ptr [rsi + 8]",
+                "mov r10, qword ptr [rsi + 16]",
+                "mov r11, qword ptr [rsi + 24]",
+                "mov qword ptr [rdi],      r8",
+                "mov qword ptr [rdi + 8],  r9",
+                "mov qword ptr [rdi + 16], r10",
+                "mov qword ptr [rdi + 24], r11",
+                "mov r8,  qword ptr [rsi + 32]",
+                "mov r9,  qword ptr [rsi + 40]",
+                "mov r10, qword ptr [rsi + 48]",
+                "mov r11, qword ptr [rsi + 56]",
+                "mov qword ptr [rdi + 32], r8",
+                "mov qword ptr [rdi + 40], r9",
+                "mov qword ptr [rdi + 48], r10",
+                "mov qword ptr [rdi + 56], r11",
+                "lea rsi, [rsi + 64]",
+                "lea rdi, [rdi + 64]",
+                "dec rcx",
+                "jnz 2b",
+                inout("rcx") blocks => _,
+                inout("rdi") dst => _,
+                inout("rsi") src => _,
+                out("r8") _, out("r9") _, out("r10") _, out("r11") _,
+                options(nostack),
+            );
+        }
+    }
+    let done = blocks * 64;
+    // SAFETY: `done <= len`, so the remainder lies inside both ranges.
+    unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
+}
+
+/// AVX2: four unaligned 32-byte loads and stores per 128-byte iteration.
+///
+/// # Safety
+/// As [`copy_tail`], and the CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
+    let blocks = len / 128;
+    if blocks > 0 {
+        // SAFETY: AVX2 is enabled for this function (caller checked the
+        // CPU); the loop moves blocks*128 <= len bytes of valid ranges.
+        // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
+        //           clobbers ymm0-3, flags; vzeroupper avoids SSE penalties.
+        unsafe {
+            asm!(
+                "2:",
+                "vmovdqu ymm0, ymmword ptr [rsi]",
+                "vmovdqu ymm1, ymmword ptr [rsi + 32]",
+                "vmovdqu ymm2, ymmword ptr [rsi + 64]",
+                "vmovdqu ymm3, ymmword ptr [rsi + 96]",
+                "vmovdqu ymmword ptr [rdi],      ymm0",
+                "vmovdqu ymmword ptr [rdi + 32], ymm1",
+                "vmovdqu ymmword ptr [rdi + 64], ymm2",
+                "vmovdqu ymmword ptr [rdi + 96], ymm3",
+                "add rsi, 128",
+                "add rdi, 128",
+                "dec rcx",
+                "jnz 2b",
+                "vzeroupper",
+                inout("rcx") blocks => _,
+                inout("rdi") dst => _,
+                inout("rsi") src => _,
+                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+                options(nostack),
+            );
+        }
+    }
+    let done = blocks * 128;
+    // SAFETY: `done <= len`, so the remainder lies inside both ranges.
+    unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
+}
+
+/// AVX-512: four unaligned 64-byte loads and stores per 256-byte iteration.
+///
+/// # Safety
+/// As [`copy_tail`], and the CPU must support AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn copy_avx512(dst: *mut u8, src: *const u8, len: usize) {
+    let blocks = len / 256;
+    if blocks > 0 {
+        // SAFETY: AVX-512F is enabled for this function (caller checked the
+        // CPU); the loop moves blocks*256 <= len bytes of valid ranges.
+        // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
+        //           clobbers zmm0-3, flags.
+        unsafe {
+            asm!(
+                "2:",
+                "vmovdqu64 zmm0, zmmword ptr [rsi]",
+                "vmovdqu64 zmm1, zmmword ptr [rsi + 64]",
+                "vmovdqu64 zmm2, zmmword ptr [rsi + 128]",
+                "vmovdqu64 zmm3, zmmword ptr [rsi + 192]",
+                "vmovdqu64 zmmword ptr [rdi],       zmm0",
+                "vmovdqu64 zmmword ptr [rdi + 64],  zmm1",
+                "vmovdqu64 zmmword ptr [rdi + 128], zmm2",
+                "vmovdqu64 zmmword ptr [rdi + 192], zmm3",
+                "add rsi, 256",
+                "add rdi, 256",
+                "dec rcx",
+                "jnz 2b",
+                "vzeroupper",
+                inout("rcx") blocks => _,
+                inout("rdi") dst => _,
+                inout("rsi") src => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                options(nostack),
+            );
+        }
+    }
+    let done = blocks * 256;
+    // SAFETY: `done <= len`, so the remainder lies inside both ranges.
+    unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
+}
+
+/// Streaming copy: temporal loads, `movntdq` stores of whole 64-byte lines,
+/// then `sfence` so the data is globally visible before we return.
+///
+/// The destination head up to 16-byte alignment and the sub-line tail use
+/// ordinary stores; the fence orders those too.
+///
+/// # Safety
+/// As [`copy_tail`].
+pub unsafe fn copy_nt(dst: *mut u8, src: *const u8, len: usize) {
+    let head = (dst as usize).wrapping_neg() & 15;
+    let head = head.min(len);
+    // SAFETY: `head <= len`, inside both ranges.
+    unsafe { copy_tail(dst, src, head) };
+    let blocks = (len - head) / 64;
+    if blocks > 0 {
+        // SAFETY: dst+head is 16-byte aligned as movntdq requires; the loop
+        // moves blocks*64 <= len-head bytes inside both ranges.
+        // Contract: in rdi=dst+head (16-aligned), rsi=src+head, rcx=blocks
+        //           (>0, consumed); clobbers xmm0-3, flags.
+        unsafe {
+            asm!(
+                "2:",
+                "movdqu xmm0, xmmword ptr [rsi]",
+                "movdqu xmm1, xmmword ptr [rsi + 16]",
+                "movdqu xmm2, xmmword ptr [rsi + 32]",
+                "movdqu xmm3, xmmword ptr [rsi + 48]",
+                "movntdq xmmword ptr [rdi],      xmm0",
+                "movntdq xmmword ptr [rdi + 16], xmm1",
+                "movntdq xmmword ptr [rdi + 32], xmm2",
+                "movntdq xmmword ptr [rdi + 48], xmm3",
+                "add rsi, 64",
+                "add rdi, 64",
+                "dec rcx",
+                "jnz 2b",
+                inout("rcx") blocks => _,
+                inout("rdi") dst.add(head) => _,
+                inout("rsi") src.add(head) => _,
+                out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+                options(nostack),
+            );
+        }
+    }
+    let done = head + blocks * 64;
+    // SAFETY: `done <= len`, so the remainder lies inside both ranges.
+    unsafe { copy_tail(dst.add(done), src.add(done), len - done) };
+    super::sfence();
+}

@@ -1,0 +1,186 @@
+//! Validation shared by the page-granular batch entry points.
+//!
+//! A batch is a list of equal-size folios. Every check happens before the
+//! first byte is written, so a rejected batch leaves memory untouched.
+
+use serde::Serialize;
+use std::sync::OnceLock;
+use thiserror::Error;
+
+use crate::strategy::StrategyError;
+
+/// Whether the caller will read the data again soon. Decides, together with
+/// the batch's size, between cache-filling and streaming stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reuse {
+    /// The data will be read again soon: keep it in cache if it fits.
+    #[default]
+    Reread,
+    /// Write-once data: do not pollute the cache with it.
+    Stream,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum BatchError {
+    #[error("folio size {0} is not a non-zero multiple of the {1}-byte page size")]
+    BadFolioSize(usize, usize),
+    #[error("{what} {index} at {addr:#x} is not aligned to the {page}-byte page size")]
+    Misaligned {
+        what: &'static str,
+        index: usize,
+        addr: usize,
+        page: usize,
+    },
+    #[error("{what} is {len} bytes, not a multiple of the {folio_size}-byte folio size")]
+    NotFolioMultiple {
+        what: &'static str,
+        len: usize,
+        folio_size: usize,
+    },
+    #[error("destination is {dst} bytes but source is {src}")]
+    LengthMismatch { dst: usize, src: usize },
+    #[error("{what} {index} is {len} bytes but the batch's folio size is {folio_size}")]
+    UnequalFolio {
+        what: &'static str,
+        index: usize,
+        len: usize,
+        folio_size: usize,
+    },
+    #[error("{0} destinations but {1} sources")]
+    CountMismatch(usize, usize),
+    #[error("destination {index} overlaps {other}")]
+    Overlap { index: usize, other: String },
+    #[error("address range at {addr:#x} + {len} wraps around the address space")]
+    Wraps { addr: usize, len: usize },
+    #[error("hint page {hint} is outside a folio of {pages} pages")]
+    HintOutOfRange { hint: usize, pages: usize },
+    #[error(transparent)]
+    Strategy(#[from] StrategyError),
+}
+
+/// What a batch did: every path reports the bytes it completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BatchReport {
+    /// The concrete strategy that ran (what `auto` resolved to).
+    pub strategy: &'static str,
+    pub folios: usize,
+    pub bytes: usize,
+}
+
+/// The base page size, asked of the OS once.
+pub fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+    })
+}
+
+pub(crate) fn check_folio_size(folio_size: usize) -> Result<(), BatchError> {
+    let page = page_size();
+    if folio_size == 0 || folio_size % page != 0 {
+        return Err(BatchError::BadFolioSize(folio_size, page));
+    }
+    Ok(())
+}
+
+/// Checks that each address is page-aligned and its folio does not wrap.
+pub(crate) fn check_addrs(
+    what: &'static str,
+    addrs: impl Iterator<Item = usize>,
+    folio_size: usize,
+) -> Result<(), BatchError> {
+    let page = page_size();
+    for (index, addr) in addrs.enumerate() {
+        if addr % page != 0 {
+            return Err(BatchError::Misaligned {
+                what,
+                index,
+                addr,
+                page,
+            });
+        }
+        if addr.checked_add(folio_size).is_none() {
+            return Err(BatchError::Wraps {
+                addr,
+                len: folio_size,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Rejects a batch where any destination folio overlaps another destination
+/// or any source folio. Sources may overlap each other (reading twice is
+/// harmless). O(n log n).
+pub(crate) fn check_overlap(
+    dsts: &[usize],
+    srcs: &[usize],
+    folio_size: usize,
+) -> Result<(), BatchError> {
+    let mut sorted: Vec<(usize, usize)> = dsts.iter().copied().zip(0..).collect();
+    sorted.sort_unstable();
+    for pair in sorted.windows(2) {
+        if pair[1].0 < pair[0].0 + folio_size {
+            return Err(BatchError::Overlap {
+                index: pair[1].1,
+                other: format!("destination {}", pair[0].1),
+            });
+        }
+    }
+    for (si, &s) in srcs.iter().enumerate() {
+        // The last destination starting before the source's end is the only
+        // one that can overlap it, since destinations are disjoint.
+        let after = sorted.partition_point(|&(d, _)| d < s + folio_size);
+        if after > 0 {
+            let (d, di) = sorted[after - 1];
+            if d + folio_size > s {
+                return Err(BatchError::Overlap {
+                    index: di,
+                    other: format!("source {si}"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splits a contiguous length into folios, checking it divides evenly.
+pub(crate) fn folio_count(
+    what: &'static str,
+    len: usize,
+    folio_size: usize,
+) -> Result<usize, BatchError> {
+    check_folio_size(folio_size)?;
+    if len % folio_size != 0 {
+        return Err(BatchError::NotFolioMultiple {
+            what,
+            len,
+            folio_size,
+        });
+    }
+    Ok(len / folio_size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_rules() {
+        let f = 4096;
+        assert!(check_overlap(&[0, 8192], &[4096, 4096], f).is_ok());
+        assert!(matches!(
+            check_overlap(&[0, 2048], &[1 << 20, 1 << 21], f),
+            Err(BatchError::Overlap { .. })
+        ));
+        assert!(matches!(
+            check_overlap(&[8192], &[8192 + 4095], f),
+            Err(BatchError::Overlap { .. })
+        ));
+        assert!(check_overlap(&[8192], &[4096], f).is_ok());
+        assert!(check_overlap(&[8192], &[12288], f).is_ok());
+    }
+}

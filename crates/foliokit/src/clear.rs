@@ -1,0 +1,275 @@
+//! Named clear (zero-fill) strategies, `auto`, and the batched folio clear.
+
+use serde::{Deserialize, Serialize};
+use std::sync::OnceLock;
+
+use crate::arch::{self, ClearFn};
+use crate::batch::{self, page_size, BatchError, BatchReport, Reuse};
+use crate::copy::yield_point;
+use crate::cpu::cpu;
+use crate::strategy::{require, Strategy, StrategyError};
+use crate::tune::{self, Shape};
+
+/// A way of zeroing memory. `Butterfly` and `PerPage` work 4 KiB at a time
+/// like the kernel's `clear_huge_page` paths; the rest clear whole extents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClearStrategy {
+    Butterfly,
+    PerPage,
+    Stosb,
+    Stosq,
+    Nt,
+    Clzero,
+    Libc,
+    #[default]
+    Auto,
+}
+
+impl Strategy for ClearStrategy {
+    const OP: &'static str = "clear";
+    const ALL: &'static [Self] = &[
+        Self::Butterfly,
+        Self::PerPage,
+        Self::Stosb,
+        Self::Stosq,
+        Self::Nt,
+        Self::Clzero,
+        Self::Libc,
+        Self::Auto,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Butterfly => "butterfly",
+            Self::PerPage => "per-page",
+            Self::Stosb => "stosb",
+            Self::Stosq => "stosq",
+            Self::Nt => "nt",
+            Self::Clzero => "clzero",
+            Self::Libc => "libc",
+            Self::Auto => "auto",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            Self::Butterfly => "4 KiB clear_page calls from both ends converging on the hint page (the kernel's process_huge_page order)",
+            Self::PerPage => "4 KiB clear_page calls in address order with a yield point between pages",
+            Self::Stosb => "rep stosb over the whole extent",
+            Self::Stosq => "rep stosq over the whole extent",
+            Self::Nt => "streaming movntdq stores of whole lines, sfence before returning",
+            Self::Clzero => "AMD clzero, one instruction per 64-byte line, fenced",
+            Self::Libc => "the platform memset",
+            Self::Auto => "picks per batch from CPU flags, cache sizes, batch size, reuse and the calibration profile",
+        }
+    }
+
+    fn unavailable(self) -> Option<&'static str> {
+        match self {
+            Self::Butterfly | Self::PerPage | Self::Libc | Self::Auto => None,
+            s => arch::clear_primitive(s, &cpu().features).err(),
+        }
+    }
+}
+
+/// Options for a batched clear.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClearOptions {
+    pub strategy: ClearStrategy,
+    pub reuse: Reuse,
+    /// For `butterfly`: the page (index within each folio) the clearing
+    /// converges on, as the faulting address does in the kernel.
+    pub hint_page: usize,
+}
+
+/// A resolved clear: butterfly needs the hint, the others are plain ranges.
+#[derive(Clone, Copy)]
+enum Clear {
+    Butterfly,
+    Range(ClearFn),
+}
+
+impl ClearStrategy {
+    /// The concrete strategy for a request of this shape.
+    pub fn resolve(self, shape: Shape) -> ClearStrategy {
+        match self {
+            Self::Auto => tune::choose_clear(shape),
+            s => s,
+        }
+    }
+
+    fn dispatch(self) -> Result<Clear, StrategyError> {
+        match require(self)? {
+            Self::Butterfly => Ok(Clear::Butterfly),
+            Self::PerPage => Ok(Clear::Range(per_page)),
+            Self::Libc => Ok(Clear::Range(libc_memset)),
+            Self::Auto => unreachable!("auto is resolved before dispatch"),
+            s => arch::clear_primitive(s, &cpu().features)
+                .map(Clear::Range)
+                .map_err(|reason| StrategyError::Unavailable {
+                    op: Self::OP,
+                    name: s.name(),
+                    reason,
+                }),
+        }
+    }
+}
+
+fn page_clear() -> ClearFn {
+    static PAGE_CLEAR: OnceLock<ClearFn> = OnceLock::new();
+    *PAGE_CLEAR.get_or_init(|| arch::page_clear(&cpu().features))
+}
+
+/// Clears page `i` (the last one may be short) of a `len`-byte range.
+///
+/// # Safety
+/// `dst` valid for writes of `len` bytes and `i * page < len`.
+#[inline]
+unsafe fn clear_page_at(dst: *mut u8, len: usize, i: usize) {
+    let page = page_size();
+    let off = i * page;
+    // SAFETY: off < len and off + n <= len.
+    unsafe { page_clear()(dst.add(off), page.min(len - off)) };
+}
+
+/// # Safety
+/// `dst` valid for writes of `len` bytes.
+unsafe fn per_page(dst: *mut u8, len: usize) {
+    let pages = len.div_ceil(page_size());
+    for i in 0..pages {
+        // SAFETY: i < pages, so i * page < len.
+        unsafe { clear_page_at(dst, len, i) };
+        if i + 1 < pages {
+            yield_point();
+        }
+    }
+}
+
+/// Visits `pages` page indices in the kernel's `process_huge_page` order:
+/// the far end first, then alternately left and right, converging on
+/// `hint`, which comes last and so is hottest in cache. `hint < pages`.
+pub fn butterfly_order(pages: usize, hint: usize, mut visit: impl FnMut(usize)) {
+    let (base, l);
+    if 2 * hint <= pages {
+        // Hint in the first half: the tail end, backwards.
+        base = 0;
+        l = hint;
+        for i in (2 * hint..pages).rev() {
+            visit(i);
+        }
+    } else {
+        // Hint in the second half: the head end, forwards.
+        base = pages - 2 * (pages - hint);
+        l = pages - hint;
+        for i in 0..base {
+            visit(i);
+        }
+    }
+    for i in 0..l {
+        visit(base + i);
+        visit(base + 2 * l - 1 - i);
+    }
+}
+
+/// Clears page by page in [`butterfly_order`], with a yield point after each.
+///
+/// # Safety
+/// `dst` valid for writes of `len` bytes; `hint` < number of pages.
+unsafe fn butterfly(dst: *mut u8, len: usize, hint: usize) {
+    butterfly_order(len.div_ceil(page_size()), hint, |i| {
+        // SAFETY: every visited index is < pages, so inside the range.
+        unsafe { clear_page_at(dst, len, i) };
+        yield_point();
+    });
+}
+
+/// # Safety
+/// `dst` valid for writes of `len` bytes.
+unsafe fn libc_memset(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { libc::memset(dst.cast(), 0, len) };
+}
+
+/// Zeroes `dst` (any length and alignment) with `strategy`; `butterfly`
+/// converges on page 0. Returns the concrete strategy that ran.
+pub fn clear(dst: &mut [u8], strategy: ClearStrategy) -> Result<&'static str, BatchError> {
+    let s = strategy.resolve(Shape::single(dst.as_ptr() as usize, dst.len()));
+    let c = s.dispatch()?;
+    // SAFETY: the slice is valid for writes of its length; hint 0 is always
+    // a valid page index (an empty range clears no page).
+    unsafe { apply(c, dst.as_mut_ptr(), dst.len(), 0) };
+    Ok(s.name())
+}
+
+/// # Safety
+/// `dst` valid for writes of `len` bytes; `hint` inside the range's pages.
+unsafe fn apply(c: Clear, dst: *mut u8, len: usize, hint: usize) {
+    match c {
+        // SAFETY: forwarded contract.
+        Clear::Butterfly => unsafe { butterfly(dst, len, hint) },
+        // SAFETY: forwarded contract.
+        Clear::Range(f) => unsafe { f(dst, len) },
+    }
+}
+
+/// Zeroes a contiguous region folio by folio as one batch.
+pub fn clear_folios(
+    dst: &mut [u8],
+    folio_size: usize,
+    opts: ClearOptions,
+) -> Result<BatchReport, BatchError> {
+    let n = batch::folio_count("destination", dst.len(), folio_size)?;
+    batch::check_addrs("destination", std::iter::once(dst.as_ptr() as usize), 0)?;
+    let d = dst.as_mut_ptr();
+    // SAFETY: folio i lies at offset i*folio_size < len of the valid slice.
+    unsafe { run(n, folio_size, opts, |i| d.add(i * folio_size)) }
+}
+
+/// Zeroes a batch of equal-size folios given by their start addresses.
+///
+/// # Safety
+/// Each `dsts[i]` must be valid for writes of `folio_size` bytes for the
+/// duration of the call. Alignment, size and overlap are checked here.
+pub unsafe fn clear_folios_raw(
+    dsts: &[*mut u8],
+    folio_size: usize,
+    opts: ClearOptions,
+) -> Result<BatchReport, BatchError> {
+    batch::check_folio_size(folio_size)?;
+    let d: Vec<usize> = dsts.iter().map(|&p| p as usize).collect();
+    batch::check_addrs("destination", d.iter().copied(), folio_size)?;
+    batch::check_overlap(&d, &[], folio_size)?;
+    // SAFETY: validity is the caller's contract.
+    unsafe { run(dsts.len(), folio_size, opts, |i| dsts[i]) }
+}
+
+/// # Safety
+/// `folio(i)` for `i < n` must be valid for writes of `folio_size` bytes.
+unsafe fn run(
+    n: usize,
+    folio_size: usize,
+    opts: ClearOptions,
+    folio: impl Fn(usize) -> *mut u8,
+) -> Result<BatchReport, BatchError> {
+    let pages = folio_size / page_size();
+    if opts.hint_page >= pages {
+        return Err(BatchError::HintOutOfRange {
+            hint: opts.hint_page,
+            pages,
+        });
+    }
+    let s = opts
+        .strategy
+        .resolve(Shape::batch(folio_size, n, opts.reuse));
+    let c = s.dispatch()?;
+    for i in 0..n {
+        // SAFETY: forwarded contract; hint < pages was checked.
+        unsafe { apply(c, folio(i), folio_size, opts.hint_page) };
+    }
+    Ok(BatchReport {
+        strategy: s.name(),
+        folios: n,
+        bytes: n * folio_size,
+    })
+}

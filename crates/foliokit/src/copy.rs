@@ -1,0 +1,244 @@
+//! Named copy strategies, `auto`, and the batched folio copy.
+
+use serde::{Deserialize, Serialize};
+use std::sync::OnceLock;
+
+use crate::arch::{self, CopyFn};
+use crate::batch::{self, page_size, BatchError, BatchReport, Reuse};
+use crate::cpu::cpu;
+use crate::strategy::{require, Strategy, StrategyError};
+use crate::tune::{self, Shape};
+
+/// A way of copying memory. Every variant is callable by name; `Auto` picks
+/// one of the others for the shape of the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CopyStrategy {
+    PerPage,
+    Movsq,
+    Movsb,
+    Unrolled,
+    Avx2,
+    Avx512,
+    Nt,
+    Libc,
+    #[default]
+    Auto,
+}
+
+impl Strategy for CopyStrategy {
+    const OP: &'static str = "copy";
+    const ALL: &'static [Self] = &[
+        Self::PerPage,
+        Self::Movsq,
+        Self::Movsb,
+        Self::Unrolled,
+        Self::Avx2,
+        Self::Avx512,
+        Self::Nt,
+        Self::Libc,
+        Self::Auto,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::PerPage => "per-page",
+            Self::Movsq => "movsq",
+            Self::Movsb => "movsb",
+            Self::Unrolled => "unrolled",
+            Self::Avx2 => "avx2",
+            Self::Avx512 => "avx512",
+            Self::Nt => "nt",
+            Self::Libc => "libc",
+            Self::Auto => "auto",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            Self::PerPage => "one copy_page per 4 KiB with a yield point between pages (the kernel's old folio_copy loop)",
+            Self::Movsq => "rep movsq over the whole extent (the kernel's copy_page on REP_GOOD CPUs)",
+            Self::Movsb => "rep movsb over the whole extent (fast with ERMS/FSRM)",
+            Self::Unrolled => "unrolled 64-bit register moves, 64 B per iteration (the kernel's memcpy_orig)",
+            Self::Avx2 => "32-byte AVX2 loads and stores, 128 B per iteration",
+            Self::Avx512 => "64-byte AVX-512 loads and stores, 256 B per iteration",
+            Self::Nt => "streaming movntdq stores of whole lines, sfence before returning",
+            Self::Libc => "the platform memcpy",
+            Self::Auto => "picks per batch from CPU flags, cache sizes, batch size, reuse and the calibration profile",
+        }
+    }
+
+    fn unavailable(self) -> Option<&'static str> {
+        match self {
+            Self::PerPage | Self::Libc | Self::Auto => None,
+            s => arch::copy_primitive(s, &cpu().features).err(),
+        }
+    }
+}
+
+/// Options for a batched copy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyOptions {
+    pub strategy: CopyStrategy,
+    pub reuse: Reuse,
+}
+
+impl CopyStrategy {
+    /// The concrete strategy for a request of this shape (`Auto` asks the
+    /// tuning rules; every other strategy is itself).
+    pub fn resolve(self, shape: Shape) -> CopyStrategy {
+        match self {
+            Self::Auto => tune::choose_copy(shape),
+            s => s,
+        }
+    }
+
+    /// The function a concrete strategy runs.
+    pub fn function(self) -> Result<CopyFn, StrategyError> {
+        let f = &cpu().features;
+        match require(self)? {
+            Self::PerPage => Ok(per_page),
+            Self::Libc => Ok(libc_memcpy),
+            Self::Auto => unreachable!("auto is resolved before dispatch"),
+            s => arch::copy_primitive(s, f).map_err(|reason| StrategyError::Unavailable {
+                op: Self::OP,
+                name: s.name(),
+                reason,
+            }),
+        }
+    }
+}
+
+/// The kernel's `cond_resched()` stand-in between per-page copies: a cheap
+/// check that lets a long per-page loop be interrupted. Kept out of line so
+/// the per-page strategies pay a real call per page, as the kernel loop did.
+#[inline(never)]
+pub(crate) fn yield_point() {
+    if tune::YIELD_REQUESTED.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::yield_now();
+    }
+}
+
+/// # Safety
+/// Both ranges valid for `len` bytes and disjoint.
+unsafe fn per_page(dst: *mut u8, src: *const u8, len: usize) {
+    static PAGE_COPY: OnceLock<CopyFn> = OnceLock::new();
+    let page_copy = *PAGE_COPY.get_or_init(|| arch::page_copy(&cpu().features));
+    let page = page_size();
+    let mut off = 0;
+    while off < len {
+        let n = page.min(len - off);
+        // SAFETY: off + n <= len, inside both ranges (caller's contract).
+        unsafe { page_copy(dst.add(off), src.add(off), n) };
+        off += n;
+        if off < len {
+            yield_point();
+        }
+    }
+}
+
+/// # Safety
+/// Both ranges valid for `len` bytes and disjoint.
+unsafe fn libc_memcpy(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { libc::memcpy(dst.cast(), src.cast(), len) };
+}
+
+/// Copies `src` into `dst` (any length and alignment) with `strategy`.
+/// Returns the concrete strategy that ran.
+pub fn copy(
+    dst: &mut [u8],
+    src: &[u8],
+    strategy: CopyStrategy,
+) -> Result<&'static str, BatchError> {
+    if dst.len() != src.len() {
+        return Err(BatchError::LengthMismatch {
+            dst: dst.len(),
+            src: src.len(),
+        });
+    }
+    let s = strategy.resolve(Shape::single(dst.as_ptr() as usize, dst.len()));
+    let f = s.function()?;
+    // SAFETY: the slices are valid for their (equal) lengths, and a `&mut`
+    // and a `&` slice cannot overlap.
+    unsafe { f(dst.as_mut_ptr(), src.as_ptr(), dst.len()) };
+    Ok(s.name())
+}
+
+/// Copies a contiguous region folio by folio: `dst` and `src` are split into
+/// `folio_size` pieces, which form one batch.
+pub fn copy_folios(
+    dst: &mut [u8],
+    src: &[u8],
+    folio_size: usize,
+    opts: CopyOptions,
+) -> Result<BatchReport, BatchError> {
+    if dst.len() != src.len() {
+        return Err(BatchError::LengthMismatch {
+            dst: dst.len(),
+            src: src.len(),
+        });
+    }
+    let n = batch::folio_count("destination", dst.len(), folio_size)?;
+    batch::check_addrs("destination", std::iter::once(dst.as_ptr() as usize), 0)?;
+    batch::check_addrs("source", std::iter::once(src.as_ptr() as usize), 0)?;
+    let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+    // SAFETY: folio i lies at offset i*folio_size < len of both slices, which
+    // are valid and (being `&mut` and `&`) disjoint.
+    unsafe {
+        run(n, folio_size, opts, |i| {
+            (d.add(i * folio_size), s.add(i * folio_size))
+        })
+    }
+}
+
+/// Copies a batch of equal-size folios given as `(dst, src)` pairs.
+///
+/// # Safety
+/// Each `dsts[i]` must be valid for writes and each `srcs[i]` for reads of
+/// `folio_size` bytes for the duration of the call. Overlap, alignment and
+/// size are checked here and rejected with an error before anything is
+/// written.
+pub unsafe fn copy_folios_raw(
+    dsts: &[*mut u8],
+    srcs: &[*const u8],
+    folio_size: usize,
+    opts: CopyOptions,
+) -> Result<BatchReport, BatchError> {
+    if dsts.len() != srcs.len() {
+        return Err(BatchError::CountMismatch(dsts.len(), srcs.len()));
+    }
+    batch::check_folio_size(folio_size)?;
+    let d: Vec<usize> = dsts.iter().map(|&p| p as usize).collect();
+    let s: Vec<usize> = srcs.iter().map(|&p| p as usize).collect();
+    batch::check_addrs("destination", d.iter().copied(), folio_size)?;
+    batch::check_addrs("source", s.iter().copied(), folio_size)?;
+    batch::check_overlap(&d, &s, folio_size)?;
+    // SAFETY: validity is the caller's contract; disjointness was checked.
+    unsafe { run(dsts.len(), folio_size, opts, |i| (dsts[i], srcs[i])) }
+}
+
+/// Resolves the strategy once for the whole batch, then copies each folio.
+///
+/// # Safety
+/// `folio(i)` for `i < n` must give valid, disjoint ranges of `folio_size`.
+unsafe fn run(
+    n: usize,
+    folio_size: usize,
+    opts: CopyOptions,
+    folio: impl Fn(usize) -> (*mut u8, *const u8),
+) -> Result<BatchReport, BatchError> {
+    let shape = Shape::batch(folio_size, n, opts.reuse);
+    let s = opts.strategy.resolve(shape);
+    let f = s.function()?;
+    for i in 0..n {
+        let (d, src) = folio(i);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { f(d, src, folio_size) };
+    }
+    Ok(BatchReport {
+        strategy: s.name(),
+        folios: n,
+        bytes: n * folio_size,
+    })
+}

@@ -1,0 +1,421 @@
+//! Anonymous memory regions backed by the page size a folio size asks for.
+//!
+//! - 1 GiB folios: hugetlb 1 GiB pages. When the pool is short and we are
+//!   root, the pool is grown for the region's lifetime and shrunk again when
+//!   it is dropped; otherwise the region falls back to THP and says so.
+//! - the PMD size (2 MiB on x86): THP via `MADV_HUGEPAGE` on an aligned range.
+//! - sizes between 4 KiB and the PMD size: mTHP, when sysfs allows it.
+//! - 4 KiB: plain pages.
+//!
+//! Every region records the backing it asked for and what it actually got,
+//! so that no table ever claims huge pages it did not have.
+
+use serde::Serialize;
+use std::io;
+use thiserror::Error;
+
+use super::{sysfs, system};
+use crate::arch;
+use crate::batch::page_size;
+use crate::cpu::cpu;
+
+const GIB: usize = 1 << 30;
+
+#[derive(Debug, Error)]
+pub enum MemError {
+    #[error("a region of 0 bytes was requested")]
+    Empty,
+    #[error("region size {0} bytes overflows the address space")]
+    TooLarge(usize),
+    #[error("mmap of {len} bytes failed: {source}")]
+    Map { len: usize, source: io::Error },
+    #[error("mprotect of a guard page failed: {0}")]
+    Guard(io::Error),
+    #[error("cache eviction is not available on this architecture")]
+    NoFlush,
+}
+
+/// What backing a region asked for and what it got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Backing {
+    pub requested: String,
+    pub obtained: String,
+    /// Why the two differ, when they do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Hugetlb pages added to a pool for one region; removed again on drop.
+#[derive(Debug)]
+struct PoolGrant {
+    dir: String,
+    added: usize,
+}
+
+impl PoolGrant {
+    /// Grows the `size` pool so `need` pages are free; `None` if we may not
+    /// or the kernel could not find the memory.
+    fn grow(size: usize, need: usize) -> Option<PoolGrant> {
+        if !system::is_root() {
+            return None;
+        }
+        let dir = system::hugetlb_dir(size);
+        let total = sysfs::read_usize(format!("{dir}/nr_hugepages"))?;
+        let free = sysfs::read_usize(format!("{dir}/free_hugepages"))?;
+        if free >= need {
+            return None;
+        }
+        let want = total + (need - free);
+        sysfs::write(format!("{dir}/nr_hugepages"), &want.to_string()).ok()?;
+        let got = sysfs::read_usize(format!("{dir}/nr_hugepages"))?;
+        let grant = PoolGrant {
+            dir,
+            added: got.saturating_sub(total),
+        };
+        // Dropping a partial grant gives back what we did get.
+        (got >= want).then_some(grant)
+    }
+}
+
+impl Drop for PoolGrant {
+    fn drop(&mut self) {
+        // Shrink by what we added, not back to a remembered total, so that
+        // grants for several regions can be released in any order.
+        let path = format!("{}/nr_hugepages", self.dir);
+        if let Some(now) = sysfs::read_usize(&path) {
+            let _ = sysfs::write(&path, &now.saturating_sub(self.added).to_string());
+        }
+    }
+}
+
+/// An owned, page-aligned anonymous mapping.
+pub struct Region {
+    map: *mut u8,
+    map_len: usize,
+    data: *mut u8,
+    len: usize,
+    backing: Backing,
+    // Declared after the mapping fields; `Drop for Region` unmaps first, then
+    // this field's drop returns the hugetlb pages.
+    _pool: Option<PoolGrant>,
+}
+
+// SAFETY: a Region exclusively owns its mapping, like a Vec owns its buffer;
+// shared access only hands out `&[u8]`, mutation needs `&mut self`.
+unsafe impl Send for Region {}
+// SAFETY: as above; `&Region` permits only reads.
+unsafe impl Sync for Region {}
+
+fn mmap(len: usize, extra_flags: libc::c_int) -> io::Result<*mut u8> {
+    // SAFETY: an anonymous mapping at a kernel-chosen address has no
+    // preconditions; failure is reported as MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p.cast())
+    }
+}
+
+fn human(size: usize) -> String {
+    match size {
+        s if s >= GIB && s % GIB == 0 => format!("{}G", s / GIB),
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
+        s => format!("{}K", s >> 10),
+    }
+}
+
+impl Region {
+    /// A region of `len` bytes (rounded up to whole folios) backed as
+    /// `folio_size` asks, faulted in before it is returned.
+    pub fn new(len: usize, folio_size: usize) -> Result<Region, MemError> {
+        if len == 0 {
+            return Err(MemError::Empty);
+        }
+        let page = page_size();
+        let folio = folio_size.max(page);
+        let len = len
+            .checked_next_multiple_of(folio)
+            .ok_or(MemError::TooLarge(len))?;
+        let mut note = None;
+        if folio == GIB {
+            match Self::hugetlb(len, GIB) {
+                Ok(r) => return Ok(r),
+                Err(why) => note = Some(why),
+            }
+        }
+        let thp = system::thp_state();
+        let pmd = thp.pmd_size.unwrap_or(2 << 20);
+        // A 1 GiB request that hugetlb could not serve falls back to PMD THP.
+        let want = if folio == GIB { pmd } else { folio };
+        let requested = if folio == GIB {
+            "hugetlb 1G".to_string()
+        } else if folio == page {
+            "4K".to_string()
+        } else if want == pmd {
+            format!("THP {}", human(pmd))
+        } else {
+            format!("mTHP {}", human(want))
+        };
+        let huge = want > page && thp.madvise_allows(want);
+        if want > page && !huge && note.is_none() {
+            note = Some(format!(
+                "sysfs does not allow {} THP via madvise (enable it under {})",
+                human(want),
+                "/sys/kernel/mm/transparent_hugepage"
+            ));
+        }
+        let align = if huge { want } else { page };
+        let map_len = len.checked_add(align).ok_or(MemError::TooLarge(len))?;
+        let map = mmap(map_len, 0).map_err(|source| MemError::Map {
+            len: map_len,
+            source,
+        })?;
+        let data = map.wrapping_add((map as usize).wrapping_neg() & (align - 1));
+        let mut r = Region {
+            map,
+            map_len,
+            data,
+            len,
+            backing: Backing {
+                requested,
+                obtained: "4K".into(),
+                note,
+            },
+            _pool: None,
+        };
+        if huge {
+            // SAFETY: [data, data+len) lies inside our own mapping.
+            let rc = unsafe { libc::madvise(r.data.cast(), len, libc::MADV_HUGEPAGE) };
+            if rc != 0 {
+                r.backing.note = Some(format!(
+                    "madvise(MADV_HUGEPAGE): {}",
+                    io::Error::last_os_error()
+                ));
+            }
+        }
+        r.prefault();
+        if huge {
+            r.backing.obtained = r.observed_thp(want);
+        }
+        Ok(r)
+    }
+
+    /// Hugetlb-backed region, growing the pool when allowed.
+    fn hugetlb(len: usize, size: usize) -> Result<Region, String> {
+        let flags =
+            libc::MAP_HUGETLB | ((size.trailing_zeros() as libc::c_int) << libc::MAP_HUGE_SHIFT);
+        let need = len / size;
+        let (map, pool) = match mmap(len, flags) {
+            Ok(m) => (m, None),
+            Err(_) => {
+                let Some(grant) = PoolGrant::grow(size, need) else {
+                    return Err(if system::is_root() {
+                        format!(
+                            "the {} hugetlb pool could not be filled with {need} pages",
+                            human(size)
+                        )
+                    } else {
+                        format!(
+                            "the {} hugetlb pool has too few free pages and growing it needs root",
+                            human(size)
+                        )
+                    });
+                };
+                let m = mmap(len, flags)
+                    .map_err(|e| format!("hugetlb mmap after growing the pool: {e}"))?;
+                (m, Some(grant))
+            }
+        };
+        let mut r = Region {
+            map,
+            map_len: len,
+            data: map,
+            len,
+            backing: Backing {
+                requested: format!("hugetlb {}", human(size)),
+                obtained: format!("hugetlb {}", human(size)),
+                note: pool
+                    .as_ref()
+                    .map(|p| format!("grew the pool by {} pages for this run", p.added)),
+            },
+            _pool: pool,
+        };
+        r.prefault();
+        Ok(r)
+    }
+
+    /// A base-page region with a PROT_NONE page on each side, so any access
+    /// past either end faults. For tests of the primitives.
+    pub fn guarded(len: usize) -> Result<Region, MemError> {
+        let page = page_size();
+        let body = len
+            .max(1)
+            .checked_next_multiple_of(page)
+            .ok_or(MemError::TooLarge(len))?;
+        let map_len = body.checked_add(2 * page).ok_or(MemError::TooLarge(len))?;
+        let map = mmap(map_len, 0).map_err(|source| MemError::Map {
+            len: map_len,
+            source,
+        })?;
+        let r = Region {
+            map,
+            map_len,
+            data: map.wrapping_add(page),
+            len: body,
+            backing: Backing {
+                requested: "4K".into(),
+                obtained: "4K".into(),
+                note: Some("guard pages on both sides".into()),
+            },
+            _pool: None,
+        };
+        for guard in [map, map.wrapping_add(page + body)] {
+            // SAFETY: each guard page lies inside our own mapping.
+            if unsafe { libc::mprotect(guard.cast(), page, libc::PROT_NONE) } != 0 {
+                return Err(MemError::Guard(io::Error::last_os_error()));
+            }
+        }
+        Ok(r)
+    }
+
+    /// Faults every page in for writing, so timed loops never take faults.
+    fn prefault(&mut self) {
+        // SAFETY: the range is our own mapping.
+        let rc = unsafe { libc::madvise(self.data.cast(), self.len, libc::MADV_POPULATE_WRITE) };
+        if rc != 0 {
+            // Kernels before 5.14 lack MADV_POPULATE_WRITE: touch each page.
+            for off in (0..self.len).step_by(page_size()) {
+                // SAFETY: off < len, inside our writable mapping.
+                unsafe { self.data.add(off).write_volatile(0) };
+            }
+        }
+    }
+
+    /// How much of the region the kernel backs with PMD THPs (from smaps).
+    fn observed_thp(&self, want: usize) -> String {
+        let pmd = system::thp_state().pmd_size.unwrap_or(2 << 20);
+        if want != pmd {
+            // smaps only counts PMD-mapped THP; mTHP sizes cannot be seen there.
+            return format!(
+                "mTHP {} (allowed by sysfs; smaps cannot confirm)",
+                human(want)
+            );
+        }
+        match smaps_anon_huge(self.data as usize, self.data as usize + self.len) {
+            Some(huge) if huge >= self.len => format!("THP {}", human(pmd)),
+            Some(0) => "4K (no THP obtained)".into(),
+            Some(huge) => format!(
+                "THP {} on {}% of the range",
+                human(pmd),
+                huge * 100 / self.len
+            ),
+            None => "unknown (no smaps)".into(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.data
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.data
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: [data, data+len) is our mapped, initialised (zero-filled or
+        // written) memory for the lifetime of &self.
+        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, with exclusive access through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }
+    }
+
+    pub fn backing(&self) -> &Backing {
+        &self.backing
+    }
+
+    /// Writes back and evicts the whole region from the CPU caches.
+    pub fn evict(&self) -> Result<(), MemError> {
+        if !arch::CAN_FLUSH {
+            return Err(MemError::NoFlush);
+        }
+        // SAFETY: the region is mapped for its whole length.
+        unsafe { arch::flush_range(self.data, self.len, &cpu().features) };
+        Ok(())
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: we own [map, map+map_len) and nothing borrows it any more.
+        unsafe { libc::munmap(self.map.cast(), self.map_len) };
+    }
+}
+
+/// Bytes of `AnonHugePages` in the VMAs that intersect `[start, end)`.
+/// (`madvise` splits VMAs, so the region may span several.)
+fn smaps_anon_huge(start: usize, end: usize) -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    let mut total = 0;
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = a < end && b > start;
+                continue;
+            }
+        }
+        if let (true, Some(v)) = (inside, line.strip_prefix("AnonHugePages:")) {
+            total += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<usize>()
+                .ok()?
+                << 10;
+        }
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(4096), "4K");
+        assert_eq!(human(2 << 20), "2M");
+        assert_eq!(human(1 << 30), "1G");
+    }
+
+    #[test]
+    fn regions_are_zeroed_aligned_and_sized() {
+        let r = Region::new(3 * 4096 + 1, 4096).unwrap();
+        assert_eq!(r.len(), 4 * 4096);
+        assert_eq!(r.as_ptr() as usize % 4096, 0);
+        assert!(r.as_slice().iter().all(|&b| b == 0));
+        assert!(matches!(Region::new(0, 4096), Err(MemError::Empty)));
+    }
+}

@@ -1,0 +1,34 @@
+//! Reading and writing the kernel's one-value sysfs files.
+
+use std::path::Path;
+
+pub fn read(path: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+pub fn read_usize(path: impl AsRef<Path>) -> Option<usize> {
+    read(path)?.parse().ok()
+}
+
+/// The selected word of a sysfs choice list: "always [madvise] never" → "madvise".
+pub fn selected(text: &str) -> Option<&str> {
+    let start = text.find('[')? + 1;
+    let end = start + text[start..].find(']')?;
+    Some(&text[start..end])
+}
+
+pub fn write(path: impl AsRef<Path>, value: &str) -> std::io::Result<()> {
+    std::fs::write(path, value)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn selected_word() {
+        assert_eq!(super::selected("always [madvise] never"), Some("madvise"));
+        assert_eq!(super::selected("[never]"), Some("never"));
+        assert_eq!(super::selected("none"), None);
+    }
+}

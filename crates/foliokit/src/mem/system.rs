@@ -1,0 +1,188 @@
+//! The system's huge-page and NUMA state, as `info` reports it and as
+//! regions consult it before asking for a page size.
+
+use serde::Serialize;
+
+use super::sysfs;
+
+const THP: &str = "/sys/kernel/mm/transparent_hugepage";
+const HUGETLB: &str = "/sys/kernel/mm/hugepages";
+
+/// One multi-size THP (mTHP) size and its sysfs setting.
+#[derive(Debug, Clone, Serialize)]
+pub struct MthpSize {
+    pub size: usize,
+    pub enabled: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ThpState {
+    /// Top-level mode: always, madvise or never (None: no THP support).
+    pub enabled: Option<String>,
+    pub defrag: Option<String>,
+    pub pmd_size: Option<usize>,
+    pub mthp: Vec<MthpSize>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HugetlbPool {
+    pub size: usize,
+    pub total: usize,
+    pub free: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SystemInfo {
+    pub kernel: String,
+    pub numa_nodes: Vec<u32>,
+    pub thp: ThpState,
+    pub hugetlb: Vec<HugetlbPool>,
+    pub root: bool,
+}
+
+pub fn thp_state() -> ThpState {
+    let choice = |f: &str| {
+        sysfs::read(format!("{THP}/{f}")).and_then(|t| sysfs::selected(&t).map(str::to_string))
+    };
+    let mut mthp: Vec<MthpSize> = std::fs::read_dir(THP)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let kb: usize = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            let text = sysfs::read(e.path().join("enabled"))?;
+            Some(MthpSize {
+                size: kb << 10,
+                enabled: sysfs::selected(&text)?.to_string(),
+            })
+        })
+        .collect();
+    mthp.sort_by_key(|m| m.size);
+    ThpState {
+        enabled: choice("enabled"),
+        defrag: choice("defrag"),
+        pmd_size: sysfs::read_usize(format!("{THP}/hpage_pmd_size")),
+        mthp,
+    }
+}
+
+impl ThpState {
+    /// Whether `madvise(MADV_HUGEPAGE)` can give folios of `size` bytes.
+    pub fn madvise_allows(&self, size: usize) -> bool {
+        let top = matches!(self.enabled.as_deref(), Some("always" | "madvise"));
+        match self.mthp.iter().find(|m| m.size == size) {
+            Some(m) => match m.enabled.as_str() {
+                "always" | "madvise" => true,
+                "inherit" => top,
+                _ => false,
+            },
+            // Kernels before mTHP only know the PMD size.
+            None => top && Some(size) == self.pmd_size,
+        }
+    }
+}
+
+pub fn hugetlb_pools() -> Vec<HugetlbPool> {
+    let mut pools: Vec<HugetlbPool> = std::fs::read_dir(HUGETLB)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let kb: usize = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            Some(HugetlbPool {
+                size: kb << 10,
+                total: sysfs::read_usize(e.path().join("nr_hugepages"))?,
+                free: sysfs::read_usize(e.path().join("free_hugepages"))?,
+            })
+        })
+        .collect();
+    pools.sort_by_key(|p| p.size);
+    pools
+}
+
+pub(crate) fn hugetlb_dir(size: usize) -> String {
+    format!("{HUGETLB}/hugepages-{}kB", size >> 10)
+}
+
+/// Parses a sysfs CPU/node list such as "0", "0-1,3".
+pub fn parse_list(text: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    out.extend(a..=b);
+                }
+            }
+            None => out.extend(part.parse::<u32>().ok()),
+        }
+    }
+    out
+}
+
+pub fn numa_nodes() -> Vec<u32> {
+    sysfs::read("/sys/devices/system/node/online")
+        .map(|t| parse_list(&t))
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| vec![0])
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail and has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn system() -> SystemInfo {
+    SystemInfo {
+        kernel: sysfs::read("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
+        numa_nodes: numa_nodes(),
+        thp: thp_state(),
+        hugetlb: hugetlb_pools(),
+        root: is_root(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_lists() {
+        assert_eq!(parse_list("0\n"), vec![0]);
+        assert_eq!(parse_list("0-2,5"), vec![0, 1, 2, 5]);
+        assert_eq!(parse_list(""), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn madvise_rules() {
+        let t = ThpState {
+            enabled: Some("madvise".into()),
+            defrag: None,
+            pmd_size: Some(2 << 20),
+            mthp: vec![
+                MthpSize {
+                    size: 64 << 10,
+                    enabled: "never".into(),
+                },
+                MthpSize {
+                    size: 16 << 10,
+                    enabled: "inherit".into(),
+                },
+            ],
+        };
+        assert!(t.madvise_allows(2 << 20));
+        assert!(t.madvise_allows(16 << 10));
+        assert!(!t.madvise_allows(64 << 10));
+        assert!(!t.madvise_allows(1 << 30));
+    }
+}

@@ -1,0 +1,395 @@
+//! Tuning: every threshold `auto` uses, the rules it follows, and the
+//! calibration profile that refines them on a given machine.
+//!
+//! The rules decide two things per batch:
+//! 1. the *regime*: will the data still be in cache when someone reads it?
+//!    A batch whose working set exceeds a fraction of the last-level cache
+//!    (a 1 GiB batch of 2 MiB folios), or that the caller marked write-once,
+//!    is `Stream`; everything else is `Resident`;
+//! 2. the primitive for that regime, from CPU flags, or from the profile
+//!    `foliokit calibrate` measured on this machine when one exists.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::OnceLock;
+use thiserror::Error;
+
+use crate::batch::Reuse;
+use crate::clear::ClearStrategy;
+use crate::copy::CopyStrategy;
+use crate::cpu::{cpu, Vendor};
+use crate::strategy::Strategy;
+
+/// Cache sizes assumed when neither sysfs nor CPUID tells (VMs can report 0).
+pub const DEFAULT_L1D: usize = 32 << 10;
+pub const DEFAULT_L2: usize = 1 << 20;
+pub const DEFAULT_LLC: usize = 8 << 20;
+
+/// A working set above `STREAM_NUM/STREAM_DEN` of the LLC will not survive
+/// in cache, so temporal stores only add write-allocate traffic (glibc uses
+/// 3/4 of the shared cache for the same decision).
+pub const STREAM_NUM: usize = 3;
+pub const STREAM_DEN: usize = 4;
+
+/// Write-once requests smaller than this use temporal stores anyway: the
+/// fence costs more than the pollution saved.
+pub const STREAM_MIN_BYTES: usize = 4096;
+
+/// Folio-size class bounds used by the profile: small ≤ 16 KiB < medium ≤
+/// 1 MiB < large.
+pub const SMALL_FOLIO_MAX: usize = 16 << 10;
+pub const MEDIUM_FOLIO_MAX: usize = 1 << 20;
+
+/// Set to make per-page loops yield at their yield points (the analogue of
+/// the kernel's need_resched flag). Nothing in foliokit sets it.
+pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// Bump when the profile format or the meaning of its cells changes.
+pub const PROFILE_VERSION: u32 = 1;
+
+/// The shape of a request, which is what `auto` decides on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub folio_size: usize,
+    /// Destination bytes in the whole batch.
+    pub total: usize,
+    pub reuse: Reuse,
+    /// Destination not 64-byte aligned (string ops are slow there on AMD).
+    pub misaligned: bool,
+}
+
+impl Shape {
+    /// A batch of `n` page-aligned folios.
+    pub fn batch(folio_size: usize, n: usize, reuse: Reuse) -> Shape {
+        Shape {
+            folio_size,
+            total: folio_size.saturating_mul(n),
+            reuse,
+            misaligned: false,
+        }
+    }
+
+    /// One byte-granular request.
+    pub fn single(dst: usize, len: usize) -> Shape {
+        Shape {
+            folio_size: len,
+            total: len,
+            reuse: Reuse::Reread,
+            misaligned: dst % 64 != 0,
+        }
+    }
+}
+
+/// Whether the data will be cache-resident afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Regime {
+    Resident,
+    Stream,
+}
+
+/// Folio-size class, the other axis of the profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FolioClass {
+    Small,
+    Medium,
+    Large,
+}
+
+impl FolioClass {
+    pub fn of(folio_size: usize) -> FolioClass {
+        if folio_size <= SMALL_FOLIO_MAX {
+            FolioClass::Small
+        } else if folio_size <= MEDIUM_FOLIO_MAX {
+            FolioClass::Medium
+        } else {
+            FolioClass::Large
+        }
+    }
+
+    /// The folio size calibration measures for this class.
+    pub fn representative(self) -> usize {
+        match self {
+            FolioClass::Small => 4 << 10,
+            FolioClass::Medium => 64 << 10,
+            FolioClass::Large => 2 << 20,
+        }
+    }
+}
+
+/// The regime for a batch whose caches see `working_set` bytes.
+pub fn regime(working_set: usize, total: usize, reuse: Reuse) -> Regime {
+    let llc = cpu().caches.llc;
+    let spills = working_set > llc / STREAM_DEN * STREAM_NUM;
+    let write_once = reuse == Reuse::Stream && total >= STREAM_MIN_BYTES;
+    if spills || write_once {
+        Regime::Stream
+    } else {
+        Regime::Resident
+    }
+}
+
+/// One measured decision: the best strategy for an (op, regime, class) cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    pub op: String,
+    pub regime: Regime,
+    pub class: FolioClass,
+    pub strategy: String,
+    /// The best strategy's median GB/s in calibration, for `info`.
+    pub gbps: f64,
+}
+
+/// A calibration profile, stored as JSON in the user's cache directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub version: u32,
+    pub cpu_model: String,
+    pub choices: Vec<Choice>,
+}
+
+#[derive(Debug, Error)]
+pub enum ProfileError {
+    #[error("no cache directory (set FOLIOKIT_PROFILE or XDG_CACHE_HOME)")]
+    NoCacheDir,
+    #[error("cannot write profile {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl Profile {
+    fn lookup<S: Strategy>(&self, regime: Regime, class: FolioClass) -> Option<S> {
+        let c = self
+            .choices
+            .iter()
+            .find(|c| c.op == S::OP && c.regime == regime && c.class == class)?;
+        // A profile from another machine (or an older build) may name a
+        // strategy this CPU lacks: ignore that cell rather than fail.
+        S::from_name(&c.strategy).filter(|s| s.unavailable().is_none() && s.name() != "auto")
+    }
+}
+
+/// Where the profile lives: `$FOLIOKIT_PROFILE`, else
+/// `$XDG_CACHE_HOME/foliokit/profile.json` (or the platform cache dir).
+pub fn profile_path() -> Result<PathBuf, ProfileError> {
+    if let Some(p) = std::env::var_os("FOLIOKIT_PROFILE") {
+        return Ok(PathBuf::from(p));
+    }
+    dirs::cache_dir()
+        .map(|d| d.join("foliokit").join("profile.json"))
+        .ok_or(ProfileError::NoCacheDir)
+}
+
+/// What `auto` found when it looked for a profile, for `info` to report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileStatus {
+    pub path: Option<String>,
+    pub loaded: bool,
+    pub note: String,
+}
+
+struct Tuning {
+    profile: Option<Profile>,
+    status: ProfileStatus,
+}
+
+fn tuning() -> &'static Tuning {
+    static T: OnceLock<Tuning> = OnceLock::new();
+    T.get_or_init(load_tuning)
+}
+
+fn load_tuning() -> Tuning {
+    let path = match profile_path() {
+        Ok(p) => p,
+        Err(e) => {
+            return Tuning {
+                profile: None,
+                status: ProfileStatus {
+                    path: None,
+                    loaded: false,
+                    note: e.to_string(),
+                },
+            }
+        }
+    };
+    let shown = path.display().to_string();
+    let (profile, note) = match std::fs::read_to_string(&path) {
+        Err(_) => (
+            None,
+            "no profile; built-in rules (run `foliokit calibrate`)".into(),
+        ),
+        Ok(text) => match serde_json::from_str::<Profile>(&text) {
+            Err(e) => (None, format!("profile unreadable ({e}); built-in rules")),
+            Ok(p) if p.version != PROFILE_VERSION => (
+                None,
+                format!("profile version {} is stale; built-in rules", p.version),
+            ),
+            Ok(p) if p.cpu_model != cpu().model => (
+                None,
+                format!("profile is for '{}'; built-in rules", p.cpu_model),
+            ),
+            Ok(p) => (Some(p), "calibrated profile in use".into()),
+        },
+    };
+    Tuning {
+        status: ProfileStatus {
+            path: Some(shown),
+            loaded: profile.is_some(),
+            note,
+        },
+        profile,
+    }
+}
+
+/// How `auto` is configured in this process.
+pub fn profile_status() -> ProfileStatus {
+    tuning().status.clone()
+}
+
+/// Writes `profile` where [`profile_path`] says. Takes effect in the next
+/// process (the running one has cached its tuning).
+pub fn save_profile(profile: &Profile) -> Result<PathBuf, ProfileError> {
+    let path = profile_path()?;
+    let write = || -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let text = serde_json::to_string_pretty(profile).map_err(std::io::Error::other)?;
+        // Write then rename so a concurrent reader never sees half a file.
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|source| ProfileError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+/// The copy strategy `auto` uses for `shape`.
+pub fn choose_copy(shape: Shape) -> CopyStrategy {
+    // Source and destination both pass through the cache.
+    let r = regime(shape.total.saturating_mul(2), shape.total, shape.reuse);
+    if !shape.misaligned {
+        if let Some(p) = &tuning().profile {
+            if let Some(s) = p.lookup(r, FolioClass::of(shape.folio_size)) {
+                return s;
+            }
+        }
+    }
+    builtin_copy(r, shape.misaligned)
+}
+
+/// The built-in copy rules, used without a profile.
+pub fn builtin_copy(r: Regime, misaligned: bool) -> CopyStrategy {
+    let c = cpu();
+    let f = &c.features;
+    if !cfg!(target_arch = "x86_64") {
+        return CopyStrategy::Libc;
+    }
+    match r {
+        // Streaming stores skip the write-allocate read of the destination.
+        Regime::Stream => CopyStrategy::Nt,
+        Regime::Resident => {
+            // `rep movsb` is the best resident copy where the microcode is
+            // fast; AMD's is slow on misaligned destinations and without FSRM
+            // (the seed-000 Zen 3 regression), where vectors win.
+            let movsb_good = match c.vendor {
+                Vendor::Amd => f.fsrm && !misaligned,
+                _ => f.erms,
+            };
+            if movsb_good {
+                CopyStrategy::Movsb
+            } else if f.avx2 {
+                CopyStrategy::Avx2
+            } else if f.rep_good {
+                CopyStrategy::Movsq
+            } else {
+                CopyStrategy::Unrolled
+            }
+        }
+    }
+}
+
+/// The clear strategy `auto` uses for `shape`.
+pub fn choose_clear(shape: Shape) -> ClearStrategy {
+    let r = regime(shape.total, shape.total, shape.reuse);
+    if let Some(p) = &tuning().profile {
+        if let Some(s) = p.lookup(r, FolioClass::of(shape.folio_size)) {
+            return s;
+        }
+    }
+    builtin_clear(r)
+}
+
+/// The built-in clear rules, used without a profile.
+pub fn builtin_clear(r: Regime) -> ClearStrategy {
+    let f = &cpu().features;
+    if !cfg!(target_arch = "x86_64") {
+        return ClearStrategy::Libc;
+    }
+    match r {
+        Regime::Stream if f.clzero => ClearStrategy::Clzero,
+        Regime::Stream => ClearStrategy::Nt,
+        Regime::Resident if f.erms => ClearStrategy::Stosb,
+        Regime::Resident => ClearStrategy::Stosq,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regimes_follow_size_and_reuse() {
+        let llc = cpu().caches.llc;
+        assert_eq!(regime(4096, 4096, Reuse::Reread), Regime::Resident);
+        assert_eq!(regime(4 * llc, 2 * llc, Reuse::Reread), Regime::Stream);
+        assert_eq!(regime(8192, 4096, Reuse::Stream), Regime::Stream);
+        assert_eq!(regime(64, 64, Reuse::Stream), Regime::Resident);
+    }
+
+    #[test]
+    fn builtin_choices_are_available() {
+        for r in [Regime::Resident, Regime::Stream] {
+            for m in [false, true] {
+                assert_eq!(builtin_copy(r, m).unavailable(), None);
+            }
+            assert_eq!(builtin_clear(r).unavailable(), None);
+        }
+    }
+
+    #[test]
+    fn folio_classes() {
+        assert_eq!(FolioClass::of(4096), FolioClass::Small);
+        assert_eq!(FolioClass::of(64 << 10), FolioClass::Medium);
+        assert_eq!(FolioClass::of(2 << 20), FolioClass::Large);
+        for c in [FolioClass::Small, FolioClass::Medium, FolioClass::Large] {
+            assert_eq!(FolioClass::of(c.representative()), c);
+        }
+    }
+
+    #[test]
+    fn profile_cells_naming_missing_strategies_are_ignored() {
+        let p = Profile {
+            version: PROFILE_VERSION,
+            cpu_model: "x".into(),
+            choices: vec![Choice {
+                op: "copy".into(),
+                regime: Regime::Stream,
+                class: FolioClass::Large,
+                strategy: "no-such".into(),
+                gbps: 1.0,
+            }],
+        };
+        assert_eq!(
+            p.lookup::<CopyStrategy>(Regime::Stream, FolioClass::Large),
+            None
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! The one test harness every strategy and API test shares.
+//!
+//! Buffers live in guarded regions (a PROT_NONE page on each side) and are
+//! placed either flush against the trailing guard page, so a single byte of
+//! overrun faults, or at a chosen offset from the leading page. Everything
+//! around the buffer inside the region is a canary that must survive.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use foliokit::mem::Region;
+
+pub const CANARY: u8 = 0xA5;
+
+/// Deterministic, position-dependent bytes (never all equal, never zero-only).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Where a buffer sits inside its guarded region.
+#[derive(Debug, Clone, Copy)]
+pub enum Place {
+    /// `offset` bytes after the leading guard page.
+    Start(usize),
+    /// Ending exactly at the trailing guard page.
+    End,
+}
+
+/// A guarded region filled with canaries, holding one buffer.
+pub struct Guarded {
+    region: Region,
+    start: usize,
+    len: usize,
+}
+
+impl Guarded {
+    pub fn new(len: usize, place: Place) -> Guarded {
+        let slack = match place {
+            Place::Start(off) => off,
+            Place::End => 0,
+        };
+        let mut region = Region::guarded(len + slack).expect("guarded region");
+        region.as_mut_slice().fill(CANARY);
+        let start = match place {
+            Place::Start(off) => off,
+            Place::End => region.len() - len,
+        };
+        Guarded { region, start, len }
+    }
+
+    pub fn buf(&mut self) -> &mut [u8] {
+        let (s, l) = (self.start, self.len);
+        &mut self.region.as_mut_slice()[s..s + l]
+    }
+
+    /// Panics unless every byte outside the buffer is still a canary.
+    pub fn assert_canaries(&self, what: &str) {
+        let all = self.region.as_slice();
+        let before = &all[..self.start];
+        let after = &all[self.start + self.len..];
+        assert!(
+            before.iter().all(|&b| b == CANARY) && after.iter().all(|&b| b == CANARY),
+            "{what}: wrote outside the buffer"
+        );
+    }
+}
+
+/// Lengths for the sweeps: every small size, and the edges around vector
+/// widths, lines, pages and a huge page.
+pub fn sweep_lengths() -> Vec<usize> {
+    let mut v: Vec<usize> = (0..=300).collect();
+    v.extend([
+        511,
+        512,
+        513,
+        1023,
+        1024,
+        1025,
+        4095,
+        4096,
+        4097,
+        8192 + 71,
+        65536,
+        65536 + 129,
+    ]);
+    v
+}
+
+/// Offsets for the sweeps (fewer for big lengths, to keep the suite quick).
+pub fn sweep_offsets(len: usize) -> &'static [usize] {
+    if len > 4096 {
+        &[0, 1, 63]
+    } else {
+        &[0, 1, 7, 8, 15, 16, 31, 33, 63]
+    }
+}
+
+/// Checks `copy` against the reference (the source bytes) over all sweep
+/// lengths, source/destination offsets, and both placements.
+pub fn sweep_copy(what: &str, copy: &dyn Fn(&mut [u8], &[u8])) {
+    for len in sweep_lengths() {
+        let want = pattern(len, len as u64);
+        let offs = sweep_offsets(len);
+        let places = offs
+            .iter()
+            .flat_map(|&s| {
+                offs.iter()
+                    .map(move |&d| (Place::Start(s), Place::Start(d)))
+            })
+            .chain([
+                (Place::End, Place::End),
+                (Place::Start(0), Place::End),
+                (Place::End, Place::Start(1)),
+            ]);
+        for (sp, dp) in places {
+            let mut src = Guarded::new(len, sp);
+            src.buf().copy_from_slice(&want);
+            let mut dst = Guarded::new(len, dp);
+            copy(dst.buf(), src.buf());
+            let ctx = format!("{what}: len {len} src {sp:?} dst {dp:?}");
+            assert!(dst.buf() == &want[..], "{ctx}: wrong bytes");
+            assert!(src.buf() == &want[..], "{ctx}: source modified");
+            dst.assert_canaries(&ctx);
+        }
+    }
+}
+
+/// Checks `clear` zeroes exactly the buffer over all lengths and placements.
+pub fn sweep_clear(what: &str, clear: &dyn Fn(&mut [u8])) {
+    for len in sweep_lengths() {
+        let places = sweep_offsets(len)
+            .iter()
+            .map(|&o| Place::Start(o))
+            .chain([Place::End]);
+        for p in places {
+            let mut dst = Guarded::new(len, p);
+            let fill = pattern(len, 7);
+            dst.buf().copy_from_slice(&fill);
+            clear(dst.buf());
+            let ctx = format!("{what}: len {len} {p:?}");
+            assert!(dst.buf().iter().all(|&b| b == 0), "{ctx}: not zeroed");
+            dst.assert_canaries(&ctx);
+        }
+    }
+}
+
+/// A huge-page-friendly region of `folios` folios of `folio_size`, filled
+/// with a pattern, for batch tests.
+pub fn filled_region(folio_size: usize, folios: usize, seed: u64) -> Region {
+    let mut r = Region::new(folio_size * folios, folio_size).expect("region");
+    let p = pattern(r.len(), seed);
+    r.as_mut_slice().copy_from_slice(&p);
+    r
+}
