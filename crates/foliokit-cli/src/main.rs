@@ -1,1 +1,63 @@
-fn main() {}
+//! `foliokit`: inspect, calibrate and benchmark large-folio memory operations.
+
+mod args;
+mod bench;
+mod calibrate;
+mod info;
+mod machine;
+mod progress;
+mod report;
+
+use clap::{Parser, Subcommand};
+
+/// Any error a subcommand reports; printed as one line.
+pub type CliError = Box<dyn std::error::Error>;
+
+#[derive(Parser)]
+#[command(
+    name = "foliokit",
+    version,
+    about = "Large-folio memory operations for user space, measured on this machine",
+    long_about = "foliokit copies, clears and moves memory in whole large folios, the way recent \
+Linux kernels do, and reproduces the kernel patch postings' experiments on this machine.\n\n\
+Start with `foliokit info` (what this CPU offers and what auto picks), then \
+`foliokit bench copy -f all` or `foliokit bench clear -f all`. \
+`foliokit calibrate` measures the strategies here and stores a profile auto follows."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// CPU flags, caches, NUMA, THP/hugetlb state, and what auto picks.
+    Info(info::InfoArgs),
+    /// Measure the named strategies here and store the profile auto reads.
+    Calibrate(calibrate::CalibrateArgs),
+    /// Run an experiment; `foliokit bench <op> -f help` lists its strategies.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Folio copy GB/s by strategy (seed 000). Example: bench copy -s 1G -p 2M -f all --evict
+    Copy(bench::copy::CopyArgs),
+    /// Folio clear GB/s by strategy (seed 002). Example: bench clear -s 1G -p 2M -f all
+    Clear(bench::clear::ClearArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Info(a) => info::run(a),
+        Cmd::Calibrate(a) => calibrate::run(a),
+        Cmd::Bench(BenchCmd::Copy(a)) => bench::copy::run(a),
+        Cmd::Bench(BenchCmd::Clear(a)) => bench::clear::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("foliokit: error: {e}");
+        std::process::exit(1);
+    }
+}

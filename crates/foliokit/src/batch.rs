@@ -86,6 +86,18 @@ pub(crate) fn check_folio_size(folio_size: usize) -> Result<(), BatchError> {
     Ok(())
 }
 
+/// Checks the base addresses of a contiguous batch (nothing to check when it
+/// is empty: an empty slice's pointer is dangling, not misaligned).
+pub(crate) fn check_bases(bases: &[(&'static str, usize)], len: usize) -> Result<(), BatchError> {
+    if len == 0 {
+        return Ok(());
+    }
+    for &(what, addr) in bases {
+        check_addrs(what, std::iter::once(addr), len)?;
+    }
+    Ok(())
+}
+
 /// Checks that each address is page-aligned and its folio does not wrap.
 pub(crate) fn check_addrs(
     what: &'static str,

@@ -1,2 +1,153 @@
-//! Calibration: measure the named strategies in each (regime, folio class)
-//! cell `auto` distinguishes, and record the fastest as a [`Profile`].
+//! Calibration: measure every named strategy in each (regime, folio class)
+//! cell that `auto` distinguishes, and record the fastest as a [`Profile`].
+//!
+//! Cells are measured exactly as `foliokit bench` measures, with the same
+//! code: `Resident` with a 2 MiB batch left hot in cache, `Stream` with a
+//! batch several times the LLC and the source evicted before every loop.
+
+use serde::Serialize;
+
+use crate::batch::Reuse;
+use crate::cpu::cpu;
+use crate::measure::{measure_clear, measure_copy, CacheMode, MeasureError, Plan, Stats};
+use crate::mem::Region;
+use crate::strategy::Strategy;
+use crate::tune::{Choice, FolioClass, Profile, Regime, PROFILE_VERSION};
+use crate::{ClearStrategy, CopyStrategy};
+
+/// Batch bytes and loops per regime.
+#[derive(Debug, Clone, Copy)]
+pub struct CalibrateOptions {
+    pub resident_bytes: usize,
+    pub resident_loops: usize,
+    pub stream_bytes: usize,
+    pub stream_loops: usize,
+}
+
+impl Default for CalibrateOptions {
+    fn default() -> Self {
+        CalibrateOptions {
+            resident_bytes: 2 << 20,
+            resident_loops: 40,
+            // Four LLCs, so nothing survives in cache between loops.
+            stream_bytes: (4 * cpu().caches.llc)
+                .max(256 << 20)
+                .next_multiple_of(2 << 20),
+            stream_loops: 5,
+        }
+    }
+}
+
+/// One measured cell, every candidate's figures included.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub op: &'static str,
+    pub regime: Regime,
+    pub class: FolioClass,
+    pub folio_size: usize,
+    pub bytes: usize,
+    pub results: Vec<(&'static str, Stats)>,
+}
+
+impl Cell {
+    fn best(&self) -> Option<&(&'static str, Stats)> {
+        self.results
+            .iter()
+            .max_by(|a, b| a.1.median.total_cmp(&b.1.median))
+    }
+}
+
+fn named<S: Strategy>() -> Vec<S> {
+    S::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.unavailable().is_none() && s.name() != "auto")
+        .collect()
+}
+
+/// How many progress ticks [`calibrate`] will report.
+pub fn total_ticks(o: &CalibrateOptions) -> usize {
+    let per_class = (named::<CopyStrategy>().len() + named::<ClearStrategy>().len())
+        * (o.resident_loops + 1 + o.stream_loops + 1);
+    per_class * 3
+}
+
+/// Measures every cell and returns the profile with the cells behind it.
+/// `tick(label)` is called after every timed or warm-up call.
+pub fn calibrate(
+    o: &CalibrateOptions,
+    mut tick: impl FnMut(&str),
+) -> Result<(Profile, Vec<Cell>), MeasureError> {
+    let copies = named::<CopyStrategy>();
+    let clears = named::<ClearStrategy>();
+    let mut cells = Vec::new();
+    for class in [FolioClass::Small, FolioClass::Medium, FolioClass::Large] {
+        let folio = class.representative();
+        for (regime, bytes, loops, cache) in [
+            (
+                Regime::Resident,
+                o.resident_bytes,
+                o.resident_loops,
+                CacheMode::Hot,
+            ),
+            (
+                Regime::Stream,
+                o.stream_bytes,
+                o.stream_loops,
+                CacheMode::Evict,
+            ),
+        ] {
+            let bytes = bytes.next_multiple_of(folio);
+            let plan = Plan {
+                folio_size: folio,
+                loops,
+                cache,
+                reuse: Reuse::Reread,
+                hint_page: 0,
+            };
+            let mut src = Region::new(bytes, folio)?;
+            src.as_mut_slice().fill(0x5A);
+            let mut dst = Region::new(bytes, folio)?;
+            let label = format!("copy {regime:?} {}K", folio >> 10);
+            let m = measure_copy(&src, &mut dst, &copies, &plan, || tick(&label))?;
+            cells.push(Cell {
+                op: "copy",
+                regime,
+                class,
+                folio_size: folio,
+                bytes,
+                results: m.iter().map(|m| (m.resolved, m.gbps)).collect(),
+            });
+            drop(src);
+            let label = format!("clear {regime:?} {}K", folio >> 10);
+            let m = measure_clear(&mut dst, &clears, &plan, || tick(&label))?;
+            cells.push(Cell {
+                op: "clear",
+                regime,
+                class,
+                folio_size: folio,
+                bytes,
+                results: m.iter().map(|m| (m.resolved, m.gbps)).collect(),
+            });
+        }
+    }
+    let choices = cells
+        .iter()
+        .filter_map(|c| {
+            let (name, stats) = c.best()?;
+            Some(Choice {
+                op: c.op.into(),
+                regime: c.regime,
+                class: c.class,
+                strategy: (*name).into(),
+                gbps: stats.median,
+            })
+        })
+        .collect();
+    let profile = Profile {
+        version: PROFILE_VERSION,
+        cpu_model: cpu().model.clone(),
+        choices,
+    };
+    Ok((profile, cells))
+}

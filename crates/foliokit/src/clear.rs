@@ -220,7 +220,7 @@ pub fn clear_folios(
     opts: ClearOptions,
 ) -> Result<BatchReport, BatchError> {
     let n = batch::folio_count("destination", dst.len(), folio_size)?;
-    batch::check_addrs("destination", std::iter::once(dst.as_ptr() as usize), 0)?;
+    batch::check_bases(&[("destination", dst.as_ptr() as usize)], dst.len())?;
     let d = dst.as_mut_ptr();
     // SAFETY: folio i lies at offset i*folio_size < len of the valid slice.
     unsafe { run(n, folio_size, opts, |i| d.add(i * folio_size)) }

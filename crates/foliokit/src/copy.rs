@@ -180,8 +180,13 @@ pub fn copy_folios(
         });
     }
     let n = batch::folio_count("destination", dst.len(), folio_size)?;
-    batch::check_addrs("destination", std::iter::once(dst.as_ptr() as usize), 0)?;
-    batch::check_addrs("source", std::iter::once(src.as_ptr() as usize), 0)?;
+    batch::check_bases(
+        &[
+            ("destination", dst.as_ptr() as usize),
+            ("source", src.as_ptr() as usize),
+        ],
+        dst.len(),
+    )?;
     let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
     // SAFETY: folio i lies at offset i*folio_size < len of both slices, which
     // are valid and (being `&mut` and `&`) disjoint.

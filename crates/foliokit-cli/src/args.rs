@@ -1,0 +1,105 @@
+//! Argument types shared by the subcommands.
+
+use clap::{Args, ValueEnum};
+
+/// Parses a byte size: `4096`, `4K`, `512M`, `1G` (binary units; a trailing
+/// `B` or `iB` is accepted).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        Some('T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (examples: 4096, 4K, 512M, 1G)"))?;
+    let bytes = n
+        .checked_mul(1usize << shift)
+        .ok_or_else(|| format!("'{text}' is too large"))?;
+    if bytes == 0 {
+        return Err("a size must be greater than zero".into());
+    }
+    Ok(bytes)
+}
+
+/// Formats bytes the way the options take them.
+pub fn show_size(bytes: usize) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReuseArg {
+    /// The caller reads the data again soon (auto keeps it in cache if it fits).
+    Reread,
+    /// Write-once data (auto streams it past the cache).
+    Stream,
+}
+
+impl From<ReuseArg> for foliokit::Reuse {
+    fn from(r: ReuseArg) -> Self {
+        match r {
+            ReuseArg::Reread => foliokit::Reuse::Reread,
+            ReuseArg::Stream => foliokit::Reuse::Stream,
+        }
+    }
+}
+
+/// Options every `bench` experiment shares (named after `perf bench mem`).
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Total bytes per loop, e.g. 1G, 512M.
+    #[arg(short, long, default_value = "1G", value_parser = parse_size)]
+    pub size: usize,
+    /// Folio size(s), comma-separated: 4K 16K 64K 256K 1M 2M 1G.
+    #[arg(short, long, default_value = "2M", value_delimiter = ',', value_parser = parse_size)]
+    pub page: Vec<usize>,
+    /// Strategies: name[,name...], `all`, or `help` to list them.
+    #[arg(short, long, default_value = "all")]
+    pub function: String,
+    /// Timed loops per strategy (after one verified warm-up).
+    #[arg(short, long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub loops: u32,
+    /// Whether auto should expect the data to be re-read.
+    #[arg(long, value_enum, default_value = "reread")]
+    pub reuse: ReuseArg,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("2m"), Ok(2 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(show_size(2 << 20), "2M");
+        assert_eq!(show_size(1000), "1000");
+    }
+}

@@ -1,0 +1,97 @@
+//! `foliokit bench copy`: seed 000's folio copy experiment.
+
+use clap::Args;
+use foliokit::measure::{measure_copy, CacheMode, Plan};
+use foliokit::mem::Region;
+use foliokit::CopyStrategy;
+use serde_json::json;
+
+use super::{baseline, check_shape, rows, select, skipped};
+use crate::args::{show_size, BenchArgs};
+use crate::machine::machine;
+use crate::progress::bar;
+use crate::report::{BackingNote, Report};
+use crate::CliError;
+
+#[derive(Debug, Clone, Args)]
+pub struct CopyArgs {
+    #[command(flatten)]
+    pub common: BenchArgs,
+    /// Flush the source from the cache before every loop (seed 000's method; the default).
+    #[arg(long, conflicts_with = "hot")]
+    pub evict: bool,
+    /// Leave buffers in cache between loops (measures cache-resident copies).
+    #[arg(long)]
+    pub hot: bool,
+}
+
+pub fn run(a: CopyArgs) -> Result<(), CliError> {
+    let c = &a.common;
+    let Some(sel) = select::<CopyStrategy>(&c.function)? else {
+        return Ok(());
+    };
+    check_shape(c.size, &c.page, 2)?;
+    let cache = if a.hot {
+        CacheMode::Hot
+    } else {
+        CacheMode::Evict
+    };
+    let mut report = Report {
+        experiment: "copy".into(),
+        title: format!(
+            "copy: {} per loop, {}, {} loops after a verified warm-up",
+            show_size(c.size),
+            match cache {
+                CacheMode::Evict => "source evicted before each loop",
+                CacheMode::Hot => "buffers left hot",
+            },
+            c.loops
+        ),
+        machine: machine(),
+        params: json!({
+            "size": c.size, "folio_sizes": c.page, "loops": c.loops,
+            "cache": cache, "reuse": foliokit::Reuse::from(c.reuse),
+            "functions": sel.run.iter().map(|s| foliokit::Strategy::name(*s)).collect::<Vec<_>>(),
+        }),
+        baseline: String::new(),
+        rows: Vec::new(),
+        auto: Vec::new(),
+        backing: Vec::new(),
+        skipped: skipped(&sel),
+        notes: Vec::new(),
+    };
+    report.baseline = baseline(&sel, CopyStrategy::PerPage, &mut report.notes);
+    for &folio in &c.page {
+        let mut src = Region::new(c.size, folio)?;
+        src.as_mut_slice().fill(0x5A);
+        let mut dst = Region::new(c.size, folio)?;
+        for (name, r) in [("src", &src), ("dst", &dst)] {
+            let b = r.backing();
+            report.backing.push(BackingNote {
+                folio_size: folio,
+                buffer: name.into(),
+                requested: b.requested.clone(),
+                obtained: b.obtained.clone(),
+                note: b.note.clone(),
+            });
+        }
+        let plan = Plan {
+            folio_size: folio,
+            loops: c.loops as usize,
+            cache,
+            reuse: c.reuse.into(),
+            hint_page: 0,
+        };
+        let pb = bar(
+            sel.run.len() * (plan.loops + 1),
+            &format!("copy {}", show_size(folio)),
+        );
+        let m = measure_copy(&src, &mut dst, &sel.run, &plan, || pb.inc(1))?;
+        pb.finish_and_clear();
+        let (rows, auto) = rows(&m, folio, &report.baseline);
+        report.rows.extend(rows);
+        report.auto.extend(auto);
+    }
+    print!("{}", report.render(c.format));
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! The machine description every report carries.
+
+use foliokit::cpu::{cpu, CpuInfo};
+use foliokit::mem::system::{system, SystemInfo};
+use foliokit::tune::{profile_status, ProfileStatus};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpu: CpuInfo,
+    pub system: SystemInfo,
+    pub profile: ProfileStatus,
+}
+
+pub fn machine() -> Machine {
+    Machine {
+        cpu: cpu().clone(),
+        system: system(),
+        profile: profile_status(),
+    }
+}
+
+/// "erms avx2 ... (no fsrm clzero)": the flags that matter, present first.
+pub fn flags_line(c: &CpuInfo) -> String {
+    let f = &c.features;
+    let all = [
+        ("rep_good", f.rep_good),
+        ("erms", f.erms),
+        ("fsrm", f.fsrm),
+        ("avx2", f.avx2),
+        ("avx512f", f.avx512f),
+        ("clzero", f.clzero),
+        ("clflushopt", f.clflushopt),
+    ];
+    let has: Vec<_> = all.iter().filter(|f| f.1).map(|f| f.0).collect();
+    let lacks: Vec<_> = all.iter().filter(|f| !f.1).map(|f| f.0).collect();
+    if lacks.is_empty() {
+        has.join(" ")
+    } else {
+        format!("{} (no {})", has.join(" "), lacks.join(" "))
+    }
+}
+
+/// Bytes free for new anonymous memory, from /proc/meminfo.
+pub fn mem_available() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb << 10)
+}
