@@ -31,6 +31,14 @@ pub struct AutoSummary {
     pub auto_vs_best_named: f64,
 }
 
+/// A machine-check-safe variant's median over its plain twin's, same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct McRatio {
+    pub function: String,
+    pub folio_size: usize,
+    pub mc_over_plain: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Skipped {
     pub function: String,
@@ -58,6 +66,8 @@ pub struct Report {
     pub baseline: String,
     pub rows: Vec<Row>,
     pub auto: Vec<AutoSummary>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mc: Vec<McRatio>,
     pub backing: Vec<BackingNote>,
     pub skipped: Vec<Skipped>,
     pub notes: Vec<String>,
@@ -159,6 +169,15 @@ impl Report {
                     .unwrap_or_default(),
                 a.auto_vs_best_named,
                 a.best_named
+            );
+        }
+        for r in &self.mc {
+            let _ = writeln!(
+                out,
+                "# {}-mc at {}: {:.2}x its plain variant",
+                r.function,
+                show_size(r.folio_size),
+                r.mc_over_plain
             );
         }
         for s in &self.skipped {

@@ -9,10 +9,15 @@ use serde::Serialize;
 
 use crate::batch::Reuse;
 use crate::cpu::cpu;
-use crate::measure::{measure_clear, measure_copy, CacheMode, MeasureError, Plan, Stats};
+use crate::measure::{
+    measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Plan, Stats,
+};
 use crate::mem::Region;
 use crate::strategy::Strategy;
-use crate::tune::{Choice, FolioClass, Profile, Regime, PROFILE_VERSION};
+use crate::tune::{
+    builtin_clear, builtin_copy, Choice, FolioClass, Profile, Regime, CALIBRATION_MARGIN,
+    PROFILE_VERSION,
+};
 use crate::{ClearStrategy, CopyStrategy};
 
 /// Batch bytes and loops per regime.
@@ -28,12 +33,12 @@ impl Default for CalibrateOptions {
     fn default() -> Self {
         CalibrateOptions {
             resident_bytes: 2 << 20,
-            resident_loops: 40,
+            resident_loops: 60,
             // Four LLCs, so nothing survives in cache between loops.
             stream_bytes: (4 * cpu().caches.llc)
                 .max(256 << 20)
                 .next_multiple_of(2 << 20),
-            stream_loops: 5,
+            stream_loops: 9,
         }
     }
 }
@@ -46,14 +51,23 @@ pub struct Cell {
     pub class: FolioClass,
     pub folio_size: usize,
     pub bytes: usize,
-    pub results: Vec<(&'static str, Stats)>,
+    pub results: Vec<(String, Stats)>,
 }
 
 impl Cell {
-    fn best(&self) -> Option<&(&'static str, Stats)> {
-        self.results
+    /// The fastest strategy by median, unless the built-in choice is within
+    /// [`CALIBRATION_MARGIN`] of it: then the built-in one stays.
+    fn pick(&self, builtin: &str) -> Option<(String, f64)> {
+        let best = self
+            .results
             .iter()
-            .max_by(|a, b| a.1.median.total_cmp(&b.1.median))
+            .max_by(|a, b| a.1.median.total_cmp(&b.1.median))?;
+        let kept = self
+            .results
+            .iter()
+            .find(|(n, s)| n == builtin && s.median >= best.1.median * (1.0 - CALIBRATION_MARGIN));
+        let (name, stats) = kept.unwrap_or(best);
+        Some((name.clone(), stats.median))
     }
 }
 
@@ -78,7 +92,10 @@ pub fn calibrate(
     o: &CalibrateOptions,
     mut tick: impl FnMut(&str),
 ) -> Result<(Profile, Vec<Cell>), MeasureError> {
-    let copies = named::<CopyStrategy>();
+    let copies: Vec<CopyCandidate> = named::<CopyStrategy>()
+        .into_iter()
+        .map(CopyCandidate::plain)
+        .collect();
     let clears = named::<ClearStrategy>();
     let mut cells = Vec::new();
     for class in [FolioClass::Small, FolioClass::Medium, FolioClass::Large] {
@@ -116,7 +133,7 @@ pub fn calibrate(
                 class,
                 folio_size: folio,
                 bytes,
-                results: m.iter().map(|m| (m.resolved, m.gbps)).collect(),
+                results: m.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
             });
             drop(src);
             let label = format!("clear {regime:?} {}K", folio >> 10);
@@ -127,20 +144,24 @@ pub fn calibrate(
                 class,
                 folio_size: folio,
                 bytes,
-                results: m.iter().map(|m| (m.resolved, m.gbps)).collect(),
+                results: m.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
             });
         }
     }
     let choices = cells
         .iter()
         .filter_map(|c| {
-            let (name, stats) = c.best()?;
+            let builtin = match c.op {
+                "copy" => builtin_copy(c.regime, false).name(),
+                _ => builtin_clear(c.regime).name(),
+            };
+            let (strategy, gbps) = c.pick(builtin)?;
             Some(Choice {
                 op: c.op.into(),
                 regime: c.regime,
                 class: c.class,
-                strategy: (*name).into(),
-                gbps: stats.median,
+                strategy,
+                gbps,
             })
         })
         .collect();
@@ -150,4 +171,32 @@ pub fn calibrate(
         choices,
     };
     Ok((profile, cells))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(results: &[(&str, f64)]) -> Cell {
+        Cell {
+            op: "clear",
+            regime: Regime::Stream,
+            class: FolioClass::Large,
+            folio_size: 2 << 20,
+            bytes: 1 << 30,
+            results: results
+                .iter()
+                .map(|&(n, m)| (n.to_string(), Stats::of(&[m]).unwrap()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_builtin_choice_stays_unless_clearly_beaten() {
+        let c = cell(&[("nt", 6.0), ("stosb", 5.9), ("libc", 5.0)]);
+        assert_eq!(c.pick("stosb").unwrap().0, "stosb"); // 1.7% behind: noise
+        assert_eq!(c.pick("libc").unwrap().0, "nt"); // 17% behind: replaced
+        assert_eq!(c.pick("absent").unwrap().0, "nt");
+        assert!(cell(&[]).pick("nt").is_none());
+    }
 }

@@ -45,6 +45,11 @@ pub const MEDIUM_FOLIO_MAX: usize = 1 << 20;
 /// the kernel's need_resched flag). Nothing in foliokit sets it.
 pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);
 
+/// Calibration replaces the built-in choice for a cell only when another
+/// strategy's median beats it by more than this fraction: differences
+/// smaller than run-to-run noise on a shared machine must not flip `auto`.
+pub const CALIBRATION_MARGIN: f64 = 0.03;
+
 /// Bump when the profile format or the meaning of its cells changes.
 pub const PROFILE_VERSION: u32 = 1;
 
@@ -293,7 +298,9 @@ pub fn builtin_copy(r: Regime, misaligned: bool) -> CopyStrategy {
         return CopyStrategy::Libc;
     }
     match r {
-        // Streaming stores skip the write-allocate read of the destination.
+        // Intel's fast-string `rep movsb` already skips the write-allocate
+        // read on large extents; elsewhere streaming stores are what skip it.
+        Regime::Stream if c.vendor == Vendor::Intel && f.erms => CopyStrategy::Movsb,
         Regime::Stream => CopyStrategy::Nt,
         Regime::Resident => {
             // `rep movsb` is the best resident copy where the microcode is
@@ -329,12 +336,15 @@ pub fn choose_clear(shape: Shape) -> ClearStrategy {
 
 /// The built-in clear rules, used without a profile.
 pub fn builtin_clear(r: Regime) -> ClearStrategy {
-    let f = &cpu().features;
+    let c = cpu();
+    let f = &c.features;
     if !cfg!(target_arch = "x86_64") {
         return ClearStrategy::Libc;
     }
     match r {
         Regime::Stream if f.clzero => ClearStrategy::Clzero,
+        // As for copies: Intel's `rep stosb` avoids the RFO by itself.
+        Regime::Stream if c.vendor == Vendor::Intel && f.erms => ClearStrategy::Stosb,
         Regime::Stream => ClearStrategy::Nt,
         Regime::Resident if f.erms => ClearStrategy::Stosb,
         Regime::Resident => ClearStrategy::Stosq,

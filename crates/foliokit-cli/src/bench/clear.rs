@@ -73,6 +73,7 @@ pub fn run(a: ClearArgs) -> Result<(), CliError> {
         baseline: String::new(),
         rows: Vec::new(),
         auto: Vec::new(),
+        mc: Vec::new(),
         backing: Vec::new(),
         skipped: skipped(&sel),
         notes: Vec::new(),
@@ -101,7 +102,7 @@ pub fn run(a: ClearArgs) -> Result<(), CliError> {
         );
         let m = measure_clear(&mut dst, &sel.run, &plan, || pb.inc(1))?;
         pb.finish_and_clear();
-        let (rows, auto) = rows(&m, folio, &report.baseline);
+        let (rows, auto, _) = rows(&m, folio, &report.baseline);
         report.rows.extend(rows);
         report.auto.extend(auto);
     }

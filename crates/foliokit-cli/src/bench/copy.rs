@@ -1,9 +1,9 @@
 //! `foliokit bench copy`: seed 000's folio copy experiment.
 
 use clap::Args;
-use foliokit::measure::{measure_copy, CacheMode, Plan};
+use foliokit::measure::{measure_copy, CacheMode, CopyCandidate, Plan};
 use foliokit::mem::Region;
-use foliokit::CopyStrategy;
+use foliokit::{CopyStrategy, Strategy};
 use serde_json::json;
 
 use super::{baseline, check_shape, rows, select, skipped};
@@ -23,6 +23,10 @@ pub struct CopyArgs {
     /// Leave buffers in cache between loops (measures cache-resident copies).
     #[arg(long)]
     pub hot: bool,
+    /// Also measure each strategy's machine-check-safe variant (`<name>-mc`)
+    /// beside it, where one exists (movsb, avx2, nt, auto).
+    #[arg(long)]
+    pub mc: bool,
 }
 
 pub fn run(a: CopyArgs) -> Result<(), CliError> {
@@ -50,17 +54,31 @@ pub fn run(a: CopyArgs) -> Result<(), CliError> {
         machine: machine(),
         params: json!({
             "size": c.size, "folio_sizes": c.page, "loops": c.loops,
-            "cache": cache, "reuse": foliokit::Reuse::from(c.reuse),
-            "functions": sel.run.iter().map(|s| foliokit::Strategy::name(*s)).collect::<Vec<_>>(),
+            "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "mc": a.mc,
+            "functions": sel.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
         }),
         baseline: String::new(),
         rows: Vec::new(),
         auto: Vec::new(),
+        mc: Vec::new(),
         backing: Vec::new(),
         skipped: skipped(&sel),
         notes: Vec::new(),
     };
     report.baseline = baseline(&sel, CopyStrategy::PerPage, &mut report.notes);
+    let mut candidates = Vec::new();
+    for &s in &sel.run {
+        candidates.push(CopyCandidate::plain(s));
+        if a.mc {
+            if s.has_mc() {
+                candidates.push(CopyCandidate::mc(s));
+            } else {
+                report
+                    .notes
+                    .push(format!("{} has no machine-check-safe variant", s.name()));
+            }
+        }
+    }
     for &folio in &c.page {
         let mut src = Region::new(c.size, folio)?;
         src.as_mut_slice().fill(0x5A);
@@ -83,14 +101,15 @@ pub fn run(a: CopyArgs) -> Result<(), CliError> {
             hint_page: 0,
         };
         let pb = bar(
-            sel.run.len() * (plan.loops + 1),
+            candidates.len() * (plan.loops + 1),
             &format!("copy {}", show_size(folio)),
         );
-        let m = measure_copy(&src, &mut dst, &sel.run, &plan, || pb.inc(1))?;
+        let m = measure_copy(&src, &mut dst, &candidates, &plan, || pb.inc(1))?;
         pb.finish_and_clear();
-        let (rows, auto) = rows(&m, folio, &report.baseline);
+        let (rows, auto, mc) = rows(&m, folio, &report.baseline);
         report.rows.extend(rows);
         report.auto.extend(auto);
+        report.mc.extend(mc);
     }
     print!("{}", report.render(c.format));
     Ok(())

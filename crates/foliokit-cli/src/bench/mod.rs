@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use crate::args::show_size;
 use crate::machine::mem_available;
-use crate::report::{AutoSummary, Row, Skipped};
+use crate::report::{AutoSummary, McRatio, Row, Skipped};
 use crate::CliError;
 
 /// `-f help`: every strategy, whether this CPU has it, and what it does.
@@ -94,23 +94,20 @@ pub fn check_shape(size: usize, folios: &[usize], buffers: usize) -> Result<(), 
 }
 
 /// Turns measurements at one folio size into rows (speedup against
-/// `baseline`) and a summary of how `auto` compared.
-pub fn rows<S: Strategy>(
-    m: &[Measured<S>],
+/// `baseline`), a summary of how `auto` compared, and each `-mc` variant's
+/// ratio to its plain twin.
+pub fn rows(
+    m: &[Measured],
     folio: usize,
     baseline: &str,
-) -> (Vec<Row>, Option<AutoSummary>) {
-    let median = |name: &str| {
-        m.iter()
-            .find(|x| x.strategy.name() == name)
-            .map(|x| x.gbps.median)
-    };
+) -> (Vec<Row>, Option<AutoSummary>, Vec<McRatio>) {
+    let median = |name: &str| m.iter().find(|x| x.function == name).map(|x| x.gbps.median);
     let base = median(baseline).unwrap_or(f64::NAN);
     let rows = m
         .iter()
         .map(|x| Row {
-            function: x.strategy.name().into(),
-            resolved: x.resolved.into(),
+            function: x.function.clone(),
+            resolved: x.resolved.clone(),
             folio_size: folio,
             channels: 1,
             gbps: x.gbps,
@@ -120,20 +117,27 @@ pub fn rows<S: Strategy>(
     let summary = median("auto").and_then(|auto| {
         let best = m
             .iter()
-            .filter(|x| x.strategy.name() != "auto")
+            .filter(|x| x.function != "auto" && !x.function.ends_with("-mc"))
             .max_by(|a, b| a.gbps.median.total_cmp(&b.gbps.median))?;
         Some(AutoSummary {
             folio_size: folio,
-            auto_resolved: m
-                .iter()
-                .find(|x| x.strategy.name() == "auto")?
-                .resolved
-                .into(),
+            auto_resolved: m.iter().find(|x| x.function == "auto")?.resolved.clone(),
             auto_vs_baseline: auto / base,
             auto_vs_libc: median("libc").map(|l| auto / l),
-            best_named: best.strategy.name().into(),
+            best_named: best.function.clone(),
             auto_vs_best_named: auto / best.gbps.median,
         })
     });
-    (rows, summary)
+    let mc = m
+        .iter()
+        .filter_map(|x| {
+            let plain = x.function.strip_suffix("-mc")?;
+            Some(McRatio {
+                function: plain.to_string(),
+                folio_size: folio,
+                mc_over_plain: x.gbps.median / median(plain)?,
+            })
+        })
+        .collect();
+    (rows, summary, mc)
 }

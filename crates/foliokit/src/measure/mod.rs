@@ -1,14 +1,17 @@
 //! Measuring strategies the same way everywhere (`bench`, `calibrate`).
 //!
 //! Candidates run interleaved, loop-major: loop 1 runs every candidate, then
-//! loop 2, and so on. A noisy neighbour on a shared machine then slows all
-//! candidates alike instead of whichever happened to run during the noise,
-//! which keeps ratios from one run meaningful.
+//! loop 2, and so on, each loop in a rotated order. A noisy neighbour on a
+//! shared machine then slows all candidates alike instead of whichever
+//! happened to run during the noise, which keeps ratios from one run
+//! meaningful.
 
 mod ops;
 mod stats;
 
-pub use ops::{measure_clear, measure_copy, CacheMode, MeasureError, Measured, Plan};
+pub use ops::{
+    measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Measured, Plan,
+};
 pub use stats::{gbps, Stats};
 
 use std::time::Instant;
@@ -31,14 +34,54 @@ pub fn run_interleaved<T, E>(
         tick();
     }
     let mut secs = vec![Vec::with_capacity(loops); candidates];
-    for _ in 0..loops {
-        for (c, out) in secs.iter_mut().enumerate() {
+    for l in 0..loops {
+        // Rotate the order each loop so no candidate always runs right
+        // after the same neighbour (whose cache footprint it would inherit).
+        for k in 0..candidates {
+            let c = (l + k) % candidates;
             prepare(state, c)?;
             let t = Instant::now();
             body(state, c)?;
-            out.push(t.elapsed().as_secs_f64());
+            secs[c].push(t.elapsed().as_secs_f64());
             tick();
         }
     }
     Ok(secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_candidate_runs_warm_up_plus_loops_in_rotated_order() {
+        let mut order = Vec::new();
+        let secs = run_interleaved::<_, ()>(
+            3,
+            2,
+            &mut order,
+            |_, _| Ok(()),
+            |o, c| {
+                o.push(c);
+                Ok(())
+            },
+            || {},
+        )
+        .unwrap();
+        assert_eq!(order, [0, 1, 2, 0, 1, 2, 1, 2, 0]);
+        assert!(secs.iter().all(|s| s.len() == 2));
+    }
+
+    #[test]
+    fn errors_stop_the_run() {
+        let r = run_interleaved(
+            2,
+            3,
+            &mut (),
+            |_, _| Ok(()),
+            |_, c| if c == 1 { Err("boom") } else { Ok(()) },
+            || {},
+        );
+        assert_eq!(r, Err("boom"));
+    }
 }

@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use super::{gbps, run_interleaved, Stats};
 use crate::batch::Reuse;
+use crate::mc::copy_folios_mc;
 use crate::mem::Region;
 use crate::strategy::Strategy;
 use crate::{
@@ -32,13 +33,44 @@ pub struct Plan {
     pub hint_page: usize,
 }
 
-/// One strategy's measurement.
+/// One measurement.
 #[derive(Debug, Clone, Serialize)]
-pub struct Measured<S> {
-    pub strategy: S,
-    /// What the strategy resolved to (differs from the name only for auto).
-    pub resolved: &'static str,
+pub struct Measured {
+    /// The strategy as named on the command line (`movsb`, `nt-mc`, `auto`).
+    pub function: String,
+    /// What actually ran (differs from `function` only for auto).
+    pub resolved: String,
     pub gbps: Stats,
+}
+
+/// A copy to measure: a strategy, plain or machine-check-safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyCandidate {
+    pub strategy: CopyStrategy,
+    pub mc: bool,
+}
+
+impl CopyCandidate {
+    pub fn plain(strategy: CopyStrategy) -> Self {
+        CopyCandidate {
+            strategy,
+            mc: false,
+        }
+    }
+
+    pub fn mc(strategy: CopyStrategy) -> Self {
+        CopyCandidate { strategy, mc: true }
+    }
+
+    /// `movsb`, or `movsb-mc` for the machine-check-safe variant.
+    pub fn name(&self) -> String {
+        let n = self.strategy.name();
+        if self.mc {
+            format!("{n}-mc")
+        } else {
+            n.to_string()
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,99 +79,128 @@ pub enum MeasureError {
     Batch(#[from] BatchError),
     #[error(transparent)]
     Mem(#[from] crate::mem::MemError),
+    #[error(transparent)]
+    Mc(#[from] crate::mc::McError),
     #[error("{0} produced wrong bytes in its verification pass")]
-    Wrong(&'static str),
+    Wrong(String),
+    #[error("{0} reported a fault copying healthy memory")]
+    Faulted(String),
+}
+
+/// Whether a hot-mode loop should first re-run the candidate untimed: only
+/// when the working set can be cache-resident at all. Interleaving would
+/// otherwise let a streaming candidate evict the buffers of the next one.
+fn rewarm(plan: &Plan, working_set: usize) -> bool {
+    plan.cache == CacheMode::Hot && working_set <= crate::cpu::cpu().caches.llc
 }
 
 /// Measures copying `src` into `dst` in `plan.folio_size` folios with each
-/// strategy.
-/// Each strategy's warm-up call is verified against the source first.
+/// candidate. Each candidate's warm-up call is verified against the source.
+/// In hot mode each timed call follows an untimed call of the same
+/// candidate, so it measures the candidate's own steady state.
 pub fn measure_copy(
     src: &Region,
     dst: &mut Region,
-    strategies: &[CopyStrategy],
+    candidates: &[CopyCandidate],
     plan: &Plan,
     mut tick: impl FnMut(),
-) -> Result<Vec<Measured<CopyStrategy>>, MeasureError> {
+) -> Result<Vec<Measured>, MeasureError> {
     let len = src.len().min(dst.len());
-    let mut resolved = vec![""; strategies.len()];
-    let mut verified = vec![false; strategies.len()];
+    let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
+        let cand = candidates[c];
+        let opts = CopyOptions {
+            strategy: cand.strategy,
+            reuse: plan.reuse,
+        };
+        let (d, s) = (&mut dst.as_mut_slice()[..len], &src.as_slice()[..len]);
+        if cand.mc {
+            let r = copy_folios_mc(d, s, plan.folio_size, opts)?;
+            if !r.faults.is_empty() {
+                return Err(MeasureError::Faulted(cand.name()));
+            }
+            Ok(format!("{}-mc", r.strategy))
+        } else {
+            Ok(copy_folios(d, s, plan.folio_size, opts)?
+                .strategy
+                .to_string())
+        }
+    };
+    let rewarm = rewarm(plan, 2 * len);
+    let mut resolved = vec![String::new(); candidates.len()];
     let secs = run_interleaved(
-        strategies.len(),
+        candidates.len(),
         plan.loops,
         dst,
-        |_, _| match plan.cache {
+        |dst, c| match plan.cache {
             CacheMode::Evict => src.evict().map_err(MeasureError::from),
+            CacheMode::Hot if rewarm => run_once(dst, c).map(drop),
             CacheMode::Hot => Ok(()),
         },
         |dst, c| {
-            let opts = CopyOptions {
-                strategy: strategies[c],
-                reuse: plan.reuse,
-            };
-            if !verified[c] {
-                dst.as_mut_slice()[..len].fill(0);
+            if !resolved[c].is_empty() {
+                return run_once(dst, c).map(drop);
             }
-            let r = copy_folios(
-                &mut dst.as_mut_slice()[..len],
-                &src.as_slice()[..len],
-                plan.folio_size,
-                opts,
-            )?;
-            resolved[c] = r.strategy;
-            if !verified[c] {
-                if dst.as_slice()[..len] != src.as_slice()[..len] {
-                    return Err(MeasureError::Wrong(strategies[c].name()));
-                }
-                verified[c] = true;
+            // The warm-up call: verify it copied every byte.
+            dst.as_mut_slice()[..len].fill(0);
+            let ran = run_once(dst, c)?;
+            if dst.as_slice()[..len] != src.as_slice()[..len] {
+                return Err(MeasureError::Wrong(candidates[c].name()));
             }
+            resolved[c] = ran;
             Ok(())
         },
         &mut tick,
     )?;
-    Ok(collect(strategies, &resolved, &secs, len))
+    let names: Vec<String> = candidates.iter().map(CopyCandidate::name).collect();
+    Ok(collect(&names, resolved, &secs, len))
 }
 
-/// Measures zeroing `dst` in `plan.folio_size` folios with each strategy. Each warm-up call is verified.
+/// Measures zeroing `dst` in `plan.folio_size` folios with each strategy,
+/// verifying each warm-up call; hot mode re-warms as [`measure_copy`] does.
 pub fn measure_clear(
     dst: &mut Region,
     strategies: &[ClearStrategy],
     plan: &Plan,
     mut tick: impl FnMut(),
-) -> Result<Vec<Measured<ClearStrategy>>, MeasureError> {
+) -> Result<Vec<Measured>, MeasureError> {
     let len = dst.len();
-    let mut resolved = vec![""; strategies.len()];
-    let mut verified = vec![false; strategies.len()];
+    let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
+        let opts = ClearOptions {
+            strategy: strategies[c],
+            reuse: plan.reuse,
+            hint_page: plan.hint_page,
+        };
+        Ok(clear_folios(dst.as_mut_slice(), plan.folio_size, opts)?
+            .strategy
+            .to_string())
+    };
+    let rewarm = rewarm(plan, len);
+    let mut resolved = vec![String::new(); strategies.len()];
     let secs = run_interleaved(
         strategies.len(),
         plan.loops,
         dst,
-        |dst, _| match plan.cache {
+        |dst, c| match plan.cache {
             CacheMode::Evict => dst.evict().map_err(MeasureError::from),
+            CacheMode::Hot if rewarm => run_once(dst, c).map(drop),
             CacheMode::Hot => Ok(()),
         },
         |dst, c| {
-            let opts = ClearOptions {
-                strategy: strategies[c],
-                reuse: plan.reuse,
-                hint_page: plan.hint_page,
-            };
-            if !verified[c] {
-                dst.as_mut_slice().fill(0xFF);
+            if !resolved[c].is_empty() {
+                return run_once(dst, c).map(drop);
             }
-            let r = clear_folios(dst.as_mut_slice(), plan.folio_size, opts)?;
-            resolved[c] = r.strategy;
-            if !verified[c] {
-                if !is_zero(dst.as_slice()) {
-                    return Err(MeasureError::Wrong(strategies[c].name()));
-                }
-                verified[c] = true;
+            dst.as_mut_slice().fill(0xFF);
+            let ran = run_once(dst, c)?;
+            if !is_zero(dst.as_slice()) {
+                return Err(MeasureError::Wrong(strategies[c].name().to_string()));
             }
+            resolved[c] = ran;
             Ok(())
         },
         &mut tick,
     )?;
-    Ok(collect(strategies, &resolved, &secs, len))
+    let names: Vec<String> = strategies.iter().map(|s| s.name().to_string()).collect();
+    Ok(collect(&names, resolved, &secs, len))
 }
 
 fn is_zero(b: &[u8]) -> bool {
@@ -147,20 +208,20 @@ fn is_zero(b: &[u8]) -> bool {
     b.chunks(ZERO.len()).all(|c| c == &ZERO[..c.len()])
 }
 
-fn collect<S: Strategy>(
-    strategies: &[S],
-    resolved: &[&'static str],
+fn collect(
+    names: &[String],
+    resolved: Vec<String>,
     secs: &[Vec<f64>],
     bytes: usize,
-) -> Vec<Measured<S>> {
-    strategies
+) -> Vec<Measured> {
+    names
         .iter()
         .zip(resolved)
         .zip(secs)
-        .filter_map(|((&strategy, &resolved), s)| {
+        .filter_map(|((function, resolved), s)| {
             let rates: Vec<f64> = s.iter().map(|&t| gbps(bytes, t)).collect();
             Some(Measured {
-                strategy,
+                function: function.clone(),
                 resolved,
                 gbps: Stats::of(&rates)?,
             })

@@ -159,3 +159,88 @@ pub fn filled_region(folio_size: usize, folios: usize, seed: u64) -> Region {
     r.as_mut_slice().copy_from_slice(&p);
     r
 }
+
+/// A shared file mapping whose file can be truncated underneath it, so that
+/// reading the pages past the new end raises SIGBUS (`BUS_ADRERR`) — the
+/// portable, unprivileged way to make source pages vanish.
+pub struct TruncatedFile {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    map: *mut u8,
+    len: usize,
+}
+
+impl TruncatedFile {
+    /// A `len`-byte file filled with `pattern(len, seed)`, mapped read-only,
+    /// at `at` when given (MAP_FIXED over memory the caller owns).
+    pub fn new(len: usize, seed: u64, at: Option<*mut u8>) -> TruncatedFile {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("foliokit-test-{}-{n}", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .expect("temp file");
+        file.write_all(&pattern(len, seed))
+            .expect("write temp file");
+        let flags = libc::MAP_SHARED | if at.is_some() { libc::MAP_FIXED } else { 0 };
+        // SAFETY: maps our own file; with MAP_FIXED the caller passes memory
+        // it owns and gives up.
+        let map = unsafe {
+            libc::mmap(
+                at.unwrap_or(std::ptr::null_mut()).cast(),
+                len,
+                libc::PROT_READ,
+                flags,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED, "mmap temp file");
+        TruncatedFile {
+            file,
+            path,
+            map: map.cast(),
+            len,
+        }
+    }
+
+    /// Cuts the file to `keep` bytes: mapped pages from there on vanish.
+    pub fn truncate(&self, keep: usize) {
+        self.file.set_len(keep as u64).expect("truncate");
+    }
+
+    /// Restores the full length (the restored pages read as zeros).
+    pub fn restore(&self) {
+        self.file.set_len(self.len as u64).expect("extend");
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is live for &self. Reading a vanished page
+        // faults; the tests only hand this slice to mc copies.
+        unsafe { std::slice::from_raw_parts(self.map, self.len) }
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.map
+    }
+
+    /// The file's descriptor, for a signal handler that repairs the file.
+    pub fn fd(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.file.as_raw_fd()
+    }
+}
+
+impl Drop for TruncatedFile {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.map.cast(), self.len) };
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

@@ -1,0 +1,128 @@
+//! The SIGBUS handler that turns a fault inside a registered copy routine
+//! into a return of "bytes not copied", and passes every other fault on.
+//!
+//! This is the user-space twin of the kernel's exception table: the handler
+//! looks the faulting PC up in [`super::arch::fixups`] and, on a hit,
+//! rewrites the PC in the saved context to the fixup, so the interrupted
+//! routine returns normally. No stack is unwound and no setjmp/longjmp
+//! crosses Rust frames. A fault anywhere else goes to the handler installed
+//! before ours, or gets the default action (the process dies with SIGBUS,
+//! exactly as without foliokit).
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+use super::arch::{fixups, Fixup};
+
+/// The disposition SIGBUS had before foliokit's handler.
+#[derive(Clone, Copy)]
+struct Previous(libc::sigaction);
+
+// SAFETY: `sigaction` is plain data (integers, a mask and function
+// addresses); sharing it read-only between threads is sound.
+unsafe impl Sync for Previous {}
+// SAFETY: as above.
+unsafe impl Send for Previous {}
+
+// Both are published before the handler is installed, so the handler always
+// finds them; it reads them with a lock-free `OnceLock::get`.
+static PREVIOUS: OnceLock<Previous> = OnceLock::new();
+static TABLE: OnceLock<[Fixup; 6]> = OnceLock::new();
+static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
+
+thread_local! {
+    /// `si_code` and `si_addr` of the last fault this thread recovered from.
+    /// Const-initialised with no destructor, so touching it from the signal
+    /// handler does not allocate or lock.
+    static LAST_FAULT: Cell<(i32, usize)> = const { Cell::new((0, 0)) };
+}
+
+/// Installs the handler once per process (thread-safe; concurrent callers
+/// wait for the first). Returns the errno of `sigaction` if that failed.
+pub fn install() -> Result<(), i32> {
+    *INSTALLED.get_or_init(do_install)
+}
+
+fn do_install() -> Result<(), i32> {
+    // SAFETY: zeroed sigaction structs are valid "empty" values; the calls
+    // only read/write the structs we pass.
+    unsafe {
+        let mut previous: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) != 0 {
+            return Err(*libc::__errno_location());
+        }
+        PREVIOUS.get_or_init(|| Previous(previous));
+        TABLE.get_or_init(fixups);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
+            return Err(*libc::__errno_location());
+        }
+        Ok(())
+    }
+}
+
+/// Clears this thread's record of the last recovered fault.
+pub fn reset_last_fault() {
+    LAST_FAULT.with(|c| c.set((0, 0)));
+}
+
+/// `(si_code, si_addr)` of the last fault this thread recovered from.
+pub fn last_fault() -> (i32, usize) {
+    LAST_FAULT.with(Cell::get)
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo and ucontext for SA_SIGINFO
+    // handlers; we only read them and write the saved RIP.
+    unsafe {
+        let uc = ctx.cast::<libc::ucontext_t>();
+        let pc_slot = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
+        let pc = *pc_slot as usize;
+        if let Some(table) = TABLE.get() {
+            if let Some(f) = table.iter().find(|f| (f.start..f.end).contains(&pc)) {
+                LAST_FAULT.with(|c| c.set(((*info).si_code, (*info).si_addr() as usize)));
+                *pc_slot = f.fixup as i64;
+                return;
+            }
+        }
+        chain(sig, info, ctx);
+    }
+}
+
+/// Hands a fault that is not ours to whoever had SIGBUS before us.
+///
+/// # Safety
+/// Called only from the signal handler with the kernel's arguments.
+unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let previous = PREVIOUS.get().map(|p| p.0);
+    // SAFETY: the previous handler's address came from sigaction itself, and
+    // its flags say which signature it has.
+    unsafe {
+        match previous {
+            Some(p) if p.sa_flags & libc::SA_SIGINFO != 0 => {
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    std::mem::transmute(p.sa_sigaction);
+                f(sig, info, ctx);
+            }
+            Some(p) if p.sa_sigaction == libc::SIG_IGN => {}
+            Some(p) if p.sa_sigaction != libc::SIG_DFL => {
+                let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
+                f(sig);
+            }
+            _ => {
+                // Default action: restore it; a synchronous fault then recurs
+                // on return and kills the process as it would have anyway; a
+                // signal sent by kill() is raised again.
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                if (*info).si_code <= 0 {
+                    libc::raise(sig);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Machine-check-safe copy: survive a poisoned or vanished source page and
+//! report exactly what was not copied.
+//!
+//! Reading hardware-poisoned memory raises SIGBUS (`BUS_MCEERR_AR`), and so
+//! does reading a file mapping past the end of a truncated file
+//! (`BUS_ADRERR`). The mc routines here are registered with a SIGBUS handler
+//! that resumes them at a fixup returning the bytes not copied, as the
+//! kernel's `copy_mc_to_kernel` does; `copy_mc` turns that into the first
+//! bad page, as `folio_mc_copy` does.
+
+#[cfg(target_arch = "x86_64")]
+#[path = "x86_64.rs"]
+mod arch;
+#[cfg(target_arch = "x86_64")]
+mod handler;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::batch::{self, page_size, BatchError};
+use crate::copy::{CopyOptions, CopyStrategy};
+use crate::strategy::{require, Strategy};
+use crate::tune::{self, Regime, Shape};
+
+/// Why a source page could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// Hardware memory error (`BUS_MCEERR_AR`/`AO`).
+    Poison,
+    /// The page no longer exists, e.g. a file truncated under a mapping (`BUS_ADRERR`).
+    Vanished,
+    /// Another SIGBUS code.
+    Other(i32),
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FaultKind::Poison => f.write_str("hardware poison"),
+            FaultKind::Vanished => f.write_str("page vanished, e.g. truncated file"),
+            FaultKind::Other(c) => write!(f, "SIGBUS code {c}"),
+        }
+    }
+}
+
+/// Where an mc copy stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct McFault {
+    /// Bytes not copied, counted from the end (the kernel's return value).
+    pub not_copied: usize,
+    /// Index of the first bad page, counted in base pages from the page
+    /// holding the first source byte.
+    pub bad_page: usize,
+    pub kind: FaultKind,
+    /// The faulting address the kernel reported.
+    pub addr: usize,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum McError {
+    #[error("{} bytes not copied: source page {} faulted ({})", .0.not_copied, .0.bad_page, .0.kind)]
+    Fault(McFault),
+    #[error("{0} has no machine-check-safe variant (have: movsb, avx2, nt, auto)")]
+    NoVariant(&'static str),
+    #[error("machine-check-safe copy is not available: {0}")]
+    Unavailable(&'static str),
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+}
+
+/// A routine returning the bytes it did not copy.
+type McFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
+
+/// The strategies with an mc variant.
+pub const MC_STRATEGIES: &[CopyStrategy] =
+    &[CopyStrategy::Movsb, CopyStrategy::Avx2, CopyStrategy::Nt];
+
+impl CopyStrategy {
+    /// Whether this strategy has a machine-check-safe variant here.
+    pub fn has_mc(self) -> bool {
+        cfg!(target_arch = "x86_64")
+            && (self == CopyStrategy::Auto || MC_STRATEGIES.contains(&self))
+            && self.unavailable().is_none()
+    }
+}
+
+/// The mc strategy for `strategy` at this shape: itself when it has an mc
+/// variant; for `auto`, the plain choice's mc counterpart.
+pub fn resolve_mc(strategy: CopyStrategy, shape: Shape) -> Result<CopyStrategy, McError> {
+    if strategy != CopyStrategy::Auto {
+        require(strategy).map_err(BatchError::from)?;
+        return if strategy.has_mc() {
+            Ok(strategy)
+        } else {
+            Err(McError::NoVariant(strategy.name()))
+        };
+    }
+    let plain = tune::choose_copy(shape);
+    if plain.has_mc() {
+        return Ok(plain);
+    }
+    // The plain choice has no mc twin (movsq, unrolled, avx512, libc...):
+    // take the closest that has one for the same regime.
+    let regime = tune::regime(shape.total.saturating_mul(2), shape.total, shape.reuse);
+    Ok(match regime {
+        Regime::Stream => CopyStrategy::Nt,
+        Regime::Resident if CopyStrategy::Avx2.has_mc() && plain == CopyStrategy::Avx512 => {
+            CopyStrategy::Avx2
+        }
+        Regime::Resident => CopyStrategy::Movsb,
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn mc_fn(s: CopyStrategy) -> Result<McFn, McError> {
+    handler::install().map_err(|_| McError::Unavailable("could not install the SIGBUS handler"))?;
+    Ok(match s {
+        CopyStrategy::Movsb => arch::mc_movsb,
+        CopyStrategy::Avx2 => arch::mc_avx2,
+        CopyStrategy::Nt => arch::mc_nt,
+        other => return Err(McError::NoVariant(other.name())),
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn mc_fn(_s: CopyStrategy) -> Result<McFn, McError> {
+    Err(McError::Unavailable(
+        "no mc routines for this architecture yet",
+    ))
+}
+
+/// Runs one mc copy and turns a short copy into an [`McFault`].
+///
+/// # Safety
+/// `dst` valid for writes and `src` mapped for `len` bytes, disjoint.
+unsafe fn run_one(f: McFn, dst: *mut u8, src: *const u8, len: usize) -> Result<(), McFault> {
+    #[cfg(target_arch = "x86_64")]
+    handler::reset_last_fault();
+    // SAFETY: forwarded contract; the handler is installed (mc_fn did it).
+    let not_copied = unsafe { f(dst, src, len) };
+    if not_copied == 0 {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    let (code, addr) = handler::last_fault();
+    #[cfg(not(target_arch = "x86_64"))]
+    let (code, addr) = (0, 0);
+    let page = page_size();
+    let failed_at = src as usize + (len - not_copied);
+    Err(McFault {
+        not_copied,
+        bad_page: failed_at / page - src as usize / page,
+        kind: match code {
+            libc::BUS_MCEERR_AR | libc::BUS_MCEERR_AO => FaultKind::Poison,
+            libc::BUS_ADRERR => FaultKind::Vanished,
+            c => FaultKind::Other(c),
+        },
+        addr,
+    })
+}
+
+/// Copies `src` into `dst` (any length and alignment), surviving source
+/// pages that fault. Returns the mc strategy that ran, or where it stopped:
+/// every destination byte before `len - not_copied` equals the source.
+pub fn copy_mc(
+    dst: &mut [u8],
+    src: &[u8],
+    strategy: CopyStrategy,
+) -> Result<&'static str, McError> {
+    if dst.len() != src.len() {
+        return Err(BatchError::LengthMismatch {
+            dst: dst.len(),
+            src: src.len(),
+        }
+        .into());
+    }
+    let s = resolve_mc(strategy, Shape::single(dst.as_ptr() as usize, dst.len()))?;
+    let f = mc_fn(s)?;
+    // SAFETY: the slices are valid for their equal lengths and disjoint.
+    unsafe { run_one(f, dst.as_mut_ptr(), src.as_ptr(), dst.len()) }.map_err(McError::Fault)?;
+    Ok(s.name())
+}
+
+/// One folio that could not be copied whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FolioFault {
+    pub index: usize,
+    pub fault: McFault,
+}
+
+/// What a batched mc copy did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct McReport {
+    pub strategy: &'static str,
+    pub folios: usize,
+    /// Folios copied whole.
+    pub copied: usize,
+    /// Folios that faulted, in order; the others were copied regardless.
+    pub faults: Vec<FolioFault>,
+}
+
+/// Copies a contiguous region folio by folio with an mc strategy. A folio
+/// whose source faults is reported and skipped; the rest of the batch is
+/// still copied, and no folio is copied twice.
+pub fn copy_folios_mc(
+    dst: &mut [u8],
+    src: &[u8],
+    folio_size: usize,
+    opts: CopyOptions,
+) -> Result<McReport, McError> {
+    if dst.len() != src.len() {
+        return Err(BatchError::LengthMismatch {
+            dst: dst.len(),
+            src: src.len(),
+        }
+        .into());
+    }
+    let n = batch::folio_count("destination", dst.len(), folio_size)?;
+    batch::check_bases(
+        &[
+            ("destination", dst.as_ptr() as usize),
+            ("source", src.as_ptr() as usize),
+        ],
+        dst.len(),
+    )?;
+    let s = resolve_mc(opts.strategy, Shape::batch(folio_size, n, opts.reuse))?;
+    let f = mc_fn(s)?;
+    let (d, sp) = (dst.as_mut_ptr(), src.as_ptr());
+    let mut faults = Vec::new();
+    for i in 0..n {
+        let off = i * folio_size;
+        // SAFETY: folio i lies inside both slices, which are disjoint.
+        if let Err(fault) = unsafe { run_one(f, d.add(off), sp.add(off), folio_size) } {
+            faults.push(FolioFault { index: i, fault });
+        }
+    }
+    Ok(McReport {
+        strategy: s.name(),
+        folios: n,
+        copied: n - faults.len(),
+        faults,
+    })
+}

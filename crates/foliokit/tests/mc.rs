@@ -1,0 +1,216 @@
+//! Fault injection for the machine-check-safe copy: sources whose pages
+//! vanish (a truncated file under a shared mapping) and, where the kernel
+//! allows it, real hardware-poison injection.
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use common::{pattern, TruncatedFile};
+use foliokit::mc::{copy_folios_mc, copy_mc, FaultKind, McError, McFault};
+use foliokit::mem::Region;
+use foliokit::{CopyOptions, CopyStrategy, Reuse, Strategy};
+
+const PAGE: usize = 4096;
+const FOLIO: usize = 2 << 20;
+
+fn mc_strategies() -> Vec<CopyStrategy> {
+    [
+        CopyStrategy::Movsb,
+        CopyStrategy::Avx2,
+        CopyStrategy::Nt,
+        CopyStrategy::Auto,
+    ]
+    .into_iter()
+    .filter(|s| match s.unavailable() {
+        None => true,
+        Some(why) => {
+            eprintln!("skipping mc {}: {why}", s.name());
+            false
+        }
+    })
+    .collect()
+}
+
+fn fault(e: McError) -> McFault {
+    match e {
+        McError::Fault(f) => f,
+        other => panic!("expected a fault, got {other}"),
+    }
+}
+
+#[test]
+fn every_page_of_a_2m_folio_vanishing_is_reported_exactly() {
+    let want = pattern(FOLIO, 11);
+    for s in mc_strategies() {
+        let file = TruncatedFile::new(FOLIO, 11, None);
+        let mut dst = Region::new(FOLIO, FOLIO).unwrap();
+        // Shrink page by page: at step k, pages k.. are gone.
+        for k in (0..FOLIO / PAGE).rev() {
+            file.truncate(k * PAGE);
+            dst.as_mut_slice().fill(0);
+            let f = fault(copy_mc(dst.as_mut_slice(), file.as_slice(), s).unwrap_err());
+            let ctx = format!("{} k={k}", s.name());
+            assert_eq!(f.not_copied, FOLIO - k * PAGE, "{ctx}");
+            assert_eq!(f.bad_page, k, "{ctx}");
+            assert_eq!(f.kind, FaultKind::Vanished, "{ctx}");
+            assert_eq!(f.addr, file.as_ptr() as usize + k * PAGE, "{ctx}");
+            assert!(
+                dst.as_slice()[..k * PAGE] == want[..k * PAGE],
+                "{ctx}: copied prefix differs"
+            );
+        }
+    }
+}
+
+#[test]
+fn bytes_around_the_boundary() {
+    let want = pattern(4 * PAGE, 5);
+    for s in mc_strategies() {
+        let file = TruncatedFile::new(4 * PAGE, 5, None);
+        file.truncate(2 * PAGE);
+        let src = file.as_slice();
+        let b = 2 * PAGE;
+        let mut dst = Region::new(4 * PAGE, PAGE).unwrap();
+        let name = s.name();
+        // Ending exactly at the boundary: everything is copied.
+        for len in [1, 63, 64, 129, PAGE + 7] {
+            let d = &mut dst.as_mut_slice()[3..3 + len];
+            copy_mc(d, &src[b - len..b], s).unwrap_or_else(|e| panic!("{name} len {len}: {e}"));
+            assert!(
+                dst.as_slice()[3..3 + len] == want[b - len..b],
+                "{name} len {len}"
+            );
+        }
+        // Starting just before: exactly the bytes before the boundary land.
+        for (before, len) in [(1, 2), (1, 300), (17, 17 + PAGE), (64, 65), (200, 1000)] {
+            dst.as_mut_slice().fill(0);
+            let d = &mut dst.as_mut_slice()[5..5 + len];
+            let f = fault(copy_mc(d, &src[b - before..b - before + len], s).unwrap_err());
+            assert_eq!(f.not_copied, len - before, "{name} {before}+{len}");
+            assert_eq!(f.bad_page, 1, "{name} {before}+{len}");
+            assert!(
+                dst.as_slice()[5..5 + before] == want[b - before..b],
+                "{name} {before}+{len}"
+            );
+        }
+        // Starting on the missing page: nothing is copied.
+        let f = fault(copy_mc(&mut dst.as_mut_slice()[..10], &src[b..b + 10], s).unwrap_err());
+        assert_eq!((f.not_copied, f.bad_page), (10, 0), "{name}");
+    }
+}
+
+#[test]
+fn a_bad_folio_does_not_stop_the_batch() {
+    // Four 64 KiB folios; folio 1 is a file mapping that loses its second
+    // half, the others are ordinary memory.
+    const F: usize = 64 << 10;
+    for s in mc_strategies() {
+        let mut src = Region::new(4 * F, PAGE).unwrap();
+        let p = pattern(4 * F, 21);
+        src.as_mut_slice().copy_from_slice(&p);
+        let hole_at = src.as_mut_ptr().wrapping_add(F);
+        let file = TruncatedFile::new(F, 99, Some(hole_at));
+        file.truncate(F / 2);
+        let mut dst = Region::new(4 * F, PAGE).unwrap();
+        let opts = CopyOptions {
+            strategy: s,
+            reuse: Reuse::Reread,
+        };
+        let r = copy_folios_mc(dst.as_mut_slice(), src.as_slice(), F, opts).unwrap();
+        let name = s.name();
+        assert_eq!((r.folios, r.copied, r.faults.len()), (4, 3, 1), "{name}");
+        let f = r.faults[0];
+        assert_eq!(f.index, 1, "{name}");
+        assert_eq!(f.fault.not_copied, F / 2, "{name}");
+        assert_eq!(f.fault.bad_page, F / 2 / PAGE, "{name}");
+        for i in [0, 2, 3] {
+            assert!(
+                dst.as_slice()[i * F..][..F] == p[i * F..][..F],
+                "{name} folio {i}"
+            );
+        }
+        let file_bytes = pattern(F, 99);
+        assert!(
+            dst.as_slice()[F..F + F / 2] == file_bytes[..F / 2],
+            "{name} folio 1 prefix"
+        );
+    }
+}
+
+#[test]
+fn threads_fault_and_recover_concurrently() {
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let len = 64 * PAGE;
+                let want = pattern(len, t);
+                let strategies = mc_strategies();
+                for round in 0..40usize {
+                    let s = strategies[round % strategies.len()];
+                    let file = TruncatedFile::new(len, t, None);
+                    let k = (round * 7 + t as usize * 13) % 64;
+                    file.truncate(k * PAGE);
+                    let mut dst = vec![0u8; len];
+                    let f = fault(copy_mc(&mut dst, file.as_slice(), s).unwrap_err());
+                    assert_eq!(f.not_copied, len - k * PAGE, "thread {t} round {round}");
+                    assert_eq!(f.bad_page, k);
+                    assert!(dst[..k * PAGE] == want[..k * PAGE]);
+                    // And a copy of memory that does not fault succeeds.
+                    let mut again = vec![0u8; k * PAGE];
+                    copy_mc(&mut again, &file.as_slice()[..k * PAGE], s).unwrap();
+                    assert!(again[..] == want[..k * PAGE]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("copier thread");
+    }
+}
+
+#[test]
+fn mc_copies_match_the_reference_when_nothing_faults() {
+    for s in mc_strategies() {
+        common::sweep_copy(&format!("mc {}", s.name()), &|d, src| {
+            copy_mc(d, src, s).expect("mc copy");
+        });
+    }
+}
+
+#[test]
+fn strategies_without_an_mc_variant_are_refused() {
+    let (mut d, s) = ([0u8; 64], [1u8; 64]);
+    for st in [
+        CopyStrategy::PerPage,
+        CopyStrategy::Movsq,
+        CopyStrategy::Unrolled,
+        CopyStrategy::Libc,
+    ] {
+        assert_eq!(copy_mc(&mut d, &s, st), Err(McError::NoVariant(st.name())));
+    }
+    assert_eq!(d, [0u8; 64]);
+}
+
+#[test]
+fn real_hardware_poison_when_the_kernel_allows_injection() {
+    let mut r = Region::new(2 * PAGE, PAGE).unwrap();
+    let want = pattern(2 * PAGE, 3);
+    r.as_mut_slice().copy_from_slice(&want);
+    let page1 = r.as_mut_ptr().wrapping_add(PAGE);
+    // SAFETY: page1 is a page of our own region; poisoning takes it away
+    // from us (and from the system) for good, which is what we test.
+    let rc = unsafe { libc::madvise(page1.cast(), PAGE, libc::MADV_HWPOISON) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        eprintln!(
+            "skipping real-poison test: MADV_HWPOISON refused ({e}); it needs CONFIG_MEMORY_FAILURE and CAP_SYS_ADMIN"
+        );
+        return;
+    }
+    let s = CopyStrategy::Movsb;
+    let mut dst = vec![0u8; 2 * PAGE];
+    let f = fault(copy_mc(&mut dst, r.as_slice(), s).unwrap_err());
+    assert_eq!(f.kind, FaultKind::Poison);
+    assert_eq!((f.not_copied, f.bad_page), (PAGE, 1));
+    assert!(dst[..PAGE] == want[..PAGE]);
+}
