@@ -18,6 +18,7 @@ pub mod cpu;
 pub mod mc;
 pub mod measure;
 pub mod mem;
+pub mod nt;
 pub mod strategy;
 pub mod tune;
 

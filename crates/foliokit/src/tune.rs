@@ -41,6 +41,10 @@ pub const STREAM_MIN_BYTES: usize = 4096;
 pub const SMALL_FOLIO_MAX: usize = 16 << 10;
 pub const MEDIUM_FOLIO_MAX: usize = 1 << 20;
 
+/// `populate` faults memory in chunks of this size, aligned to it, so each
+/// chunk is one PMD and THP stays THP.
+pub const POPULATE_CHUNK: usize = 2 << 20;
+
 /// Set to make per-page loops yield at their yield points (the analogue of
 /// the kernel's need_resched flag). Nothing in foliokit sets it.
 pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);

@@ -16,12 +16,14 @@ pub type ClearFn = unsafe fn(dst: *mut u8, len: usize);
 pub mod x86_64;
 #[cfg(target_arch = "x86_64")]
 pub use self::x86_64::{
-    clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, CAN_FLUSH,
+    clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, stream_nodrain,
+    CAN_FLUSH, HAS_STREAMING,
 };
 
 #[cfg(not(target_arch = "x86_64"))]
 pub mod generic;
 #[cfg(not(target_arch = "x86_64"))]
 pub use self::generic::{
-    clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, CAN_FLUSH,
+    clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, stream_nodrain,
+    CAN_FLUSH, HAS_STREAMING,
 };

@@ -2,8 +2,10 @@
 //! size asks for, guard pages for tests, cache eviction, and the system's
 //! THP / hugetlb / NUMA state.
 
+mod populate;
 mod region;
 mod sysfs;
 pub mod system;
 
+pub use populate::{populate, populate_raw, resident_pages, PopulateError, PopulateReport};
 pub use region::{Backing, MemError, Region};

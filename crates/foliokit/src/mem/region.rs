@@ -95,6 +95,8 @@ pub struct Region {
     data: *mut u8,
     len: usize,
     backing: Backing,
+    /// The THP size madvised for, if any.
+    huge: Option<usize>,
     // Declared after the mapping fields; `Drop for Region` unmaps first, then
     // this field's drop returns the hugetlb pages.
     _pool: Option<PoolGrant>,
@@ -138,6 +140,16 @@ impl Region {
     /// A region of `len` bytes (rounded up to whole folios) backed as
     /// `folio_size` asks, faulted in before it is returned.
     pub fn new(len: usize, folio_size: usize) -> Result<Region, MemError> {
+        Self::map(len, folio_size, true)
+    }
+
+    /// As [`Region::new`] but not faulted in: for measuring the faults.
+    /// Call [`Region::observe_backing`] after touching it.
+    pub fn unpopulated(len: usize, folio_size: usize) -> Result<Region, MemError> {
+        Self::map(len, folio_size, false)
+    }
+
+    fn map(len: usize, folio_size: usize, prefault: bool) -> Result<Region, MemError> {
         if len == 0 {
             return Err(MemError::Empty);
         }
@@ -148,7 +160,7 @@ impl Region {
             .ok_or(MemError::TooLarge(len))?;
         let mut note = None;
         if folio == GIB {
-            match Self::hugetlb(len, GIB) {
+            match Self::hugetlb(len, GIB, prefault) {
                 Ok(r) => return Ok(r),
                 Err(why) => note = Some(why),
             }
@@ -191,6 +203,7 @@ impl Region {
                 obtained: "4K".into(),
                 note,
             },
+            huge: None,
             _pool: None,
         };
         if huge {
@@ -203,15 +216,27 @@ impl Region {
                 ));
             }
         }
-        r.prefault();
-        if huge {
-            r.backing.obtained = r.observed_thp(want);
+        r.huge = huge.then_some(want);
+        if prefault {
+            r.prefault();
+            r.observe_backing();
+        } else {
+            r.backing.obtained = "not faulted in yet".into();
         }
         Ok(r)
     }
 
+    /// Re-reads what backs the region (after the caller faulted it in).
+    pub fn observe_backing(&mut self) {
+        if let Some(want) = self.huge {
+            self.backing.obtained = self.observed_thp(want);
+        } else if !self.backing.requested.starts_with("hugetlb") {
+            self.backing.obtained = "4K".into();
+        }
+    }
+
     /// Hugetlb-backed region, growing the pool when allowed.
-    fn hugetlb(len: usize, size: usize) -> Result<Region, String> {
+    fn hugetlb(len: usize, size: usize, prefault: bool) -> Result<Region, String> {
         let flags =
             libc::MAP_HUGETLB | ((size.trailing_zeros() as libc::c_int) << libc::MAP_HUGE_SHIFT);
         let need = len / size;
@@ -248,9 +273,12 @@ impl Region {
                     .as_ref()
                     .map(|p| format!("grew the pool by {} pages for this run", p.added)),
             },
+            huge: None,
             _pool: pool,
         };
-        r.prefault();
+        if prefault {
+            r.prefault();
+        }
         Ok(r)
     }
 
@@ -277,6 +305,7 @@ impl Region {
                 obtained: "4K".into(),
                 note: Some("guard pages on both sides".into()),
             },
+            huge: None,
             _pool: None,
         };
         for guard in [map, map.wrapping_add(page + body)] {

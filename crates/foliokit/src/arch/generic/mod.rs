@@ -51,3 +51,14 @@ pub fn page_clear(_f: &Features) -> ClearFn {
 pub unsafe fn flush_range(_ptr: *const u8, _len: usize, _f: &Features) {}
 
 pub const CAN_FLUSH: bool = false;
+
+/// Ordinary stores stand in for streaming ones here.
+///
+/// # Safety
+/// Both ranges valid for `len` bytes and disjoint.
+pub unsafe fn stream_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+pub const HAS_STREAMING: bool = false;

@@ -229,12 +229,22 @@ pub unsafe fn copy_avx512(dst: *mut u8, src: *const u8, len: usize) {
 /// Streaming copy: temporal loads, `movntdq` stores of whole 64-byte lines,
 /// then `sfence` so the data is globally visible before we return.
 ///
-/// The destination head up to 16-byte alignment and the sub-line tail use
-/// ordinary stores; the fence orders those too.
-///
 /// # Safety
 /// As [`copy_tail`].
 pub unsafe fn copy_nt(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { copy_nt_nodrain(dst, src, len) };
+    super::sfence();
+}
+
+/// [`copy_nt`] without the closing `sfence`: the caller drains, once for
+/// many calls (PMDK's NODRAIN + drain). The destination head up to 16-byte
+/// alignment and the sub-line tail use ordinary stores.
+///
+/// # Safety
+/// As [`copy_tail`]; and nothing may read the destination, nor may it be
+/// published to another thread, before this thread executes `sfence`.
+pub unsafe fn copy_nt_nodrain(dst: *mut u8, src: *const u8, len: usize) {
     let head = (dst as usize).wrapping_neg() & 15;
     let head = head.min(len);
     // SAFETY: `head <= len`, inside both ranges.
@@ -271,5 +281,25 @@ pub unsafe fn copy_nt(dst: *mut u8, src: *const u8, len: usize) {
     let done = head + blocks * 64;
     // SAFETY: `done <= len`, so the remainder lies inside both ranges.
     unsafe { copy_tail(dst.add(done), src.add(done), len - done) };
-    super::sfence();
+}
+
+/// Streams `len` bytes (a multiple of 16, `dst` 16-byte aligned) with
+/// `movntdq`, no drain: the small-record fast path of template fills, where
+/// the general routine's head/tail bookkeeping would dominate.
+///
+/// # Safety
+/// As [`copy_nt_nodrain`], plus the alignment and length rules above.
+#[inline]
+pub unsafe fn stream16_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let mut off = 0;
+    while off < len {
+        // SAFETY: off + 16 <= len inside both ranges; dst + off is 16-byte
+        // aligned as _mm_stream_si128 requires (caller's precondition).
+        unsafe {
+            let v = _mm_loadu_si128(src.add(off).cast::<__m128i>());
+            _mm_stream_si128(dst.add(off).cast::<__m128i>(), v);
+        }
+        off += 16;
+    }
 }

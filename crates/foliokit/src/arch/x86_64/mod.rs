@@ -119,3 +119,22 @@ pub unsafe fn flush_range(ptr: *const u8, len: usize, f: &Features) {
 
 /// Whether this build can evict lines from the cache.
 pub const CAN_FLUSH: bool = true;
+
+/// Streams `len` bytes without draining, taking the small-record path for
+/// short, 16-byte-aligned multiples of 16 (seed 003's 64-byte records).
+///
+/// # Safety
+/// As [`copy::copy_nt_nodrain`].
+#[inline]
+pub unsafe fn stream_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    if len <= 256 && len % 16 == 0 && (dst as usize) % 16 == 0 {
+        // SAFETY: forwarded contract; alignment and length checked above.
+        unsafe { copy::stream16_nodrain(dst, src, len) }
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { copy::copy_nt_nodrain(dst, src, len) }
+    }
+}
+
+/// Whether this build has real streaming stores (else they are ordinary).
+pub const HAS_STREAMING: bool = true;

@@ -1,0 +1,167 @@
+//! Parallel prefault: what a VMM does to preallocate guest RAM.
+//!
+//! The range is cut into `POPULATE_CHUNK`-aligned chunks (one PMD each, so
+//! THP stays THP) that `channels` threads take from a shared counter and
+//! fault in with `MADV_POPULATE_WRITE`; where the kernel refuses that
+//! (before 5.14, or for some mappings) a thread touches each page instead.
+
+use serde::Serialize;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+use thiserror::Error;
+
+use crate::batch::page_size;
+use crate::tune::POPULATE_CHUNK;
+
+#[derive(Debug, Error)]
+pub enum PopulateError {
+    #[error("populate needs at least one channel")]
+    ZeroChannels,
+    #[error("range start {0:#x} is not page-aligned")]
+    Misaligned(usize),
+    #[error("range at {addr:#x} + {len} bytes wraps around the address space")]
+    Wraps { addr: usize, len: usize },
+    #[error("faulting in {addr:#x} + {len}: {source}")]
+    Fault {
+        addr: usize,
+        len: usize,
+        source: io::Error,
+    },
+}
+
+/// What `populate` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PopulateReport {
+    pub bytes: usize,
+    pub chunks: usize,
+    pub channels: usize,
+    /// Chunks faulted by `MADV_POPULATE_WRITE`; the rest were touched.
+    pub madvised_chunks: usize,
+    pub secs: f64,
+}
+
+/// Faults in all of `range` for writing from `channels` threads, without
+/// changing its contents.
+pub fn populate(range: &mut [u8], channels: usize) -> Result<PopulateReport, PopulateError> {
+    // SAFETY: an exclusively borrowed slice is valid, mapped memory.
+    unsafe { populate_raw(range.as_mut_ptr(), range.len(), channels) }
+}
+
+/// [`populate`] on a raw range.
+///
+/// # Safety
+/// `[ptr, ptr + len)` must be mapped writable memory of this process. Its
+/// contents are preserved (touched pages are written with an atomic no-op),
+/// so concurrent users of the range are unaffected.
+pub unsafe fn populate_raw(
+    ptr: *mut u8,
+    len: usize,
+    channels: usize,
+) -> Result<PopulateReport, PopulateError> {
+    if channels == 0 {
+        return Err(PopulateError::ZeroChannels);
+    }
+    let start = ptr as usize;
+    if start % page_size() != 0 {
+        return Err(PopulateError::Misaligned(start));
+    }
+    let end = start
+        .checked_add(len)
+        .ok_or(PopulateError::Wraps { addr: start, len })?;
+    let t0 = Instant::now();
+    // Chunk boundaries: the start, every aligned boundary inside, the end.
+    let first_boundary = start.next_multiple_of(POPULATE_CHUNK);
+    let mut bounds = vec![start];
+    bounds.extend(
+        (first_boundary..end)
+            .step_by(POPULATE_CHUNK)
+            .filter(|&b| b > start),
+    );
+    bounds.push(end);
+    let chunks = if len == 0 { 0 } else { bounds.len() - 1 };
+    let next = AtomicUsize::new(0);
+    let madvised = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let error: Mutex<Option<PopulateError>> = Mutex::new(None);
+    let worker = || {
+        while !failed.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= chunks {
+                break;
+            }
+            let (a, l) = (bounds[i], bounds[i + 1] - bounds[i]);
+            // SAFETY: the chunk lies inside the caller's mapped range.
+            match unsafe { populate_chunk(a, l) } {
+                Ok(true) => {
+                    madvised.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(false) => {}
+                Err(source) => {
+                    failed.store(true, Ordering::Relaxed);
+                    let mut e = error.lock().unwrap_or_else(|p| p.into_inner());
+                    e.get_or_insert(PopulateError::Fault {
+                        addr: a,
+                        len: l,
+                        source,
+                    });
+                }
+            }
+        }
+    };
+    let threads = channels.min(chunks.max(1));
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            s.spawn(worker);
+        }
+        worker();
+    });
+    if let Some(e) = error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(PopulateReport {
+        bytes: len,
+        chunks,
+        channels: threads,
+        madvised_chunks: madvised.load(Ordering::Relaxed),
+        secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Faults one chunk in; `Ok(true)` if `MADV_POPULATE_WRITE` did it.
+///
+/// # Safety
+/// The chunk must be mapped writable memory of this process.
+unsafe fn populate_chunk(addr: usize, len: usize) -> io::Result<bool> {
+    // SAFETY: madvise only affects our own mapping.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) } == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    // EINVAL: the kernel lacks MADV_POPULATE_WRITE, or the mapping does not
+    // take it. Anything else (ENOMEM, EFAULT, EHWPOISON...) is real.
+    if err.raw_os_error() != Some(libc::EINVAL) {
+        return Err(err);
+    }
+    for p in (addr..addr + len).step_by(page_size()) {
+        // SAFETY: p is inside the mapped chunk; an atomic `fetch_or(0)` is a
+        // write access that cannot change the byte, even under concurrency.
+        unsafe { AtomicU8::from_ptr(p as *mut u8) }.fetch_or(0, Ordering::Relaxed);
+    }
+    Ok(false)
+}
+
+/// How many of the pages in `[ptr, ptr + len)` are resident (mincore).
+pub fn resident_pages(ptr: *const u8, len: usize) -> io::Result<usize> {
+    let page = page_size();
+    let start = ptr as usize & !(page - 1);
+    let pages = (ptr as usize + len - start).div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: mincore writes one byte per page into `vec`, which has room.
+    let rc = unsafe { libc::mincore(start as *mut libc::c_void, pages * page, vec.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(vec.iter().filter(|&&b| b & 1 != 0).count())
+}
