@@ -46,6 +46,12 @@ enum BenchCmd {
     Copy(bench::copy::CopyArgs),
     /// Folio clear GB/s by strategy (seed 002). Example: bench clear -s 1G -p 2M -f all
     Clear(bench::clear::ClearArgs),
+    /// Page-fault GB/s by page size, method and threads (perf bench mem mmap; seed 002).
+    Fault(bench::fault::FaultArgs),
+    /// mremap of large folios by mTHP size (seed 004) and 1G at PTE/PMD/PUD alignment.
+    Mremap(bench::mremap::MremapArgs),
+    /// Write-once array init: field stores vs template memcpy vs streaming (seed 003).
+    Init(bench::init::InitArgs),
 }
 
 fn main() {
@@ -55,6 +61,9 @@ fn main() {
         Cmd::Calibrate(a) => calibrate::run(a),
         Cmd::Bench(BenchCmd::Copy(a)) => bench::copy::run(a),
         Cmd::Bench(BenchCmd::Clear(a)) => bench::clear::run(a),
+        Cmd::Bench(BenchCmd::Init(a)) => bench::init::run(a),
+        Cmd::Bench(BenchCmd::Fault(a)) => bench::fault::run(a),
+        Cmd::Bench(BenchCmd::Mremap(a)) => bench::mremap::run(a),
     };
     if let Err(e) = result {
         eprintln!("foliokit: error: {e}");

@@ -1,13 +1,149 @@
-//! One report per run, rendered as a table, JSON (DESIGN.md's schema) or CSV.
+//! One report per run, rendered as a table, JSON (DESIGN.md's schema) or
+//! CSV. Every experiment uses this one renderer with its own row type.
 
 use foliokit::measure::Stats;
 use serde::Serialize;
+use serde_json::{Map, Value};
 use std::fmt::Write as _;
 
 use crate::args::{show_size, Format};
-use crate::machine::{flags_line, Machine};
+use crate::machine::{flags_line, machine, Machine};
 
-/// One measured (function, folio size) pair.
+/// A row type: its JSON is its serde form; tables and CSV use these.
+pub trait TableRow: Serialize {
+    /// Column titles, for the table and the CSV header.
+    fn columns() -> &'static [&'static str];
+    /// Human-formatted cells, in `columns()` order.
+    fn cells(&self) -> Vec<String>;
+    /// CSV column names; the table's by default.
+    fn csv_columns() -> &'static [&'static str] {
+        Self::columns()
+    }
+    /// Machine-readable cells (plain numbers); the table cells by default.
+    fn csv(&self) -> Vec<String> {
+        self.cells()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report<R> {
+    pub experiment: String,
+    #[serde(skip)]
+    pub title: String,
+    pub machine: Machine,
+    pub params: Value,
+    pub rows: Vec<R>,
+    /// Experiment-specific sections (auto summaries, backing, sysfs...).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+    pub notes: Vec<String>,
+    /// Table-only lines printed above the columns (after title and cpu).
+    #[serde(skip)]
+    pub header: Vec<String>,
+    /// Table-only lines printed below the rows.
+    #[serde(skip)]
+    pub footer: Vec<String>,
+}
+
+impl<R: TableRow> Report<R> {
+    pub fn new(experiment: &str, title: String, params: Value) -> Self {
+        Report {
+            experiment: experiment.into(),
+            title,
+            machine: machine(),
+            params,
+            rows: Vec::new(),
+            extra: Map::new(),
+            notes: Vec::new(),
+            header: Vec::new(),
+            footer: Vec::new(),
+        }
+    }
+
+    /// Adds a JSON section.
+    pub fn section(&mut self, key: &str, value: impl Serialize) {
+        self.extra.insert(
+            key.into(),
+            serde_json::to_value(value).expect("sections serialise"),
+        );
+    }
+
+    pub fn render(&self, format: Format) -> String {
+        match format {
+            Format::Json => serde_json::to_string_pretty(self).expect("report serialises") + "\n",
+            Format::Csv => {
+                let mut out = R::csv_columns().join(",") + "\n";
+                for r in &self.rows {
+                    out += &(r.csv().join(",") + "\n");
+                }
+                out
+            }
+            Format::Table => self.table(),
+        }
+    }
+
+    fn table(&self) -> String {
+        let c = &self.machine.cpu;
+        let mut out = String::new();
+        let _ = writeln!(out, "# {}", self.title);
+        let _ = writeln!(
+            out,
+            "# cpu: {} | {} | LLC {}",
+            c.model,
+            flags_line(c),
+            show_size(c.caches.llc)
+        );
+        for h in &self.header {
+            let _ = writeln!(out, "# {h}");
+        }
+        let cols = R::columns();
+        let cells: Vec<Vec<String>> = self.rows.iter().map(R::cells).collect();
+        let width: Vec<usize> = (0..cols.len())
+            .map(|i| {
+                cells
+                    .iter()
+                    .map(|r| r[i].chars().count())
+                    .chain([cols[i].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |vals: Vec<&str>| {
+            let padded: Vec<String> = vals
+                .iter()
+                .zip(&width)
+                .enumerate()
+                // The first column (the name) reads best left-aligned.
+                .map(|(i, (v, &w))| {
+                    if i == 1 {
+                        format!("{v:<w$}")
+                    } else {
+                        format!("{v:>w$}")
+                    }
+                })
+                .collect();
+            padded.join("  ").trim_end().to_string() + "\n"
+        };
+        out += &line(cols.to_vec());
+        for r in &cells {
+            out += &line(r.iter().map(String::as_str).collect());
+        }
+        for f in &self.footer {
+            let _ = writeln!(out, "# {f}");
+        }
+        for n in &self.notes {
+            let _ = writeln!(out, "# note: {n}");
+        }
+        out
+    }
+}
+
+/// "mean ± stdev" with `prec` decimals.
+pub fn pm(s: &Stats, prec: usize) -> String {
+    format!("{:.prec$} ± {:.prec$}", s.mean, s.stdev)
+}
+
+/// One measured (function, folio size) pair of a copy or clear run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub function: String,
@@ -18,6 +154,63 @@ pub struct Row {
     pub gbps: Stats,
     /// Median GB/s over the baseline's median GB/s for this folio size.
     pub speedup: f64,
+}
+
+impl TableRow for Row {
+    fn columns() -> &'static [&'static str] {
+        &[
+            "folio",
+            "function",
+            "ran",
+            "GB/s mean ± sd",
+            "median",
+            "speedup",
+        ]
+    }
+
+    fn cells(&self) -> Vec<String> {
+        vec![
+            show_size(self.folio_size),
+            self.function.clone(),
+            if self.resolved == self.function {
+                String::new()
+            } else {
+                self.resolved.clone()
+            },
+            pm(&self.gbps, 2),
+            format!("{:.2}", self.gbps.median),
+            format!("{:.2}x", self.speedup),
+        ]
+    }
+
+    fn csv_columns() -> &'static [&'static str] {
+        &[
+            "folio_size",
+            "function",
+            "resolved",
+            "channels",
+            "gbps_mean",
+            "gbps_stdev",
+            "gbps_median",
+            "runs",
+            "speedup",
+        ]
+    }
+
+    fn csv(&self) -> Vec<String> {
+        let g = &self.gbps;
+        vec![
+            self.folio_size.to_string(),
+            self.function.clone(),
+            self.resolved.clone(),
+            self.channels.to_string(),
+            format!("{:.3}", g.mean),
+            format!("{:.3}", g.stdev),
+            format!("{:.3}", g.median),
+            g.runs.to_string(),
+            format!("{:.3}", self.speedup),
+        ]
+    }
 }
 
 /// How `auto` fared against the others at one folio size.
@@ -55,137 +248,27 @@ pub struct BackingNote {
     pub note: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub experiment: String,
-    /// One line saying what was measured, for the table header.
-    #[serde(skip)]
-    pub title: String,
-    pub machine: Machine,
-    pub params: serde_json::Value,
-    pub baseline: String,
-    pub rows: Vec<Row>,
-    pub auto: Vec<AutoSummary>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub mc: Vec<McRatio>,
-    pub backing: Vec<BackingNote>,
-    pub skipped: Vec<Skipped>,
-    pub notes: Vec<String>,
-}
-
-impl Report {
-    pub fn render(&self, format: Format) -> String {
-        match format {
-            Format::Json => serde_json::to_string_pretty(self).expect("report serialises") + "\n",
-            Format::Csv => self.csv(),
-            Format::Table => self.table(),
+impl BackingNote {
+    pub fn of(folio_size: usize, buffer: &str, b: &foliokit::mem::Backing) -> Self {
+        BackingNote {
+            folio_size,
+            buffer: buffer.into(),
+            requested: b.requested.clone(),
+            obtained: b.obtained.clone(),
+            note: b.note.clone(),
         }
     }
 
-    fn csv(&self) -> String {
-        let mut out = String::from(
-            "function,resolved,folio_size,channels,gbps_mean,gbps_stdev,gbps_median,runs,speedup\n",
-        );
-        for r in &self.rows {
-            let _ = writeln!(
-                out,
-                "{},{},{},{},{:.3},{:.3},{:.3},{},{:.3}",
-                r.function,
-                r.resolved,
-                r.folio_size,
-                r.channels,
-                r.gbps.mean,
-                r.gbps.stdev,
-                r.gbps.median,
-                r.gbps.runs,
-                r.speedup
-            );
-        }
-        out
-    }
-
-    fn table(&self) -> String {
-        let c = &self.machine.cpu;
-        let mut out = String::new();
-        let _ = writeln!(out, "# {}", self.title);
-        let _ = writeln!(
-            out,
-            "# cpu: {} | {} | LLC {}",
-            c.model,
-            flags_line(c),
-            show_size(c.caches.llc)
-        );
-        for b in &self.backing {
-            let _ = writeln!(
-                out,
-                "# backing {} {}: {}{}",
-                show_size(b.folio_size),
-                b.buffer,
-                b.obtained,
-                b.note
-                    .as_ref()
-                    .map(|n| format!(" ({n})"))
-                    .unwrap_or_default()
-            );
-        }
-        let _ = writeln!(
-            out,
-            "{:>6}  {:<10} {:<9} {:>17}  {:>8}  {:>8}",
-            "folio", "function", "ran", "GB/s mean ± sd", "median", "speedup"
-        );
-        for r in &self.rows {
-            let ran = if r.resolved == r.function {
-                ""
-            } else {
-                &r.resolved
-            };
-            let _ = writeln!(
-                out,
-                "{:>6}  {:<10} {:<9} {:>8.2} ± {:<6.2}  {:>8.2}  {:>7.2}x",
-                show_size(r.folio_size),
-                r.function,
-                ran,
-                r.gbps.mean,
-                r.gbps.stdev,
-                r.gbps.median,
-                r.speedup
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# speedup: median over the median of '{}' at the same folio size",
-            self.baseline
-        );
-        for a in &self.auto {
-            let _ = writeln!(
-                out,
-                "# auto at {} ran {}: {:.2}x {}{}, {:.2}x the best named ({})",
-                show_size(a.folio_size),
-                a.auto_resolved,
-                a.auto_vs_baseline,
-                self.baseline,
-                a.auto_vs_libc
-                    .map(|x| format!(", {x:.2}x libc"))
-                    .unwrap_or_default(),
-                a.auto_vs_best_named,
-                a.best_named
-            );
-        }
-        for r in &self.mc {
-            let _ = writeln!(
-                out,
-                "# {}-mc at {}: {:.2}x its plain variant",
-                r.function,
-                show_size(r.folio_size),
-                r.mc_over_plain
-            );
-        }
-        for s in &self.skipped {
-            let _ = writeln!(out, "# skipped {}: {}", s.function, s.reason);
-        }
-        for n in &self.notes {
-            let _ = writeln!(out, "# note: {n}");
-        }
-        out
+    pub fn line(&self) -> String {
+        format!(
+            "backing {} {}: {}{}",
+            show_size(self.folio_size),
+            self.buffer,
+            self.obtained,
+            self.note
+                .as_ref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        )
     }
 }

@@ -3,14 +3,13 @@
 use clap::Args;
 use foliokit::measure::{measure_clear, CacheMode, Plan};
 use foliokit::mem::Region;
-use foliokit::ClearStrategy;
+use foliokit::{ClearStrategy, Strategy};
 use serde_json::json;
 
-use super::{baseline, check_shape, rows, select, skipped};
+use super::{check_shape, select, StrategyTables};
 use crate::args::{show_size, BenchArgs};
-use crate::machine::machine;
 use crate::progress::bar;
-use crate::report::{BackingNote, Report};
+use crate::report::{Report, Row};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -36,59 +35,40 @@ pub fn run(a: ClearArgs) -> Result<(), CliError> {
     };
     check_shape(c.size, &c.page, 1)?;
     let page = foliokit::batch::page_size();
-    for &folio in &c.page {
-        if a.hint_page >= folio / page {
-            return Err(format!(
-                "--hint-page {} is outside a {} folio of {} pages",
-                a.hint_page,
-                show_size(folio),
-                folio / page
-            )
-            .into());
-        }
+    if let Some(&folio) = c.page.iter().find(|&&f| a.hint_page >= f / page) {
+        return Err(format!(
+            "--hint-page {} is outside a {} folio of {} pages",
+            a.hint_page,
+            show_size(folio),
+            folio / page
+        )
+        .into());
     }
     let cache = if a.evict {
         CacheMode::Evict
     } else {
         CacheMode::Hot
     };
-    let mut report = Report {
-        experiment: "clear".into(),
-        title: format!(
-            "clear: {} per loop, {}, butterfly converges on page {}, {} loops after a verified warm-up",
-            show_size(c.size),
-            match cache {
-                CacheMode::Evict => "destination evicted before each loop",
-                CacheMode::Hot => "no eviction",
-            },
-            a.hint_page,
-            c.loops
-        ),
-        machine: machine(),
-        params: json!({
-            "size": c.size, "folio_sizes": c.page, "loops": c.loops,
-            "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "hint_page": a.hint_page,
-            "functions": sel.run.iter().map(|s| foliokit::Strategy::name(*s)).collect::<Vec<_>>(),
-        }),
-        baseline: String::new(),
-        rows: Vec::new(),
-        auto: Vec::new(),
-        mc: Vec::new(),
-        backing: Vec::new(),
-        skipped: skipped(&sel),
-        notes: Vec::new(),
-    };
-    report.baseline = baseline(&sel, ClearStrategy::Butterfly, &mut report.notes);
+    let title = format!(
+        "clear: {} per loop, {}, butterfly converges on page {}, {} loops after a verified warm-up",
+        show_size(c.size),
+        match cache {
+            CacheMode::Evict => "destination evicted before each loop",
+            CacheMode::Hot => "no eviction",
+        },
+        a.hint_page,
+        c.loops
+    );
+    let params = json!({
+        "size": c.size, "folio_sizes": c.page, "loops": c.loops,
+        "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "hint_page": a.hint_page,
+        "functions": sel.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
+    });
+    let mut report = Report::<Row>::new("clear", title, params);
+    let mut tables = StrategyTables::new(&sel, ClearStrategy::Butterfly, &mut report);
     for &folio in &c.page {
         let mut dst = Region::new(c.size, folio)?;
-        let b = dst.backing();
-        report.backing.push(BackingNote {
-            folio_size: folio,
-            buffer: "dst".into(),
-            requested: b.requested.clone(),
-            obtained: b.obtained.clone(),
-            note: b.note.clone(),
-        });
+        tables.backing(folio, "dst", dst.backing());
         let plan = Plan {
             folio_size: folio,
             loops: c.loops as usize,
@@ -102,10 +82,9 @@ pub fn run(a: ClearArgs) -> Result<(), CliError> {
         );
         let m = measure_clear(&mut dst, &sel.run, &plan, || pb.inc(1))?;
         pb.finish_and_clear();
-        let (rows, auto, _) = rows(&m, folio, &report.baseline);
-        report.rows.extend(rows);
-        report.auto.extend(auto);
+        tables.add(&mut report, &m, folio);
     }
+    tables.finish(&mut report);
     print!("{}", report.render(c.format));
     Ok(())
 }

@@ -6,11 +6,10 @@ use foliokit::mem::Region;
 use foliokit::{CopyStrategy, Strategy};
 use serde_json::json;
 
-use super::{baseline, check_shape, rows, select, skipped};
+use super::{check_shape, select, StrategyTables};
 use crate::args::{show_size, BenchArgs};
-use crate::machine::machine;
 use crate::progress::bar;
-use crate::report::{BackingNote, Report};
+use crate::report::{Report, Row};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -40,32 +39,22 @@ pub fn run(a: CopyArgs) -> Result<(), CliError> {
     } else {
         CacheMode::Evict
     };
-    let mut report = Report {
-        experiment: "copy".into(),
-        title: format!(
-            "copy: {} per loop, {}, {} loops after a verified warm-up",
-            show_size(c.size),
-            match cache {
-                CacheMode::Evict => "source evicted before each loop",
-                CacheMode::Hot => "buffers left hot",
-            },
-            c.loops
-        ),
-        machine: machine(),
-        params: json!({
-            "size": c.size, "folio_sizes": c.page, "loops": c.loops,
-            "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "mc": a.mc,
-            "functions": sel.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
-        }),
-        baseline: String::new(),
-        rows: Vec::new(),
-        auto: Vec::new(),
-        mc: Vec::new(),
-        backing: Vec::new(),
-        skipped: skipped(&sel),
-        notes: Vec::new(),
-    };
-    report.baseline = baseline(&sel, CopyStrategy::PerPage, &mut report.notes);
+    let title = format!(
+        "copy: {} per loop, {}, {} loops after a verified warm-up",
+        show_size(c.size),
+        match cache {
+            CacheMode::Evict => "source evicted before each loop",
+            CacheMode::Hot => "buffers left hot",
+        },
+        c.loops
+    );
+    let params = json!({
+        "size": c.size, "folio_sizes": c.page, "loops": c.loops,
+        "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "mc": a.mc,
+        "functions": sel.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
+    });
+    let mut report = Report::<Row>::new("copy", title, params);
+    let mut tables = StrategyTables::new(&sel, CopyStrategy::PerPage, &mut report);
     let mut candidates = Vec::new();
     for &s in &sel.run {
         candidates.push(CopyCandidate::plain(s));
@@ -83,16 +72,8 @@ pub fn run(a: CopyArgs) -> Result<(), CliError> {
         let mut src = Region::new(c.size, folio)?;
         src.as_mut_slice().fill(0x5A);
         let mut dst = Region::new(c.size, folio)?;
-        for (name, r) in [("src", &src), ("dst", &dst)] {
-            let b = r.backing();
-            report.backing.push(BackingNote {
-                folio_size: folio,
-                buffer: name.into(),
-                requested: b.requested.clone(),
-                obtained: b.obtained.clone(),
-                note: b.note.clone(),
-            });
-        }
+        tables.backing(folio, "src", src.backing());
+        tables.backing(folio, "dst", dst.backing());
         let plan = Plan {
             folio_size: folio,
             loops: c.loops as usize,
@@ -106,11 +87,9 @@ pub fn run(a: CopyArgs) -> Result<(), CliError> {
         );
         let m = measure_copy(&src, &mut dst, &candidates, &plan, || pb.inc(1))?;
         pb.finish_and_clear();
-        let (rows, auto, mc) = rows(&m, folio, &report.baseline);
-        report.rows.extend(rows);
-        report.auto.extend(auto);
-        report.mc.extend(mc);
+        tables.add(&mut report, &m, folio);
     }
+    tables.finish(&mut report);
     print!("{}", report.render(c.format));
     Ok(())
 }

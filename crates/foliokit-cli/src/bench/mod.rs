@@ -2,6 +2,9 @@
 
 pub mod clear;
 pub mod copy;
+pub mod fault;
+pub mod init;
+pub mod mremap;
 
 use foliokit::measure::Measured;
 use foliokit::strategy::{parse_list, Selection, Strategy};
@@ -9,7 +12,7 @@ use std::fmt::Write as _;
 
 use crate::args::show_size;
 use crate::machine::mem_available;
-use crate::report::{AutoSummary, McRatio, Row, Skipped};
+use crate::report::{AutoSummary, BackingNote, McRatio, Report, Row, Skipped};
 use crate::CliError;
 
 /// `-f help`: every strategy, whether this CPU has it, and what it does.
@@ -32,30 +35,6 @@ pub fn select<S: Strategy>(spec: &str) -> Result<Option<Selection<S>>, CliError>
         return Ok(None);
     }
     Ok(Some(parse_list::<S>(spec)?))
-}
-
-pub fn skipped<S: Strategy>(sel: &Selection<S>) -> Vec<Skipped> {
-    sel.skipped
-        .iter()
-        .map(|(s, why)| Skipped {
-            function: s.name().into(),
-            reason: (*why).into(),
-        })
-        .collect()
-}
-
-/// The baseline speedups are measured against: `preferred` when it runs,
-/// else the first strategy selected (with a note saying so).
-pub fn baseline<S: Strategy>(sel: &Selection<S>, preferred: S, notes: &mut Vec<String>) -> String {
-    if sel.run.contains(&preferred) {
-        return preferred.name().into();
-    }
-    let first = sel.run[0].name();
-    notes.push(format!(
-        "{} not run; speedups are against {first}",
-        preferred.name()
-    ));
-    first.into()
 }
 
 /// Checks the folio sizes divide the size and the memory is there.
@@ -93,51 +72,130 @@ pub fn check_shape(size: usize, folios: &[usize], buffers: usize) -> Result<(), 
     Ok(())
 }
 
-/// Turns measurements at one folio size into rows (speedup against
-/// `baseline`), a summary of how `auto` compared, and each `-mc` variant's
-/// ratio to its plain twin.
-pub fn rows(
-    m: &[Measured],
-    folio: usize,
-    baseline: &str,
-) -> (Vec<Row>, Option<AutoSummary>, Vec<McRatio>) {
-    let median = |name: &str| m.iter().find(|x| x.function == name).map(|x| x.gbps.median);
-    let base = median(baseline).unwrap_or(f64::NAN);
-    let rows = m
-        .iter()
-        .map(|x| Row {
+/// What copy and clear reports share beyond their rows: the baseline,
+/// backing, auto and mc summaries, skipped strategies. Filled per folio
+/// size, then written into the report.
+pub struct StrategyTables {
+    baseline: String,
+    auto: Vec<AutoSummary>,
+    mc: Vec<McRatio>,
+    backing: Vec<BackingNote>,
+    skipped: Vec<Skipped>,
+}
+
+impl StrategyTables {
+    /// Speedups are against `preferred` when it runs, else against the
+    /// first strategy selected (with a note saying so).
+    pub fn new<S: Strategy>(sel: &Selection<S>, preferred: S, report: &mut Report<Row>) -> Self {
+        let baseline = if sel.run.contains(&preferred) {
+            preferred.name().to_string()
+        } else {
+            let first = sel.run[0].name();
+            report.notes.push(format!(
+                "{} not run; speedups are against {first}",
+                preferred.name()
+            ));
+            first.to_string()
+        };
+        StrategyTables {
+            baseline,
+            auto: Vec::new(),
+            mc: Vec::new(),
+            backing: Vec::new(),
+            skipped: sel
+                .skipped
+                .iter()
+                .map(|(s, why)| Skipped {
+                    function: s.name().into(),
+                    reason: (*why).into(),
+                })
+                .collect(),
+        }
+    }
+
+    pub fn backing(&mut self, folio: usize, buffer: &str, b: &foliokit::mem::Backing) {
+        self.backing.push(BackingNote::of(folio, buffer, b));
+    }
+
+    /// Adds one folio size's measurements as rows, with speedups against
+    /// the baseline, the auto summary and each `-mc` variant's ratio.
+    pub fn add(&mut self, report: &mut Report<Row>, m: &[Measured], folio: usize) {
+        let median = |name: &str| m.iter().find(|x| x.function == name).map(|x| x.gbps.median);
+        let base = median(&self.baseline).unwrap_or(f64::NAN);
+        report.rows.extend(m.iter().map(|x| Row {
             function: x.function.clone(),
             resolved: x.resolved.clone(),
             folio_size: folio,
             channels: 1,
             gbps: x.gbps,
             speedup: x.gbps.median / base,
-        })
-        .collect();
-    let summary = median("auto").and_then(|auto| {
+        }));
         let best = m
             .iter()
             .filter(|x| x.function != "auto" && !x.function.ends_with("-mc"))
-            .max_by(|a, b| a.gbps.median.total_cmp(&b.gbps.median))?;
-        Some(AutoSummary {
-            folio_size: folio,
-            auto_resolved: m.iter().find(|x| x.function == "auto")?.resolved.clone(),
-            auto_vs_baseline: auto / base,
-            auto_vs_libc: median("libc").map(|l| auto / l),
-            best_named: best.function.clone(),
-            auto_vs_best_named: auto / best.gbps.median,
-        })
-    });
-    let mc = m
-        .iter()
-        .filter_map(|x| {
+            .max_by(|a, b| a.gbps.median.total_cmp(&b.gbps.median));
+        if let (Some(auto), Some(best)) = (m.iter().find(|x| x.function == "auto"), best) {
+            self.auto.push(AutoSummary {
+                folio_size: folio,
+                auto_resolved: auto.resolved.clone(),
+                auto_vs_baseline: auto.gbps.median / base,
+                auto_vs_libc: median("libc").map(|l| auto.gbps.median / l),
+                best_named: best.function.clone(),
+                auto_vs_best_named: auto.gbps.median / best.gbps.median,
+            });
+        }
+        self.mc.extend(m.iter().filter_map(|x| {
             let plain = x.function.strip_suffix("-mc")?;
             Some(McRatio {
                 function: plain.to_string(),
                 folio_size: folio,
                 mc_over_plain: x.gbps.median / median(plain)?,
             })
-        })
-        .collect();
-    (rows, summary, mc)
+        }));
+    }
+
+    /// Writes the sections (JSON) and the header/footer lines (table).
+    pub fn finish(self, report: &mut Report<Row>) {
+        report
+            .header
+            .extend(self.backing.iter().map(BackingNote::line));
+        report.footer.push(format!(
+            "speedup: median over the median of '{}' at the same folio size",
+            self.baseline
+        ));
+        for a in &self.auto {
+            report.footer.push(format!(
+                "auto at {} ran {}: {:.2}x {}{}, {:.2}x the best named ({})",
+                show_size(a.folio_size),
+                a.auto_resolved,
+                a.auto_vs_baseline,
+                self.baseline,
+                a.auto_vs_libc
+                    .map(|x| format!(", {x:.2}x libc"))
+                    .unwrap_or_default(),
+                a.auto_vs_best_named,
+                a.best_named
+            ));
+        }
+        for r in &self.mc {
+            report.footer.push(format!(
+                "{}-mc at {}: {:.2}x its plain variant",
+                r.function,
+                show_size(r.folio_size),
+                r.mc_over_plain
+            ));
+        }
+        for s in &self.skipped {
+            report
+                .footer
+                .push(format!("skipped {}: {}", s.function, s.reason));
+        }
+        report.section("baseline", &self.baseline);
+        report.section("auto", &self.auto);
+        if !self.mc.is_empty() {
+            report.section("mc", &self.mc);
+        }
+        report.section("backing", &self.backing);
+        report.section("skipped", &self.skipped);
+    }
 }

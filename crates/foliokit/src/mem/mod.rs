@@ -2,10 +2,12 @@
 //! size asks for, guard pages for tests, cache eviction, and the system's
 //! THP / hugetlb / NUMA state.
 
+pub mod mthp;
 mod populate;
 mod region;
+pub mod remap;
 mod sysfs;
 pub mod system;
 
 pub use populate::{populate, populate_raw, resident_pages, PopulateError, PopulateReport};
-pub use region::{Backing, MemError, Region};
+pub use region::{Backing, HugetlbGrant, MemError, Region};

@@ -45,17 +45,42 @@ pub struct Backing {
     pub note: Option<String>,
 }
 
-/// Hugetlb pages added to a pool for one region; removed again on drop.
+/// Hugetlb pages added to a pool for as long as this value lives (one
+/// region, or a whole experiment); removed again on drop.
 #[derive(Debug)]
-struct PoolGrant {
+pub struct HugetlbGrant {
     dir: String,
     added: usize,
 }
 
-impl PoolGrant {
+impl HugetlbGrant {
+    /// Makes sure `need` pages of `size` are free for the grant's lifetime:
+    /// `Ok(None)` if they already were, `Ok(Some)` if the pool was grown,
+    /// `Err` saying why not.
+    pub fn reserve(size: usize, need: usize) -> Result<Option<HugetlbGrant>, String> {
+        let dir = system::hugetlb_dir(size);
+        let free = sysfs::read_usize(format!("{dir}/free_hugepages"))
+            .ok_or_else(|| format!("this kernel has no {} hugetlb pool", human(size)))?;
+        if free >= need {
+            return Ok(None);
+        }
+        if !system::is_root() {
+            return Err(format!(
+                "the {} hugetlb pool has {free} of {need} pages free and growing it needs root",
+                human(size)
+            ));
+        }
+        Self::grow(size, need).map(Some).ok_or_else(|| {
+            format!(
+                "the {} hugetlb pool could not be filled with {need} pages",
+                human(size)
+            )
+        })
+    }
+
     /// Grows the `size` pool so `need` pages are free; `None` if we may not
     /// or the kernel could not find the memory.
-    fn grow(size: usize, need: usize) -> Option<PoolGrant> {
+    fn grow(size: usize, need: usize) -> Option<HugetlbGrant> {
         if !system::is_root() {
             return None;
         }
@@ -68,7 +93,7 @@ impl PoolGrant {
         let want = total + (need - free);
         sysfs::write(format!("{dir}/nr_hugepages"), &want.to_string()).ok()?;
         let got = sysfs::read_usize(format!("{dir}/nr_hugepages"))?;
-        let grant = PoolGrant {
+        let grant = HugetlbGrant {
             dir,
             added: got.saturating_sub(total),
         };
@@ -77,7 +102,7 @@ impl PoolGrant {
     }
 }
 
-impl Drop for PoolGrant {
+impl Drop for HugetlbGrant {
     fn drop(&mut self) {
         // Shrink by what we added, not back to a remembered total, so that
         // grants for several regions can be released in any order.
@@ -99,7 +124,7 @@ pub struct Region {
     huge: Option<usize>,
     // Declared after the mapping fields; `Drop for Region` unmaps first, then
     // this field's drop returns the hugetlb pages.
-    _pool: Option<PoolGrant>,
+    _pool: Option<HugetlbGrant>,
 }
 
 // SAFETY: a Region exclusively owns its mapping, like a Vec owns its buffer;
@@ -243,18 +268,11 @@ impl Region {
         let (map, pool) = match mmap(len, flags) {
             Ok(m) => (m, None),
             Err(_) => {
-                let Some(grant) = PoolGrant::grow(size, need) else {
-                    return Err(if system::is_root() {
-                        format!(
-                            "the {} hugetlb pool could not be filled with {need} pages",
-                            human(size)
-                        )
-                    } else {
-                        format!(
-                            "the {} hugetlb pool has too few free pages and growing it needs root",
-                            human(size)
-                        )
-                    });
+                let Some(grant) = HugetlbGrant::reserve(size, need)? else {
+                    return Err(format!(
+                        "hugetlb mmap failed with {need} free {} pages",
+                        human(size)
+                    ));
                 };
                 let m = mmap(len, flags)
                     .map_err(|e| format!("hugetlb mmap after growing the pool: {e}"))?;
