@@ -12,14 +12,17 @@
 pub mod arch;
 pub mod batch;
 pub mod calibrate;
+pub mod channels;
 pub mod clear;
 pub mod copy;
 pub mod cpu;
 pub mod mc;
 pub mod measure;
 pub mod mem;
+pub mod migrate;
 pub mod nt;
 pub mod strategy;
+pub mod sys;
 pub mod tune;
 
 pub use batch::{BatchError, BatchReport, Reuse};

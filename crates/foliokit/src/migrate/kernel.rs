@@ -1,0 +1,106 @@
+//! The kernel path: move_pages(2) in batches, from one or more threads.
+
+use std::time::Instant;
+
+use super::{BatchController, BatchStat, MigrateError, MigrateOptions, MigrateReport};
+use crate::batch::page_size;
+use crate::sys::numa;
+
+fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> MigrateError {
+    move |source| MigrateError::Sys { what, source }
+}
+
+/// What one thread's share of the range did.
+struct Share {
+    stats: Vec<BatchStat>,
+    /// (page address, errno) for pages move_pages could not move.
+    failed: Vec<(usize, i32)>,
+}
+
+/// Moves the pages of one thread's share, batch by batch.
+fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, MigrateError> {
+    let mut ctl = o
+        .latency_budget
+        .map(|b| BatchController::new(b, o.batch_pages, 1, pages.len().max(1)));
+    let mut stats = Vec::new();
+    let mut failed = Vec::new();
+    let mut at = 0;
+    while at < pages.len() {
+        let n = ctl
+            .as_ref()
+            .map_or(o.batch_pages, BatchController::pages)
+            .min(pages.len() - at);
+        let chunk = &pages[at..at + n];
+        let mut status = vec![0i32; n];
+        let t = Instant::now();
+        numa::move_pages(chunk, node, &mut status).map_err(sys("move_pages"))?;
+        // The kernel does not say when the first folio of a call finished;
+        // the call's return is when it certainly had.
+        let lat = t.elapsed();
+        failed.extend(
+            status
+                .iter()
+                .enumerate()
+                .filter(|(_, &s)| s < 0)
+                .map(|(i, &s)| (chunk[i], -s)),
+        );
+        stats.push(BatchStat {
+            pages: n,
+            first_folio_us: lat.as_secs_f64() * 1e6,
+            total_us: lat.as_secs_f64() * 1e6,
+        });
+        if let Some(c) = ctl.as_mut() {
+            c.observe(lat);
+        }
+        at += n;
+    }
+    Ok(Share { stats, failed })
+}
+
+pub fn move_range(
+    addr: usize,
+    len: usize,
+    node: u32,
+    o: &MigrateOptions,
+) -> Result<MigrateReport, MigrateError> {
+    let page = page_size();
+    let pages: Vec<usize> = (addr..addr + len).step_by(page).collect();
+    let mut before = vec![0i32; pages.len()];
+    numa::page_nodes(&pages, &mut before).map_err(sys("move_pages (query)"))?;
+    let to_move = before.iter().filter(|&&n| n != node as i32).count();
+    let per = pages.len().div_ceil(o.channels);
+    let t0 = Instant::now();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = pages
+            .chunks(per)
+            .map(|share| s.spawn(move || worker(share, node, o)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("move_pages worker panicked"))
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let mut r = MigrateReport {
+        path: "kernel",
+        notes: Vec::new(),
+        bytes: len,
+        secs,
+        pool_secs: 0.0,
+        batches: Vec::new(),
+        pages_to_move: to_move,
+        failed: Vec::new(),
+        strategy: "kernel",
+    };
+    for res in results {
+        let share = res?;
+        r.batches.extend(share.stats);
+        r.failed.extend(share.failed);
+    }
+    if to_move == 0 {
+        r.notes.push(format!(
+            "every page was already on node {node}: move_pages had nothing to move (the time is its page walk alone)"
+        ));
+    }
+    Ok(r)
+}

@@ -1,0 +1,80 @@
+//! NUMA syscalls: bind a range to a node, move pages to a node.
+
+use std::io;
+
+/// move_pages flag: move pages used only by this process (linux/mempolicy.h).
+const MPOL_MF_MOVE: libc::c_int = 1 << 1;
+
+/// Binds `[addr, addr + len)` to `node` (MPOL_BIND) before it is faulted.
+pub fn mbind(addr: usize, len: usize, node: u32) -> io::Result<()> {
+    let bits = 8 * std::mem::size_of::<libc::c_ulong>();
+    let mut mask = vec![0 as libc::c_ulong; node as usize / bits + 1];
+    mask[node as usize / bits] |= 1 << (node as usize % bits);
+    // SAFETY: the mask holds `mask.len() * bits` bits, which is what we
+    // pass as maxnode (+1, as the kernel counts it); the range is the
+    // caller's own mapping.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr,
+            len,
+            libc::MPOL_BIND,
+            mask.as_ptr(),
+            mask.len() * bits + 1,
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// move_pages(2) for this process: moves each page in `pages` to `node`
+/// and fills `status` with the node it ended on or a negative errno.
+pub fn move_pages(pages: &[usize], node: u32, status: &mut [i32]) -> io::Result<()> {
+    assert_eq!(pages.len(), status.len());
+    let nodes = vec![node as libc::c_int; pages.len()];
+    // SAFETY: three arrays of `pages.len()` entries each, as the syscall
+    // expects; pid 0 is this process.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            pages.len(),
+            pages.as_ptr(),
+            nodes.as_ptr(),
+            status.as_mut_ptr(),
+            MPOL_MF_MOVE,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The node each page is on now (or a negative errno), via move_pages with
+/// no target nodes.
+pub fn page_nodes(pages: &[usize], status: &mut [i32]) -> io::Result<()> {
+    assert_eq!(pages.len(), status.len());
+    // SAFETY: as in move_pages; a null node array asks for the current node.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            pages.len(),
+            pages.as_ptr(),
+            std::ptr::null::<libc::c_int>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

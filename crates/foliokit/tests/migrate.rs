@@ -1,0 +1,304 @@
+//! Migration under concurrent writers and readers (like the kernel's
+//! migration selftest), THP preservation, and bad input.
+
+mod common;
+
+use common::{pattern, TruncatedFile};
+use foliokit::mem::{system, Region};
+use foliokit::migrate::{migrate, MigrateError, MigrateOptions, Path};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+
+fn node() -> u32 {
+    system::numa_nodes()[0]
+}
+
+fn relocation_available() -> bool {
+    let mut r = Region::new(2 * MIB, 2 * MIB).unwrap();
+    let o = MigrateOptions {
+        path: Path::Relocate,
+        ..Default::default()
+    };
+    // SAFETY: our own region, no other users.
+    match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
+        Err(MigrateError::NoUffd(e)) => {
+            eprintln!("skipping relocation checks: userfaultfd write-protect unavailable ({e})");
+            false
+        }
+        other => {
+            other.unwrap();
+            true
+        }
+    }
+}
+
+/// Migrates `r` over and over for `run_for` while two writers store
+/// increasing sequence numbers into disjoint slots and a reader checks no
+/// slot ever goes backwards; then every slot must hold its last write.
+fn migrate_under_load(len: usize, run_for: Duration, o: &MigrateOptions) -> usize {
+    let mut r = Region::new(len, 2 * MIB).unwrap();
+    let base = r.as_mut_ptr() as usize;
+    let slots = len / 8;
+    let stop = AtomicBool::new(false);
+    let slot = |i: usize| {
+        // SAFETY: i < slots, so the u64 lies inside the live region, and
+        // every access to it is atomic.
+        unsafe { AtomicU64::from_ptr((base + i * 8) as *mut u64) }
+    };
+    let mut migrations = 0;
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2usize)
+            .map(|w| {
+                let (stop, slot) = (&stop, &slot);
+                s.spawn(move || {
+                    // Writer w owns the slots with i % 2 == w; stride through
+                    // them so every page sees writes.
+                    let mut last = vec![0u64; slots];
+                    let mut seq = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        seq += 1;
+                        for i in (w..slots).step_by(2 * 61) {
+                            let v = seq << 1 | w as u64;
+                            slot(i).store(v, Ordering::Relaxed);
+                            last[i] = v;
+                        }
+                    }
+                    last
+                })
+            })
+            .collect();
+        let reader = {
+            let (stop, slot) = (&stop, &slot);
+            s.spawn(move || {
+                let mut seen = vec![0u64; slots];
+                let mut x = 88172645463325252u64;
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let i = (x as usize % slots) / 61 * 61;
+                    let v = slot(i).load(Ordering::Relaxed);
+                    assert!(
+                        v >= seen[i],
+                        "slot {i} went back from {} to {v}: a write was lost",
+                        seen[i]
+                    );
+                    seen[i] = v;
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        let t0 = Instant::now();
+        while t0.elapsed() < run_for {
+            // SAFETY: the writers and reader only load and store; nobody
+            // unmaps or remaps the region while it migrates.
+            let rep = unsafe { migrate(base as *mut u8, len, node(), o) }.expect("migrate");
+            assert_eq!(rep.bytes, len);
+            migrations += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let lasts: Vec<Vec<u64>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        assert!(reader.join().unwrap() > 0);
+        for (w, last) in lasts.iter().enumerate() {
+            for i in (w..slots).step_by(2 * 61) {
+                assert_eq!(
+                    slot(i).load(Ordering::Relaxed),
+                    last[i],
+                    "slot {i}: writer {w}'s last write was lost"
+                );
+            }
+        }
+    });
+    r.observe_backing();
+    migrations
+}
+
+#[test]
+fn relocation_keeps_contents_and_thp() {
+    if !relocation_available() {
+        return;
+    }
+    let len = 64 * MIB;
+    let mut r = Region::new(len, 2 * MIB).unwrap();
+    let p = pattern(len, 12);
+    r.as_mut_slice().copy_from_slice(&p);
+    let thp_before = r.backing().obtained.clone();
+    for channels in [1, 2, 3] {
+        let o = MigrateOptions {
+            path: Path::Relocate,
+            channels,
+            batch_pages: 1024,
+            ..Default::default()
+        };
+        // SAFETY: our own region, no other users.
+        let rep = unsafe { migrate(r.as_mut_ptr(), len, node(), &o) }.unwrap();
+        assert_eq!(rep.path, "relocate");
+        assert_eq!(
+            rep.batches.iter().map(|b| b.pages).sum::<usize>(),
+            len / PAGE
+        );
+        assert!(
+            r.as_slice() == &p[..],
+            "contents changed with {channels} channels"
+        );
+    }
+    r.observe_backing();
+    assert_eq!(
+        r.backing().obtained,
+        thp_before,
+        "THP range did not stay THP"
+    );
+}
+
+#[test]
+fn relocation_under_writers_and_readers_loses_nothing() {
+    if !relocation_available() {
+        return;
+    }
+    let o = MigrateOptions {
+        path: Path::Relocate,
+        channels: 2,
+        batch_pages: 512,
+        ..Default::default()
+    };
+    let n = migrate_under_load(32 * MIB, Duration::from_secs(2), &o);
+    assert!(n >= 1);
+}
+
+#[test]
+fn stress_relocation_for_ten_seconds_with_two_writers() {
+    if !relocation_available() {
+        return;
+    }
+    let o = MigrateOptions {
+        path: Path::Relocate,
+        channels: 2,
+        batch_pages: 2048,
+        latency_budget: Some(Duration::from_millis(2)),
+        ..Default::default()
+    };
+    let n = migrate_under_load(64 * MIB, Duration::from_secs(10), &o);
+    eprintln!("stress: {n} migrations of 64 MiB in 10 s, nothing lost");
+    assert!(n >= 1);
+}
+
+#[test]
+fn kernel_path_under_writers_and_readers() {
+    let o = MigrateOptions {
+        path: Path::Kernel,
+        channels: 2,
+        ..Default::default()
+    };
+    migrate_under_load(16 * MIB, Duration::from_millis(500), &o);
+}
+
+#[test]
+fn kernel_path_on_one_node_says_there_is_nothing_to_move() {
+    let mut r = Region::new(4 * MIB, PAGE).unwrap();
+    let o = MigrateOptions {
+        path: Path::Kernel,
+        ..Default::default()
+    };
+    // SAFETY: our own region.
+    let rep = unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) }.unwrap();
+    assert_eq!(rep.path, "kernel");
+    assert!(rep.failed.is_empty());
+    if system::numa_nodes().len() == 1 {
+        assert_eq!(rep.pages_to_move, 0);
+        assert!(
+            rep.notes.iter().any(|n| n.contains("nothing to move")),
+            "{:?}",
+            rep.notes
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_a_typed_error_and_memory_is_untouched() {
+    let mut r = Region::new(4 * MIB, PAGE).unwrap();
+    let p = pattern(r.len(), 5);
+    r.as_mut_slice().copy_from_slice(&p);
+    let o = MigrateOptions {
+        path: Path::Relocate,
+        ..Default::default()
+    };
+    let base = r.as_mut_ptr();
+    // SAFETY: every call below is rejected before the memory is touched.
+    unsafe {
+        assert!(matches!(
+            migrate(base.add(1), PAGE, node(), &o),
+            Err(MigrateError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            migrate(base, PAGE + 1, node(), &o),
+            Err(MigrateError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            migrate(base, 0, node(), &o),
+            Err(MigrateError::Empty)
+        ));
+        assert!(matches!(
+            migrate(base, PAGE, 9999, &o),
+            Err(MigrateError::NoSuchNode { node: 9999, .. })
+        ));
+        let zero = MigrateOptions { channels: 0, ..o };
+        assert!(matches!(
+            migrate(base, PAGE, node(), &zero),
+            Err(MigrateError::ZeroBatch)
+        ));
+    }
+    assert!(r.as_slice() == &p[..]);
+    // An unmapped range.
+    let hole = Region::new(2 * MIB, PAGE).unwrap();
+    let hole_ptr = hole.as_ptr() as *mut u8;
+    drop(hole);
+    // SAFETY: rejected before use.
+    let e = unsafe { migrate(hole_ptr, 2 * MIB, node(), &o) }.unwrap_err();
+    assert!(matches!(e, MigrateError::Unmapped { .. }), "{e}");
+    // Shared anonymous memory on the relocation path.
+    // SAFETY: a fresh shared mapping of our own.
+    let shared = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            MIB,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(shared, libc::MAP_FAILED);
+    // SAFETY: our mapping; rejected before use.
+    unsafe {
+        (shared as *mut u8).write_bytes(7, MIB);
+        let e = migrate(shared.cast(), MIB, node(), &o).unwrap_err();
+        assert!(matches!(e, MigrateError::NotPrivateAnon { .. }), "{e}");
+        assert!(std::slice::from_raw_parts(shared as *const u8, MIB)
+            .iter()
+            .all(|&b| b == 7));
+        // Auto falls back to the kernel path and says why.
+        let auto = MigrateOptions {
+            path: Path::Auto,
+            ..o
+        };
+        let rep = migrate(shared.cast(), MIB, node(), &auto).unwrap();
+        assert_eq!(rep.path, "kernel");
+        assert!(
+            rep.notes.iter().any(|n| n.contains("shared")),
+            "{:?}",
+            rep.notes
+        );
+        libc::munmap(shared, MIB);
+    }
+    // File-backed memory on the relocation path.
+    let file = TruncatedFile::new(MIB, 3, None);
+    // SAFETY: rejected before use.
+    let e = unsafe { migrate(file.as_ptr() as *mut u8, MIB, node(), &o) }.unwrap_err();
+    assert!(matches!(e, MigrateError::NotPrivateAnon { .. }), "{e}");
+    assert!(file.as_slice() == &pattern(MIB, 3)[..]);
+}
