@@ -48,6 +48,8 @@ enum BenchCmd {
     Clear(bench::clear::ClearArgs),
     /// Page-fault GB/s by page size, method and threads (perf bench mem mmap; seed 002).
     Fault(bench::fault::FaultArgs),
+    /// Batched migration: channels, batch size vs first-folio latency, kernel vs relocation (seed 001).
+    Migrate(bench::migrate::MigrateArgs),
     /// mremap of large folios by mTHP size (seed 004) and 1G at PTE/PMD/PUD alignment.
     Mremap(bench::mremap::MremapArgs),
     /// Write-once array init: field stores vs template memcpy vs streaming (seed 003).
@@ -64,6 +66,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Init(a)) => bench::init::run(a),
         Cmd::Bench(BenchCmd::Fault(a)) => bench::fault::run(a),
         Cmd::Bench(BenchCmd::Mremap(a)) => bench::mremap::run(a),
+        Cmd::Bench(BenchCmd::Migrate(a)) => bench::migrate::run(a),
     };
     if let Err(e) = result {
         eprintln!("foliokit: error: {e}");

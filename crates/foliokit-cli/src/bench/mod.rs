@@ -4,6 +4,7 @@ pub mod clear;
 pub mod copy;
 pub mod fault;
 pub mod init;
+pub mod migrate;
 pub mod mremap;
 
 use foliokit::measure::Measured;
@@ -198,4 +199,30 @@ impl StrategyTables {
         report.section("backing", &self.backing);
         report.section("skipped", &self.skipped);
     }
+}
+
+/// The mTHP knobs to put back if the user interrupts a run that changed
+/// them (read by the Ctrl-C handler).
+static RESTORE_ON_INTERRUPT: std::sync::Mutex<Vec<(std::path::PathBuf, String)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Makes Ctrl-C (and SIGTERM) restore what `settings` changed so far, then
+/// exit; call again after every change.
+pub fn arm_interrupt_restore(settings: &foliokit::mem::mthp::MthpSettings) {
+    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    *RESTORE_ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = settings.saved();
+    INSTALLED.get_or_init(|| {
+        let _ = ctrlc::set_handler(|| {
+            let saved = RESTORE_ON_INTERRUPT
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (path, value) in saved.iter() {
+                let _ = std::fs::write(path, value);
+            }
+            eprintln!("foliokit: interrupted; mTHP settings restored");
+            std::process::exit(130);
+        });
+    });
 }

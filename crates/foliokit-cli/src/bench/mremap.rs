@@ -10,9 +10,8 @@ use foliokit::mem::system::{is_root, thp_state};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
 
+use super::arm_interrupt_restore;
 use crate::args::{show_size, Format};
 use crate::progress::bar;
 use crate::report::{pm, Report, TableRow};
@@ -88,28 +87,6 @@ fn scale(s: &Stats, k: f64) -> Stats {
         max: s.max * k,
         runs: s.runs,
     }
-}
-
-/// The knobs to put back if the user interrupts us (read by the Ctrl-C handler).
-static RESTORE_ON_INTERRUPT: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
-
-fn arm_interrupt_restore(settings: &MthpSettings) {
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    *RESTORE_ON_INTERRUPT
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = settings.saved();
-    INSTALLED.get_or_init(|| {
-        let _ = ctrlc::set_handler(|| {
-            let saved = RESTORE_ON_INTERRUPT
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            for (path, value) in saved.iter() {
-                let _ = std::fs::write(path, value);
-            }
-            eprintln!("foliokit: interrupted; mTHP settings restored");
-            std::process::exit(130);
-        });
-    });
 }
 
 pub fn run(a: MremapArgs) -> Result<(), CliError> {
