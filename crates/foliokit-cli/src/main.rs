@@ -3,8 +3,11 @@
 mod args;
 mod bench;
 mod calibrate;
+mod html;
 mod info;
+mod lab;
 mod machine;
+mod plots;
 mod progress;
 mod report;
 
@@ -20,8 +23,8 @@ pub type CliError = Box<dyn std::error::Error>;
     about = "Large-folio memory operations for user space, measured on this machine",
     long_about = "foliokit copies, clears and moves memory in whole large folios, the way recent \
 Linux kernels do, and reproduces the kernel patch postings' experiments on this machine.\n\n\
-Start with `foliokit info` (what this CPU offers and what auto picks), then \
-`foliokit bench copy -f all` or `foliokit bench clear -f all`. \
+Start with `foliokit lab` (every experiment, with an HTML report), or \
+`foliokit info` (what this CPU offers and what auto picks), then `foliokit bench <op> -f help`. \
 `foliokit calibrate` measures the strategies here and stores a profile auto follows."
 )]
 struct Cli {
@@ -31,6 +34,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Every seed experiment on this machine: tables, results.json, CSVs and an HTML report.
+    Lab(lab::LabArgs),
     /// CPU flags, caches, NUMA, THP/hugetlb state, and what auto picks.
     Info(info::InfoArgs),
     /// Measure the named strategies here and store the profile auto reads.
@@ -59,6 +64,7 @@ enum BenchCmd {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
+        Cmd::Lab(a) => lab::run(a),
         Cmd::Info(a) => info::run(a),
         Cmd::Calibrate(a) => calibrate::run(a),
         Cmd::Bench(BenchCmd::Copy(a)) => bench::copy::run(a),

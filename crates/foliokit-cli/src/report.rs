@@ -68,6 +68,34 @@ impl<R: TableRow> Report<R> {
         );
     }
 
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).expect("report serialises")
+    }
+
+    /// The rows as an HTML table (class "data"), with the footer and notes.
+    pub fn html_table(&self) -> String {
+        let mut out = String::from("<table class=\"data\"><thead><tr>");
+        for c in R::columns() {
+            let _ = write!(out, "<th>{}</th>", escape(c));
+        }
+        out += "</tr></thead><tbody>";
+        for r in &self.rows {
+            out += "<tr>";
+            for c in r.cells() {
+                let _ = write!(out, "<td>{}</td>", escape(&c));
+            }
+            out += "</tr>";
+        }
+        out += "</tbody></table>";
+        for line in self.header.iter().chain(&self.footer) {
+            let _ = write!(out, "<p class=\"note\">{}</p>", escape(line));
+        }
+        for n in &self.notes {
+            let _ = write!(out, "<p class=\"note\">note: {}</p>", escape(n));
+        }
+        out
+    }
+
     pub fn render(&self, format: Format) -> String {
         match format {
             Format::Json => serde_json::to_string_pretty(self).expect("report serialises") + "\n",
@@ -136,6 +164,14 @@ impl<R: TableRow> Report<R> {
         }
         out
     }
+}
+
+/// Escapes text for HTML.
+pub fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// "mean ± stdev" with `prec` decimals.

@@ -28,10 +28,20 @@ pub struct ClearArgs {
     pub hint_page: usize,
 }
 
+/// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: ClearArgs) -> Result<(), CliError> {
+    let format = a.common.format;
+    if let Some(r) = report(a)? {
+        print!("{}", r.render(format));
+    }
+    Ok(())
+}
+
+/// Runs the experiment; `None` when the options only asked for help.
+pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
     let c = &a.common;
     let Some(sel) = select::<ClearStrategy>(&c.function)? else {
-        return Ok(());
+        return Ok(None);
     };
     check_shape(c.size, &c.page, 1)?;
     let page = foliokit::batch::page_size();
@@ -85,6 +95,5 @@ pub fn run(a: ClearArgs) -> Result<(), CliError> {
         tables.add(&mut report, &m, folio);
     }
     tables.finish(&mut report);
-    print!("{}", report.render(c.format));
-    Ok(())
+    Ok(Some(report))
 }

@@ -28,10 +28,20 @@ pub struct CopyArgs {
     pub mc: bool,
 }
 
+/// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: CopyArgs) -> Result<(), CliError> {
+    let format = a.common.format;
+    if let Some(r) = report(a)? {
+        print!("{}", r.render(format));
+    }
+    Ok(())
+}
+
+/// Runs the experiment; `None` when the options only asked for help.
+pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
     let c = &a.common;
     let Some(sel) = select::<CopyStrategy>(&c.function)? else {
-        return Ok(());
+        return Ok(None);
     };
     check_shape(c.size, &c.page, 2)?;
     let cache = if a.hot {
@@ -90,6 +100,5 @@ pub fn run(a: CopyArgs) -> Result<(), CliError> {
         tables.add(&mut report, &m, folio);
     }
     tables.finish(&mut report);
-    print!("{}", report.render(c.format));
-    Ok(())
+    Ok(Some(report))
 }

@@ -134,7 +134,17 @@ fn one_pass(
     Ok((gbps(len, secs), r))
 }
 
+/// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: FaultArgs) -> Result<(), CliError> {
+    let format = a.format;
+    if let Some(r) = report(a)? {
+        print!("{}", r.render(format));
+    }
+    Ok(())
+}
+
+/// Runs the experiment; `None` when the options only asked for help.
+pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
     for f in &a.function {
         if f != "demand" && f != "populate" {
             return Err(format!("unknown fault function '{f}' (known: demand, populate)").into());
@@ -217,6 +227,5 @@ pub fn run(a: FaultArgs) -> Result<(), CliError> {
         "seed 002 (AMD Genoa, 64 GB, perf bench mem mmap -f demand): 2MB pages 11.76 -> 23.58 GB/s with sequential clearing; 1GB pages 24.85 -> 25.40"
             .into(),
     );
-    print!("{}", report.render(a.format));
-    Ok(())
+    Ok(Some(report))
 }

@@ -134,13 +134,23 @@ fn fingerprint(v: &[u8]) -> u64 {
     })
 }
 
+/// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: InitArgs) -> Result<(), CliError> {
+    let format = a.format;
+    if let Some(r) = report(a)? {
+        print!("{}", r.render(format));
+    }
+    Ok(())
+}
+
+/// Runs the experiment; `None` when the options only asked for help.
+pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
     if a.function.trim() == "help" {
         println!("init variants (-f name[,name...] | all):");
         for (n, d) in VARIANTS {
             println!("  {n:<16} {d}");
         }
-        return Ok(());
+        return Ok(None);
     }
     let chosen: Vec<&str> = if a.function.trim() == "all" {
         VARIANTS.iter().map(|v| v.0).collect()
@@ -254,6 +264,5 @@ pub fn run(a: InitArgs) -> Result<(), CliError> {
             "seed 003 streams 64-byte struct pages; this run used another record size".into(),
         );
     }
-    print!("{}", report.render(a.format));
-    Ok(())
+    Ok(Some(report))
 }

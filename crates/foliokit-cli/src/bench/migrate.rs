@@ -242,7 +242,17 @@ fn source(size: usize, folio: usize) -> Result<(Region, String), CliError> {
     Ok((src, obtained))
 }
 
+/// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: MigrateArgs) -> Result<(), CliError> {
+    let format = a.format;
+    if let Some(r) = report(a)? {
+        print!("{}", r.render(format));
+    }
+    Ok(())
+}
+
+/// Runs the experiment; `None` when the options only asked for help.
+pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     let nodes = numa_nodes();
     let node = a.node.unwrap_or(*nodes.last().unwrap_or(&0));
     if !nodes.contains(&node) {
@@ -435,8 +445,7 @@ pub fn run(a: MigrateArgs) -> Result<(), CliError> {
         "seed 001 (Zen 3, 2 sockets, PTDMA): 1G of 2M folios 11.02 GB/s baseline -> 12.65 (1 DMA ch) .. 65.23 (16 ch); batch 512 pages: 160 µs first folio"
             .into(),
     );
-    print!("{}", report.render(a.format));
-    Ok(())
+    Ok(Some(report))
 }
 
 #[cfg(test)]

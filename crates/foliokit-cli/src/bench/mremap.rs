@@ -89,7 +89,17 @@ fn scale(s: &Stats, k: f64) -> Stats {
     }
 }
 
+/// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: MremapArgs) -> Result<(), CliError> {
+    let format = a.format;
+    if let Some(r) = report(a)? {
+        print!("{}", r.render(format));
+    }
+    Ok(())
+}
+
+/// Runs the experiment; `None` when the options only asked for help.
+pub fn report(a: MremapArgs) -> Result<Option<Report<MremapRow>>, CliError> {
     let mut settings = MthpSettings::system();
     let before = settings.snapshot();
     let root = is_root();
@@ -213,9 +223,8 @@ pub fn run(a: MremapArgs) -> Result<(), CliError> {
     report.section("sysfs_before", &before);
     report.section("sysfs_after", &after);
     report.section("sysfs_restored", after == before);
-    print!("{}", report.render(a.format));
     if after != before {
         return Err("mTHP settings differ from before the run".into());
     }
-    Ok(())
+    Ok(Some(report))
 }
