@@ -1,5 +1,6 @@
 //! SVG plots for the lab report (plotters' SVG backend, no fonts needed).
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 const W: u32 = 760;
@@ -15,6 +16,59 @@ fn color(i: usize) -> RGBColor {
     RGBColor(c.0, c.1, c.2)
 }
 
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A chart over categorical x positions `0..x.len()` labelled with `x`;
+/// `draw` adds the series, then the legend goes to `legend`.
+fn categorical(
+    title: &str,
+    x: &[String],
+    y_desc: &str,
+    ymax: f64,
+    legend: SeriesLabelPosition,
+    draw: impl FnOnce(&mut Chart),
+) -> String {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        let _ = root.fill(&WHITE);
+        let n = x.len().max(1);
+        let Ok(mut chart) = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(52)
+            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax.max(1e-9) * 1.15)
+        else {
+            // An empty plot; the page's self-check reports it.
+            return String::new();
+        };
+        let _ = chart
+            .configure_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|v| {
+                let i = v.round();
+                if (v - i).abs() < 1e-6 && i >= 0.0 {
+                    x.get(i as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .disable_x_mesh()
+            .y_desc(y_desc)
+            .draw();
+        draw(&mut chart);
+        let _ = chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(legend)
+            .draw();
+        let _ = root.present();
+    }
+    tag(svg)
+}
+
 /// One line per series over categorical x positions (e.g. folio sizes).
 /// `None` values leave a gap.
 pub fn lines(
@@ -26,61 +80,30 @@ pub fn lines(
     let ymax = series
         .iter()
         .flat_map(|s| s.1.iter().flatten())
-        .fold(0.0f64, |a, &b| a.max(b))
-        .max(1e-9)
-        * 1.15;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
-        let _ = root.fill(&WHITE);
-        let n = x.len().max(1);
-        let Ok(mut chart) = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 16))
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(52)
-            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)
-        else {
-            // An empty plot; the page's self-check reports it.
-            return String::new();
-        };
-        let labels = x.to_vec();
-        let _ = chart
-            .configure_mesh()
-            .x_labels(n)
-            .x_label_formatter(&|v| {
-                let i = v.round();
-                if (v - i).abs() < 1e-6 && i >= 0.0 {
-                    labels.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
+        .fold(0.0f64, |a, &b| a.max(b));
+    categorical(
+        title,
+        x,
+        y_desc,
+        ymax,
+        SeriesLabelPosition::UpperLeft,
+        |chart| {
+            for (i, (name, ys)) in series.iter().enumerate() {
+                let c = color(i);
+                let pts: Vec<(f64, f64)> = ys
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, y)| y.map(|y| (k as f64, y)))
+                    .collect();
+                if let Ok(s) = chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))) {
+                    s.label(name.clone()).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
+                    });
                 }
-            })
-            .y_desc(y_desc)
-            .draw();
-        for (i, (name, ys)) in series.iter().enumerate() {
-            let c = color(i);
-            let pts: Vec<(f64, f64)> = ys
-                .iter()
-                .enumerate()
-                .filter_map(|(k, y)| y.map(|y| (k as f64, y)))
-                .collect();
-            if let Ok(s) = chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))) {
-                s.label(name.clone()).legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
-                });
+                let _ = chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, c.filled())));
             }
-            let _ = chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, c.filled())));
-        }
-        let _ = chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw();
-        let _ = root.present();
-    }
-    tag(svg)
+        },
+    )
 }
 
 /// Grouped bars: one group per category, one bar per series.
@@ -88,62 +111,29 @@ pub fn bars(title: &str, cats: &[String], y_desc: &str, series: &[(String, Vec<f
     let ymax = series
         .iter()
         .flat_map(|s| s.1.iter())
-        .fold(0.0f64, |a, &b| a.max(b))
-        .max(1e-9)
-        * 1.15;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
-        let _ = root.fill(&WHITE);
-        let n = cats.len().max(1);
-        let Ok(mut chart) = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 16))
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(52)
-            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)
-        else {
-            // An empty plot; the page's self-check reports it.
-            return String::new();
-        };
-        let labels = cats.to_vec();
-        let _ = chart
-            .configure_mesh()
-            .x_labels(n)
-            .x_label_formatter(&|v| {
-                let i = v.round();
-                if (v - i).abs() < 1e-6 && i >= 0.0 {
-                    labels.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
-            .disable_x_mesh()
-            .y_desc(y_desc)
-            .draw();
-        let k = series.len().max(1) as f64;
-        let w = 0.8 / k;
-        for (i, (name, vals)) in series.iter().enumerate() {
-            let c = color(i);
-            let rects = vals.iter().enumerate().map(move |(g, &v)| {
-                let x0 = g as f64 - 0.4 + i as f64 * w;
-                Rectangle::new([(x0, 0.0), (x0 + w * 0.9, v)], c.filled())
-            });
-            if let Ok(s) = chart.draw_series(rects) {
-                s.label(name.clone()).legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled())
+        .fold(0.0f64, |a, &b| a.max(b));
+    let w = 0.8 / series.len().max(1) as f64;
+    categorical(
+        title,
+        cats,
+        y_desc,
+        ymax,
+        SeriesLabelPosition::UpperRight,
+        |chart| {
+            for (i, (name, vals)) in series.iter().enumerate() {
+                let c = color(i);
+                let rects = vals.iter().enumerate().map(move |(g, &v)| {
+                    let x0 = g as f64 - 0.4 + i as f64 * w;
+                    Rectangle::new([(x0, 0.0), (x0 + w * 0.9, v)], c.filled())
                 });
+                if let Ok(s) = chart.draw_series(rects) {
+                    s.label(name.clone()).legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled())
+                    });
+                }
             }
-        }
-        let _ = chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw();
-        let _ = root.present();
-    }
-    tag(svg)
+        },
+    )
 }
 
 /// Curves through (x, y) points with a logarithmic x axis: throughput vs

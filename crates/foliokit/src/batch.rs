@@ -86,6 +86,30 @@ pub(crate) fn check_folio_size(folio_size: usize) -> Result<(), BatchError> {
     Ok(())
 }
 
+/// Checks a contiguous copy batch — equal lengths, whole folios, aligned
+/// bases — and returns its folio count.
+pub(crate) fn check_contiguous_copy(
+    dst: &[u8],
+    src: &[u8],
+    folio_size: usize,
+) -> Result<usize, BatchError> {
+    if dst.len() != src.len() {
+        return Err(BatchError::LengthMismatch {
+            dst: dst.len(),
+            src: src.len(),
+        });
+    }
+    let n = folio_count("destination", dst.len(), folio_size)?;
+    check_bases(
+        &[
+            ("destination", dst.as_ptr() as usize),
+            ("source", src.as_ptr() as usize),
+        ],
+        dst.len(),
+    )?;
+    Ok(n)
+}
+
 /// Checks the base addresses of a contiguous batch (nothing to check when it
 /// is empty: an empty slice's pointer is dangling, not misaligned).
 pub(crate) fn check_bases(bases: &[(&'static str, usize)], len: usize) -> Result<(), BatchError> {

@@ -173,20 +173,7 @@ pub fn copy_folios(
     folio_size: usize,
     opts: CopyOptions,
 ) -> Result<BatchReport, BatchError> {
-    if dst.len() != src.len() {
-        return Err(BatchError::LengthMismatch {
-            dst: dst.len(),
-            src: src.len(),
-        });
-    }
-    let n = batch::folio_count("destination", dst.len(), folio_size)?;
-    batch::check_bases(
-        &[
-            ("destination", dst.as_ptr() as usize),
-            ("source", src.as_ptr() as usize),
-        ],
-        dst.len(),
-    )?;
+    let n = batch::check_contiguous_copy(dst, src, folio_size)?;
     let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
     // SAFETY: folio i lies at offset i*folio_size < len of both slices, which
     // are valid and (being `&mut` and `&`) disjoint.

@@ -31,10 +31,7 @@ pub struct ClearArgs {
 /// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: ClearArgs) -> Result<(), CliError> {
     let format = a.common.format;
-    if let Some(r) = report(a)? {
-        print!("{}", r.render(format));
-    }
-    Ok(())
+    super::print(report(a)?, format)
 }
 
 /// Runs the experiment; `None` when the options only asked for help.

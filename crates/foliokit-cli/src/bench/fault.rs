@@ -137,10 +137,7 @@ fn one_pass(
 /// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: FaultArgs) -> Result<(), CliError> {
     let format = a.format;
-    if let Some(r) = report(a)? {
-        print!("{}", r.render(format));
-    }
-    Ok(())
+    super::print(report(a)?, format)
 }
 
 /// Runs the experiment; `None` when the options only asked for help.

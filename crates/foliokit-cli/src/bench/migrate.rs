@@ -245,10 +245,7 @@ fn source(size: usize, folio: usize) -> Result<(Region, String), CliError> {
 /// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: MigrateArgs) -> Result<(), CliError> {
     let format = a.format;
-    if let Some(r) = report(a)? {
-        print!("{}", r.render(format));
-    }
-    Ok(())
+    super::print(report(a)?, format)
 }
 
 /// Runs the experiment; `None` when the options only asked for help.

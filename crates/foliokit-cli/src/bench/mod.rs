@@ -16,6 +16,17 @@ use crate::machine::mem_available;
 use crate::report::{AutoSummary, BackingNote, McRatio, Report, Row, Skipped};
 use crate::CliError;
 
+/// Prints a report in `format`; nothing when the options only asked for help.
+pub fn print<R: crate::report::TableRow>(
+    r: Option<Report<R>>,
+    format: crate::args::Format,
+) -> Result<(), CliError> {
+    if let Some(r) = r {
+        print!("{}", r.render(format));
+    }
+    Ok(())
+}
+
 /// `-f help`: every strategy, whether this CPU has it, and what it does.
 pub fn strategy_help<S: Strategy>() -> String {
     let mut out = format!("{} strategies (-f name[,name...] | all):\n", S::OP);

@@ -92,10 +92,7 @@ fn scale(s: &Stats, k: f64) -> Stats {
 /// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: MremapArgs) -> Result<(), CliError> {
     let format = a.format;
-    if let Some(r) = report(a)? {
-        print!("{}", r.render(format));
-    }
-    Ok(())
+    super::print(report(a)?, format)
 }
 
 /// Runs the experiment; `None` when the options only asked for help.

@@ -209,21 +209,7 @@ pub fn copy_folios_mc(
     folio_size: usize,
     opts: CopyOptions,
 ) -> Result<McReport, McError> {
-    if dst.len() != src.len() {
-        return Err(BatchError::LengthMismatch {
-            dst: dst.len(),
-            src: src.len(),
-        }
-        .into());
-    }
-    let n = batch::folio_count("destination", dst.len(), folio_size)?;
-    batch::check_bases(
-        &[
-            ("destination", dst.as_ptr() as usize),
-            ("source", src.as_ptr() as usize),
-        ],
-        dst.len(),
-    )?;
+    let n = batch::check_contiguous_copy(dst, src, folio_size)?;
     let s = resolve_mc(opts.strategy, Shape::batch(folio_size, n, opts.reuse))?;
     let f = mc_fn(s)?;
     let (d, sp) = (dst.as_mut_ptr(), src.as_ptr());

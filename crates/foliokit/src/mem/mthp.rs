@@ -61,20 +61,9 @@ impl MthpSettings {
 
     /// Every mTHP size the directory offers, with its current setting.
     pub fn snapshot(&self) -> BTreeMap<usize, String> {
-        std::fs::read_dir(&self.dir)
+        super::system::read_mthp(&self.dir)
             .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                let kb: usize = name
-                    .strip_prefix("hugepages-")?
-                    .strip_suffix("kB")?
-                    .parse()
-                    .ok()?;
-                let text = sysfs::read(e.path().join("enabled"))?;
-                Some((kb << 10, current(&text)))
-            })
+            .map(|m| (m.size, m.enabled))
             .collect()
     }
 

@@ -44,25 +44,7 @@ pub fn thp_state() -> ThpState {
     let choice = |f: &str| {
         sysfs::read(format!("{THP}/{f}")).and_then(|t| sysfs::selected(&t).map(str::to_string))
     };
-    let mut mthp: Vec<MthpSize> = std::fs::read_dir(THP)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let kb: usize = name
-                .strip_prefix("hugepages-")?
-                .strip_suffix("kB")?
-                .parse()
-                .ok()?;
-            let text = sysfs::read(e.path().join("enabled"))?;
-            Some(MthpSize {
-                size: kb << 10,
-                enabled: sysfs::selected(&text)?.to_string(),
-            })
-        })
-        .collect();
-    mthp.sort_by_key(|m| m.size);
+    let mthp = read_mthp(std::path::Path::new(THP));
     ThpState {
         enabled: choice("enabled"),
         defrag: choice("defrag"),
@@ -85,6 +67,32 @@ impl ThpState {
             None => top && Some(size) == self.pmd_size,
         }
     }
+}
+
+/// Every `hugepages-<size>kB/enabled` knob under `dir`, smallest first,
+/// with its setting (the bracketed word, or the whole text of a knob that
+/// has no brackets, as a fake sysfs in tests holds it).
+pub(crate) fn read_mthp(dir: &std::path::Path) -> Vec<MthpSize> {
+    let mut v: Vec<MthpSize> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let kb: usize = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            let text = sysfs::read(e.path().join("enabled"))?;
+            Some(MthpSize {
+                size: kb << 10,
+                enabled: sysfs::selected(&text).unwrap_or(text.trim()).to_string(),
+            })
+        })
+        .collect();
+    v.sort_by_key(|m| m.size);
+    v
 }
 
 pub fn hugetlb_pools() -> Vec<HugetlbPool> {
