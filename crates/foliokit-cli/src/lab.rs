@@ -85,7 +85,7 @@ const K: usize = 1 << 10;
 const M: usize = 1 << 20;
 const G: usize = 1 << 30;
 
-/// GB/s medians by folio size, one series per strategy.
+/// GB/s medians by folio size, one series per strategy (one channel).
 fn strategy_plot(title: &str, r: &Report<Row>) -> String {
     let mut folios: Vec<usize> = r.rows.iter().map(|x| x.folio_size).collect();
     folios.dedup();
@@ -165,6 +165,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         evict: true,
         hot: false,
         mc: false,
+        channels: vec![1, 2],
     })?
     .ok_or("copy produced no report")?;
     let p = strategy_plot("copy GB/s by strategy and folio size (source evicted)", &r);
@@ -175,6 +176,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         evict: true,
         hot: false,
         mc: true,
+        channels: vec![1],
     })?
     .ok_or("copy --mc produced no report")?;
     entries.push(entry(

@@ -197,6 +197,7 @@ impl TableRow for Row {
         &[
             "folio",
             "function",
+            "ch",
             "ran",
             "GB/s mean ± sd",
             "median",
@@ -208,6 +209,7 @@ impl TableRow for Row {
         vec![
             show_size(self.folio_size),
             self.function.clone(),
+            self.channels.to_string(),
             if self.resolved == self.function {
                 String::new()
             } else {

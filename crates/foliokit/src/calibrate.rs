@@ -121,6 +121,7 @@ pub fn calibrate(
                 cache,
                 reuse: Reuse::Reread,
                 hint_page: 0,
+                channels: 1,
             };
             let mut src = Region::new(bytes, folio)?;
             src.as_mut_slice().fill(0x5A);

@@ -82,6 +82,7 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
             cache,
             reuse: c.reuse.into(),
             hint_page: a.hint_page,
+            channels: 1,
         };
         let pb = bar(
             sel.run.len() * (plan.loops + 1),
@@ -89,7 +90,7 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
         );
         let m = measure_clear(&mut dst, &sel.run, &plan, || pb.inc(1))?;
         pb.finish_and_clear();
-        tables.add(&mut report, &m, folio);
+        tables.add(&mut report, &m, folio, 1);
     }
     tables.finish(&mut report);
     report.footer.push(

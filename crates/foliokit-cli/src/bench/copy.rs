@@ -26,6 +26,10 @@ pub struct CopyArgs {
     /// beside it, where one exists (movsb, avx2, nt, auto).
     #[arg(long)]
     pub mc: bool,
+    /// Copy channel counts: a batch is spread across this many persistent
+    /// CPU workers (mc variants run on one).
+    #[arg(short = 't', long, default_value = "1", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub channels: Vec<u32>,
 }
 
 /// Prints the experiment's report (`-f help` prints the strategies instead).
@@ -57,7 +61,7 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
     );
     let params = json!({
         "size": c.size, "folio_sizes": c.page, "loops": c.loops,
-        "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "mc": a.mc,
+        "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "mc": a.mc, "channels": a.channels,
         "functions": sel.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
     });
     let mut report = Report::<Row>::new("copy", title, params);
@@ -81,20 +85,53 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
         let mut dst = Region::new(c.size, folio)?;
         tables.backing(folio, "src", src.backing());
         tables.backing(folio, "dst", dst.backing());
-        let plan = Plan {
-            folio_size: folio,
-            loops: c.loops as usize,
-            cache,
-            reuse: c.reuse.into(),
-            hint_page: 0,
-        };
-        let pb = bar(
-            candidates.len() * (plan.loops + 1),
-            &format!("copy {}", show_size(folio)),
-        );
-        let m = measure_copy(&src, &mut dst, &candidates, &plan, || pb.inc(1))?;
-        pb.finish_and_clear();
-        tables.add(&mut report, &m, folio);
+        for &t in &a.channels {
+            let t = t as usize;
+            let plan = Plan {
+                folio_size: folio,
+                loops: c.loops as usize,
+                cache,
+                reuse: c.reuse.into(),
+                hint_page: 0,
+                channels: t,
+            };
+            let cands: Vec<CopyCandidate> = candidates
+                .iter()
+                .copied()
+                .filter(|x| t == 1 || !x.mc)
+                .collect();
+            let label = format!("copy {} x{t}", show_size(folio));
+            let pb = bar(cands.len() * (plan.loops + 1), &label);
+            let m = measure_copy(&src, &mut dst, &cands, &plan, || pb.inc(1))?;
+            pb.finish_and_clear();
+            tables.add(&mut report, &m, folio, t);
+        }
+    }
+    // What spreading a batch across channels buys over the platform memcpy
+    // on one thread: the comparison a user deciding on channels wants.
+    let median = |f: &str, folio: usize, t: usize| {
+        report
+            .rows
+            .iter()
+            .find(|r| r.function == f && r.folio_size == folio && r.channels == t)
+            .map(|r| r.gbps.median)
+    };
+    let most = a.channels.iter().copied().max().unwrap_or(1) as usize;
+    if most > 1 {
+        for &folio in &c.page {
+            if let (Some(auto), Some(libc), Some(pp)) = (
+                median("auto", folio, most),
+                median("libc", folio, 1),
+                median("per-page", folio, 1),
+            ) {
+                report.footer.push(format!(
+                    "auto on {most} channels at {}: {:.2}x libc and {:.2}x per-page on one",
+                    show_size(folio),
+                    auto / libc,
+                    auto / pp
+                ));
+            }
+        }
     }
     tables.finish(&mut report);
     report.footer.push(

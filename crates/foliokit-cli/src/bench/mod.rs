@@ -131,14 +131,14 @@ impl StrategyTables {
 
     /// Adds one folio size's measurements as rows, with speedups against
     /// the baseline, the auto summary and each `-mc` variant's ratio.
-    pub fn add(&mut self, report: &mut Report<Row>, m: &[Measured], folio: usize) {
+    pub fn add(&mut self, report: &mut Report<Row>, m: &[Measured], folio: usize, channels: usize) {
         let median = |name: &str| m.iter().find(|x| x.function == name).map(|x| x.gbps.median);
         let base = median(&self.baseline).unwrap_or(f64::NAN);
         report.rows.extend(m.iter().map(|x| Row {
             function: x.function.clone(),
             resolved: x.resolved.clone(),
             folio_size: folio,
-            channels: 1,
+            channels,
             gbps: x.gbps,
             speedup: x.gbps.median / base,
         }));

@@ -4,9 +4,11 @@ use serde::Serialize;
 
 use super::{gbps, run_interleaved, Stats};
 use crate::batch::Reuse;
+use crate::channels::ChannelPool;
 use crate::mc::copy_folios_mc;
 use crate::mem::Region;
 use crate::strategy::Strategy;
+use crate::tune::Shape;
 use crate::{
     clear_folios, copy_folios, BatchError, ClearOptions, ClearStrategy, CopyOptions, CopyStrategy,
 };
@@ -31,6 +33,9 @@ pub struct Plan {
     pub reuse: Reuse,
     /// Page each folio's butterfly clear converges on.
     pub hint_page: usize,
+    /// Copy channels (persistent CPU workers) a copy batch is spread
+    /// across; 1 copies on the calling thread.
+    pub channels: usize,
 }
 
 /// One measurement.
@@ -85,6 +90,10 @@ pub enum MeasureError {
     Wrong(String),
     #[error("{0} reported a fault copying healthy memory")]
     Faulted(String),
+    #[error("{0}: machine-check-safe copies run on one channel (the fault record is per thread)")]
+    McChannels(String),
+    #[error(transparent)]
+    Channel(#[from] crate::channels::ChannelError),
 }
 
 /// Whether a hot-mode loop should first re-run the candidate untimed: only
@@ -106,6 +115,14 @@ pub fn measure_copy(
     mut tick: impl FnMut(),
 ) -> Result<Vec<Measured>, MeasureError> {
     let len = src.len().min(dst.len());
+    let pool = if plan.channels > 1 {
+        if let Some(c) = candidates.iter().find(|c| c.mc) {
+            return Err(MeasureError::McChannels(c.name()));
+        }
+        Some(ChannelPool::cpu(plan.channels)?)
+    } else {
+        None
+    };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
         let cand = candidates[c];
         let opts = CopyOptions {
@@ -113,6 +130,23 @@ pub fn measure_copy(
             reuse: plan.reuse,
         };
         let (d, s) = (&mut dst.as_mut_slice()[..len], &src.as_slice()[..len]);
+        if let Some(pool) = &pool {
+            let n = len / plan.folio_size;
+            let resolved = cand
+                .strategy
+                .resolve(Shape::batch(plan.folio_size, n, plan.reuse));
+            let f = resolved.function().map_err(BatchError::from)?;
+            let dsts: Vec<*mut u8> = (0..n)
+                .map(|i| d.as_mut_ptr().wrapping_add(i * plan.folio_size))
+                .collect();
+            let srcs: Vec<*const u8> = (0..n)
+                .map(|i| s.as_ptr().wrapping_add(i * plan.folio_size))
+                .collect();
+            // SAFETY: the folios lie inside two live, disjoint regions that
+            // nothing else touches until the pool returns.
+            unsafe { pool.copy_folios(&dsts, &srcs, plan.folio_size, f) };
+            return Ok(resolved.name().to_string());
+        }
         if cand.mc {
             let r = copy_folios_mc(d, s, plan.folio_size, opts)?;
             if !r.faults.is_empty() {
