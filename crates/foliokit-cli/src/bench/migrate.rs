@@ -10,7 +10,7 @@ use foliokit::measure::Stats;
 use foliokit::mem::mthp::{census, MthpSettings};
 use foliokit::mem::system::{is_root, numa_nodes};
 use foliokit::mem::Region;
-use foliokit::migrate::{migrate, MigrateOptions, MigrateReport, Path};
+use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigrateReport, Path};
 use foliokit::CopyStrategy;
 use serde::Serialize;
 use serde_json::json;
@@ -163,6 +163,8 @@ struct Runs {
     batch_pages: Vec<f64>,
     notes: Vec<String>,
     nothing_to_move: bool,
+    /// Why the path could not run here (the row says so instead of a figure).
+    unavailable: Option<String>,
 }
 
 /// Migrates `src` `loops` times with `o`, checking the bytes survive.
@@ -180,10 +182,21 @@ fn runs(
         batch_pages: Vec::new(),
         notes: Vec::new(),
         nothing_to_move: false,
+        unavailable: None,
     };
     for l in 0..loops {
         // SAFETY: the region is ours and nothing else uses it meanwhile.
-        let rep: MigrateReport = unsafe { migrate(src.as_mut_ptr(), src.len(), node, o) }?;
+        let rep: MigrateReport = match unsafe { migrate(src.as_mut_ptr(), src.len(), node, o) } {
+            Ok(rep) => rep,
+            // A kernel without userfaultfd write-protect (or a sandbox that
+            // forbids it) cannot relocate: say so in the row, keep going.
+            Err(MigrateError::NoUffd(e)) => {
+                r.unavailable = Some(format!("relocation unavailable: {e}"));
+                (l..loops).for_each(|_| tick());
+                return Ok(r);
+            }
+            Err(e) => return Err(e.into()),
+        };
         if l == 0 && !src.as_slice().iter().all(|&b| b == 0x5A) {
             return Err(format!("{} path changed the bytes it migrated", rep.path).into());
         }
@@ -211,7 +224,7 @@ fn row(
     r: Runs,
     obtained: &str,
 ) -> MigrateRow {
-    let hide = r.nothing_to_move;
+    let hide = r.nothing_to_move || r.unavailable.is_some();
     MigrateRow {
         table,
         function: function.into(),
@@ -227,8 +240,13 @@ fn row(
         total_ms: Stats::of(&r.total_ms),
         speedup: None,
         obtained: obtained.into(),
-        note: hide
-            .then(|| "nothing to move (one node)".into())
+        note: r
+            .unavailable
+            .clone()
+            .or_else(|| {
+                r.nothing_to_move
+                    .then(|| "nothing to move (one node)".into())
+            })
             .or_else(|| r.notes.first().cloned()),
     }
 }
