@@ -69,11 +69,10 @@ impl ThpState {
     }
 }
 
-/// Every `hugepages-<size>kB/enabled` knob under `dir`, smallest first,
-/// with its setting (the bracketed word, or the whole text of a knob that
-/// has no brackets, as a fake sysfs in tests holds it).
-pub(crate) fn read_mthp(dir: &std::path::Path) -> Vec<MthpSize> {
-    let mut v: Vec<MthpSize> = std::fs::read_dir(dir)
+/// The `hugepages-<size>kB` directories under `dir`, as (bytes, path),
+/// smallest first: the layout both the THP and the hugetlb trees use.
+fn size_dirs(dir: &std::path::Path) -> Vec<(usize, std::path::PathBuf)> {
+    let mut v: Vec<(usize, std::path::PathBuf)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
@@ -84,38 +83,40 @@ pub(crate) fn read_mthp(dir: &std::path::Path) -> Vec<MthpSize> {
                 .strip_suffix("kB")?
                 .parse()
                 .ok()?;
-            let text = sysfs::read(e.path().join("enabled"))?;
-            Some(MthpSize {
-                size: kb << 10,
-                enabled: sysfs::selected(&text).unwrap_or(text.trim()).to_string(),
-            })
+            Some((kb << 10, e.path()))
         })
         .collect();
-    v.sort_by_key(|m| m.size);
+    v.sort_by_key(|d| d.0);
     v
 }
 
-pub fn hugetlb_pools() -> Vec<HugetlbPool> {
-    let mut pools: Vec<HugetlbPool> = std::fs::read_dir(HUGETLB)
+/// Every mTHP `enabled` knob under `dir`, smallest first, with its setting
+/// (the bracketed word, or the whole text of a knob that has no brackets,
+/// as a fake sysfs in tests holds it).
+pub(crate) fn read_mthp(dir: &std::path::Path) -> Vec<MthpSize> {
+    size_dirs(dir)
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let kb: usize = name
-                .strip_prefix("hugepages-")?
-                .strip_suffix("kB")?
-                .parse()
-                .ok()?;
-            Some(HugetlbPool {
-                size: kb << 10,
-                total: sysfs::read_usize(e.path().join("nr_hugepages"))?,
-                free: sysfs::read_usize(e.path().join("free_hugepages"))?,
+        .filter_map(|(size, path)| {
+            let text = sysfs::read(path.join("enabled"))?;
+            Some(MthpSize {
+                size,
+                enabled: sysfs::selected(&text).unwrap_or(text.trim()).to_string(),
             })
         })
-        .collect();
-    pools.sort_by_key(|p| p.size);
-    pools
+        .collect()
+}
+
+pub fn hugetlb_pools() -> Vec<HugetlbPool> {
+    size_dirs(std::path::Path::new(HUGETLB))
+        .into_iter()
+        .filter_map(|(size, path)| {
+            Some(HugetlbPool {
+                size,
+                total: sysfs::read_usize(path.join("nr_hugepages"))?,
+                free: sysfs::read_usize(path.join("free_hugepages"))?,
+            })
+        })
+        .collect()
 }
 
 pub(crate) fn hugetlb_dir(size: usize) -> String {
