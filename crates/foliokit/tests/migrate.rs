@@ -302,3 +302,32 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
     assert!(matches!(e, MigrateError::NotPrivateAnon { .. }), "{e}");
     assert!(file.as_slice() == &pattern(MIB, 3)[..]);
 }
+
+#[test]
+fn relocation_of_a_range_that_is_not_whole_folios() {
+    if !relocation_available() {
+        return;
+    }
+    // 2 MiB + 3 pages with the default 2 MiB folio size, between two
+    // guard-like neighbours that must not change.
+    let mut r = Region::new(8 * MIB, PAGE).unwrap();
+    let p = pattern(r.len(), 77);
+    r.as_mut_slice().copy_from_slice(&p);
+    let len = 2 * MIB + 3 * PAGE;
+    // One batch per folio, and one batch holding the folio and the tail.
+    for batch_pages in [512, 4096] {
+        let o = MigrateOptions {
+            path: Path::Relocate,
+            channels: 2,
+            batch_pages,
+            ..Default::default()
+        };
+        // SAFETY: a sub-range of our own region, no other users.
+        let rep = unsafe { migrate(r.as_mut_ptr().add(MIB), len, node(), &o) }.unwrap();
+        assert_eq!(rep.bytes, len);
+        assert!(
+            r.as_slice() == &p[..],
+            "batch {batch_pages}: bytes inside or around the range changed"
+        );
+    }
+}

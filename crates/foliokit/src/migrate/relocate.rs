@@ -114,7 +114,14 @@ pub unsafe fn relocate(
     o: &MigrateOptions,
 ) -> Result<MigrateReport, MigrateError> {
     let page = page_size();
-    let folio = o.folio_size.max(page);
+    // Batches are cut into copy pieces of one folio each, so every batch
+    // must be a whole number of folios: a range that is not whole folios
+    // moves at page granularity instead (a 2 MiB piece would run past the
+    // end of a shorter tail).
+    let folio = match o.folio_size.max(page) {
+        f if len % f == 0 => f,
+        _ => page,
+    };
     let copy = o.strategy.resolve(crate::tune::Shape::batch(
         folio,
         len / folio,
@@ -148,6 +155,7 @@ pub unsafe fn relocate(
             .map_err(sys("userfaultfd write-protect"))?;
         let dst = pool.take(n);
         let step = folio.min(n);
+        debug_assert_eq!(n % step, 0, "a batch must be whole copy pieces");
         let dsts: Vec<*mut u8> = (0..n).step_by(step).map(|o| (dst + o) as *mut u8).collect();
         let srcs: Vec<*const u8> = (0..n)
             .step_by(step)
