@@ -39,6 +39,16 @@ pub fn show_size(bytes: usize) -> String {
     bytes.to_string()
 }
 
+/// Bytes to read, not to type: "23.1G" for quantities that are not round.
+pub fn approx_size(bytes: usize) -> String {
+    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift {
+            return format!("{:.1}{unit}", bytes as f64 / (1u64 << shift) as f64);
+        }
+    }
+    format!("{bytes}B")
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Table,
@@ -101,5 +111,7 @@ mod tests {
         assert!(parse_size("99999999999T").is_err());
         assert_eq!(show_size(2 << 20), "2M");
         assert_eq!(show_size(1000), "1000");
+        assert_eq!(approx_size(24_268_680 << 10), "23.1G");
+        assert_eq!(approx_size(1536), "1.5K");
     }
 }

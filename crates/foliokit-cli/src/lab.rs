@@ -213,7 +213,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
                 notes.push(format!(
                     "fault: the seed's 64G region scaled down to {} ({} available)",
                     show_size(fit),
-                    show_size(avail)
+                    crate::args::approx_size(avail)
                 ));
             }
             fit.min(64 * G)

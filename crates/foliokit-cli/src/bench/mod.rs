@@ -11,7 +11,7 @@ use foliokit::measure::Measured;
 use foliokit::strategy::{parse_list, Selection, Strategy};
 use std::fmt::Write as _;
 
-use crate::args::show_size;
+use crate::args::{approx_size, show_size};
 use crate::machine::mem_available;
 use crate::report::{AutoSummary, BackingNote, McRatio, Report, Row, Skipped};
 use crate::CliError;
@@ -76,7 +76,7 @@ pub fn check_shape(size: usize, folios: &[usize], buffers: usize) -> Result<(), 
                 "this run needs {} of memory ({buffers} × {}) but only {} is available",
                 show_size(need),
                 show_size(size),
-                show_size(avail)
+                approx_size(avail)
             )
             .into());
         }
