@@ -4,7 +4,7 @@
 
 use clap::Args;
 use foliokit::measure::{gbps, Stats};
-use foliokit::mem::{populate, HugetlbGrant, Region};
+use foliokit::mem::{populate_chunked, HugetlbGrant, Region};
 use serde::Serialize;
 use serde_json::json;
 use std::time::Instant;
@@ -116,7 +116,9 @@ fn one_pass(
     let len = r.len();
     match function {
         "populate" => {
-            populate(r.as_mut_slice(), threads)?;
+            // Chunks of at least one page of the mapping (1G pages fault whole).
+            // SAFETY: the region is ours, mapped and writable.
+            unsafe { populate_chunked(r.as_mut_ptr(), len, threads, page) }?;
         }
         _ => {
             let base = r.as_mut_ptr() as usize;
@@ -166,7 +168,14 @@ pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
         let _grant = if page == 1 << 30 {
             let need = a.size.div_ceil(page);
             match HugetlbGrant::reserve(page, need) {
-                Ok(g) => g,
+                Ok(g) => {
+                    if g.is_some() {
+                        report
+                            .notes
+                            .push(format!("1G: grew the hugetlb pool by {need} pages for this run; restored afterwards"));
+                    }
+                    g
+                }
                 Err(why) => {
                     report
                         .notes

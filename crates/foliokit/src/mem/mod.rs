@@ -9,5 +9,7 @@ pub mod remap;
 mod sysfs;
 pub mod system;
 
-pub use populate::{populate, populate_raw, resident_pages, PopulateError, PopulateReport};
+pub use populate::{
+    populate, populate_chunked, populate_raw, resident_pages, PopulateError, PopulateReport,
+};
 pub use region::{Backing, HugetlbGrant, MemError, Region};

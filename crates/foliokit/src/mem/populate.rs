@@ -60,6 +60,24 @@ pub unsafe fn populate_raw(
     len: usize,
     channels: usize,
 ) -> Result<PopulateReport, PopulateError> {
+    // SAFETY: forwarded contract.
+    unsafe { populate_chunked(ptr, len, channels, POPULATE_CHUNK) }
+}
+
+/// [`populate_raw`] with chunks of `chunk` bytes (at least
+/// `POPULATE_CHUNK`, a power of two). Pass the mapping's page size for
+/// hugetlb ranges: a 1 GiB page is faulted whole by whichever thread touches
+/// it first, so smaller chunks would only queue the other threads behind it.
+///
+/// # Safety
+/// As [`populate_raw`].
+pub unsafe fn populate_chunked(
+    ptr: *mut u8,
+    len: usize,
+    channels: usize,
+    chunk: usize,
+) -> Result<PopulateReport, PopulateError> {
+    let chunk = chunk.max(POPULATE_CHUNK).next_power_of_two();
     if channels == 0 {
         return Err(PopulateError::ZeroChannels);
     }
@@ -72,13 +90,9 @@ pub unsafe fn populate_raw(
         .ok_or(PopulateError::Wraps { addr: start, len })?;
     let t0 = Instant::now();
     // Chunk boundaries: the start, every aligned boundary inside, the end.
-    let first_boundary = start.next_multiple_of(POPULATE_CHUNK);
+    let first_boundary = start.next_multiple_of(chunk);
     let mut bounds = vec![start];
-    bounds.extend(
-        (first_boundary..end)
-            .step_by(POPULATE_CHUNK)
-            .filter(|&b| b > start),
-    );
+    bounds.extend((first_boundary..end).step_by(chunk).filter(|&b| b > start));
     bounds.push(end);
     let chunks = if len == 0 { 0 } else { bounds.len() - 1 };
     let next = AtomicUsize::new(0);
