@@ -4,12 +4,12 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use super::{Channel, ChannelError, Completion, Piece};
-use crate::arch::{sfence, CopyFn};
+use super::{Channel, ChannelError, Completion, Op, Piece};
+use crate::arch::sfence;
 
 struct Work {
     pieces: Vec<Piece>,
-    copy: CopyFn,
+    op: Op,
     done: Arc<Completion>,
 }
 
@@ -50,10 +50,10 @@ impl CpuChannel {
             .spawn(move || {
                 pin(index);
                 while let Ok(w) = rx.recv() {
-                    for p in w.pieces {
+                    for p in &w.pieces {
                         // SAFETY: the submitter guarantees the piece's ranges
                         // stay valid and unaliased until completion.
-                        unsafe { (w.copy)(p.dst, p.src, p.len) };
+                        unsafe { w.op.run(p) };
                         // Streaming stores are only ordered by a fence on the
                         // thread that issued them: drain before reporting.
                         sfence();
@@ -78,13 +78,13 @@ impl Channel for CpuChannel {
     fn submit(
         &self,
         pieces: Vec<Piece>,
-        copy: CopyFn,
+        op: Op,
         done: Arc<Completion>,
     ) -> Result<(), ChannelError> {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         tx.as_ref()
             .ok_or_else(|| ChannelError::Stopped(self.name.clone()))?
-            .send(Work { pieces, copy, done })
+            .send(Work { pieces, op, done })
             .map_err(|_| ChannelError::Stopped(self.name.clone()))
     }
 }

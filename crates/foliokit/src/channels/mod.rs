@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
-use crate::arch::CopyFn;
+use crate::arch::{ClearFn, CopyFn};
 use crate::batch::page_size;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -23,6 +23,30 @@ pub enum ChannelError {
     Zero,
     #[error("copy channel '{0}' has stopped")]
     Stopped(String),
+}
+
+/// What a channel does with each piece.
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    /// Copy `src` to `dst`.
+    Copy(CopyFn),
+    /// Zero `dst` (`src` is unused).
+    Clear(ClearFn),
+}
+
+impl Op {
+    /// Runs the operation on one piece.
+    ///
+    /// # Safety
+    /// The piece's ranges must be valid as its batch's submitter promised.
+    pub unsafe fn run(self, p: &Piece) {
+        match self {
+            // SAFETY: forwarded contract.
+            Op::Copy(f) => unsafe { f(p.dst, p.src, p.len) },
+            // SAFETY: forwarded contract.
+            Op::Clear(f) => unsafe { f(p.dst, p.len) },
+        }
+    }
 }
 
 /// A piece of a batch: `len` bytes of folio `folio`.
@@ -86,17 +110,13 @@ impl Completion {
     }
 }
 
-/// A copy engine.
+/// A copy engine (it clears too: a clear is a copy from nothing).
 pub trait Channel: Send + Sync {
     fn name(&self) -> &str;
-    /// Starts copying `pieces` in order with `copy`, making each piece's
-    /// bytes visible (drained) before calling `done.piece_done`.
-    fn submit(
-        &self,
-        pieces: Vec<Piece>,
-        copy: CopyFn,
-        done: Arc<Completion>,
-    ) -> Result<(), ChannelError>;
+    /// Starts running `op` on `pieces` in order, making each piece's bytes
+    /// visible (drained) before calling `done.piece_done`.
+    fn submit(&self, pieces: Vec<Piece>, op: Op, done: Arc<Completion>)
+        -> Result<(), ChannelError>;
 }
 
 /// When a batch's first folio and last piece completed, from submission.
@@ -159,6 +179,43 @@ impl ChannelPool {
         copy: CopyFn,
     ) -> BatchTiming {
         let n = dsts.len().min(srcs.len());
+        // SAFETY: forwarded contract.
+        unsafe { self.run(n, folio_size, Op::Copy(copy), |f| (dsts[f], srcs[f])) }
+    }
+
+    /// Zeroes folio `i` at `dsts[i]` for every `i`, spread as
+    /// [`ChannelPool::copy_folios`] spreads copies.
+    ///
+    /// # Safety
+    /// Each destination must be valid for writes of `folio_size` bytes, none
+    /// may overlap another, and none may be touched by anyone else until
+    /// this returns.
+    pub unsafe fn clear_folios(
+        &self,
+        dsts: &[*mut u8],
+        folio_size: usize,
+        clear: ClearFn,
+    ) -> BatchTiming {
+        // SAFETY: forwarded contract; clears never read `src`.
+        unsafe {
+            self.run(dsts.len(), folio_size, Op::Clear(clear), |f| {
+                (dsts[f], std::ptr::null())
+            })
+        }
+    }
+
+    /// Cuts `n` folios into pieces, hands them out round-robin, waits.
+    ///
+    /// # Safety
+    /// `folio(f)` for `f < n` gives ranges valid for `op` over `folio_size`
+    /// bytes, untouched by anyone else until this returns.
+    unsafe fn run(
+        &self,
+        n: usize,
+        folio_size: usize,
+        op: Op,
+        folio: impl Fn(usize) -> (*mut u8, *const u8),
+    ) -> BatchTiming {
         let ch = self.channels.len();
         let split = if n >= ch { 1 } else { ch.div_ceil(n.max(1)) };
         let piece = folio_size
@@ -170,14 +227,14 @@ impl ChannelPool {
         let mut work: Vec<Vec<Piece>> = vec![Vec::new(); ch];
         let mut k = 0;
         for f in 0..n {
+            let (dst, src) = folio(f);
             for p in 0..per_folio {
                 let off = p * piece;
-                let len = piece.min(folio_size - off);
                 work[k % ch].push(Piece {
-                    // SAFETY (of the arithmetic): off < folio_size, inside the folio.
-                    dst: dsts[f].wrapping_add(off),
-                    src: srcs[f].wrapping_add(off),
-                    len,
+                    // off < folio_size: inside the folio.
+                    dst: dst.wrapping_add(off),
+                    src: src.wrapping_add(off),
+                    len: piece.min(folio_size - off),
                     folio: f,
                 });
                 k += 1;
@@ -189,10 +246,10 @@ impl ChannelPool {
             }
             // A channel that cannot take work means "finish on the CPU",
             // never "give up with pieces still in flight elsewhere".
-            if c.submit(pieces.clone(), copy, done.clone()).is_err() {
-                for p in pieces {
+            if c.submit(pieces.clone(), op, done.clone()).is_err() {
+                for p in &pieces {
                     // SAFETY: the caller's contract covers every piece.
-                    unsafe { copy(p.dst, p.src, p.len) };
+                    unsafe { op.run(p) };
                     crate::arch::sfence();
                     done.piece_done(p.folio);
                 }
