@@ -126,6 +126,23 @@ pub struct BatchTiming {
     pub done: Duration,
 }
 
+/// The process-wide CPU pool with `n` channels, created on first use and
+/// kept: callers that copy or migrate repeatedly reuse the same workers
+/// instead of spawning threads per call. Batches from several threads may
+/// share it; each has its own completion.
+pub fn shared(n: usize) -> Result<Arc<ChannelPool>, ChannelError> {
+    /// Pools by channel count.
+    type Pools = Vec<(usize, Arc<ChannelPool>)>;
+    static POOLS: Mutex<Pools> = Mutex::new(Vec::new());
+    let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, p)) = pools.iter().find(|(k, _)| *k == n) {
+        return Ok(p.clone());
+    }
+    let p = Arc::new(ChannelPool::cpu(n)?);
+    pools.push((n, p.clone()));
+    Ok(p)
+}
+
 /// A set of channels a batch is spread across.
 pub struct ChannelPool {
     channels: Vec<Box<dyn Channel>>,

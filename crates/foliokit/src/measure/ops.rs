@@ -4,7 +4,6 @@ use serde::Serialize;
 
 use super::{gbps, run_interleaved, Stats};
 use crate::batch::Reuse;
-use crate::channels::ChannelPool;
 use crate::mc::copy_folios_mc;
 use crate::mem::Region;
 use crate::strategy::Strategy;
@@ -119,7 +118,7 @@ pub fn measure_copy(
         if let Some(c) = candidates.iter().find(|c| c.mc) {
             return Err(MeasureError::McChannels(c.name()));
         }
-        Some(ChannelPool::cpu(plan.channels)?)
+        Some(crate::channels::shared(plan.channels)?)
     } else {
         None
     };

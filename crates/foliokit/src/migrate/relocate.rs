@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use super::{BatchController, BatchStat, MigrateError, MigrateOptions, MigrateReport};
 use crate::batch::page_size;
-use crate::channels::ChannelPool;
 use crate::mem::populate_raw;
 use crate::sys::{numa, uffd::Uffd};
 
@@ -129,7 +128,7 @@ pub unsafe fn relocate(
     ));
     let copy_fn = copy.function()?;
     let uffd = Uffd::new().map_err(MigrateError::NoUffd)?;
-    let channels = ChannelPool::cpu(o.channels)?;
+    let channels = crate::channels::shared(o.channels)?;
     let t_pool = Instant::now();
     let mut pool = Pool::new(len, folio, node, o.channels)?;
     let pool_secs = t_pool.elapsed().as_secs_f64();
