@@ -192,6 +192,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         evict: false,
         hot: false,
         hint_page: 0,
+        channels: vec![1, 2],
     })?
     .ok_or("clear produced no report")?;
     let p = strategy_plot("clear GB/s by strategy and folio size", &r);

@@ -99,6 +99,21 @@ impl ClearStrategy {
         }
     }
 
+    /// The range function a concrete strategy runs, for callers that hand
+    /// ranges to someone else (copy channels). `butterfly` has none: it
+    /// clears page by page around a hint page, so it is refused rather than
+    /// silently replaced.
+    pub fn range_function(self) -> Result<ClearFn, StrategyError> {
+        match self.dispatch()? {
+            Clear::Range(f) => Ok(f),
+            Clear::Butterfly => Err(StrategyError::Unavailable {
+                op: Self::OP,
+                name: self.name(),
+                reason: "it clears page by page around a hint page, not as a range",
+            }),
+        }
+    }
+
     fn dispatch(self) -> Result<Clear, StrategyError> {
         match require(self)? {
             Self::Butterfly => Ok(Clear::Butterfly),

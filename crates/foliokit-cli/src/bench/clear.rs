@@ -26,6 +26,10 @@ pub struct ClearArgs {
     /// faulting page; perf bench's demand faults touch page 0).
     #[arg(long, default_value_t = 0)]
     pub hint_page: usize,
+    /// Channel counts: a batch is spread across this many persistent CPU
+    /// workers (butterfly, being page-by-page around a hint, runs on one).
+    #[arg(short = 't', long, default_value = "1", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub channels: Vec<u32>,
 }
 
 /// Prints the experiment's report (`-f help` prints the strategies instead).
@@ -76,21 +80,33 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
     for &folio in &c.page {
         let mut dst = Region::new(c.size, folio)?;
         tables.backing(folio, "dst", dst.backing());
-        let plan = Plan {
-            folio_size: folio,
-            loops: c.loops as usize,
-            cache,
-            reuse: c.reuse.into(),
-            hint_page: a.hint_page,
-            channels: 1,
-        };
-        let pb = bar(
-            sel.run.len() * (plan.loops + 1),
-            &format!("clear {}", show_size(folio)),
+        for &t in &a.channels {
+            let t = t as usize;
+            let plan = Plan {
+                folio_size: folio,
+                loops: c.loops as usize,
+                cache,
+                reuse: c.reuse.into(),
+                hint_page: a.hint_page,
+                channels: t,
+            };
+            let run: Vec<ClearStrategy> = sel
+                .run
+                .iter()
+                .copied()
+                .filter(|&s| t == 1 || s != ClearStrategy::Butterfly)
+                .collect();
+            let label = format!("clear {} x{t}", show_size(folio));
+            let pb = bar(run.len() * (plan.loops + 1), &label);
+            let m = measure_clear(&mut dst, &run, &plan, || pb.inc(1))?;
+            pb.finish_and_clear();
+            tables.add(&mut report, &m, folio, t);
+        }
+    }
+    if a.channels.iter().any(|&t| t > 1) && sel.run.contains(&ClearStrategy::Butterfly) {
+        report.notes.push(
+            "butterfly runs on one channel only: it clears page by page around a hint page".into(),
         );
-        let m = measure_clear(&mut dst, &sel.run, &plan, || pb.inc(1))?;
-        pb.finish_and_clear();
-        tables.add(&mut report, &m, folio, 1);
     }
     tables.finish(&mut report);
     report.footer.push(

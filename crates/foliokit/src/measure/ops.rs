@@ -197,7 +197,25 @@ pub fn measure_clear(
     mut tick: impl FnMut(),
 ) -> Result<Vec<Measured>, MeasureError> {
     let len = dst.len();
+    let pool = if plan.channels > 1 {
+        Some(crate::channels::shared(plan.channels)?)
+    } else {
+        None
+    };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
+        if let Some(pool) = &pool {
+            let n = len / plan.folio_size;
+            let resolved = strategies[c].resolve(Shape::batch(plan.folio_size, n, plan.reuse));
+            let f = resolved.range_function().map_err(BatchError::from)?;
+            let d = dst.as_mut_ptr();
+            let dsts: Vec<*mut u8> = (0..n)
+                .map(|i| d.wrapping_add(i * plan.folio_size))
+                .collect();
+            // SAFETY: the folios lie inside the live region, which nothing
+            // else touches until the pool returns.
+            unsafe { pool.clear_folios(&dsts, plan.folio_size, f) };
+            return Ok(resolved.name().to_string());
+        }
         let opts = ClearOptions {
             strategy: strategies[c],
             reuse: plan.reuse,
