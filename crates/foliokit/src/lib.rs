@@ -8,6 +8,36 @@
 //!   system's THP/hugetlb/NUMA state;
 //! - [`tune`]: the thresholds and rules `auto` follows, and calibration
 //!   profiles; [`calibrate`] measures one.
+//! - [`mc`]: machine-check-safe copies; [`nt`]: streaming stores with a
+//!   drain safe code cannot forget; [`channels`] and [`migrate`]: parallel
+//!   copy workers and NUMA migration/relocation.
+//!
+//! ```
+//! use foliokit::mem::Region;
+//! use foliokit::{copy_folios, clear_folios, ClearOptions, CopyOptions, CopyStrategy, Reuse};
+//!
+//! // 8 MiB in 2 MiB folios, backed by THP where the system allows it.
+//! let mut src = Region::new(8 << 20, 2 << 20)?;
+//! let mut dst = Region::new(8 << 20, 2 << 20)?;
+//! src.as_mut_slice().fill(7);
+//!
+//! // One batch; auto picks the primitive for this CPU and batch size.
+//! let done = copy_folios(dst.as_mut_slice(), src.as_slice(), 2 << 20, CopyOptions::default())?;
+//! assert_eq!(done.bytes, 8 << 20);
+//! assert!(dst.as_slice().iter().all(|&b| b == 7));
+//!
+//! // Any strategy by name, e.g. write-once data streamed past the cache.
+//! let opts = CopyOptions { strategy: CopyStrategy::Nt, reuse: Reuse::Stream };
+//! copy_folios(dst.as_mut_slice(), src.as_slice(), 2 << 20, opts)?;
+//!
+//! // A source page that faults (poison, truncated file) is reported, not fatal.
+//! # #[cfg(target_arch = "x86_64")]
+//! foliokit::copy_mc(dst.as_mut_slice(), src.as_slice(), CopyStrategy::Auto)?;
+//!
+//! clear_folios(dst.as_mut_slice(), 2 << 20, ClearOptions::default())?;
+//! assert!(dst.as_slice().iter().all(|&b| b == 0));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod arch;
 pub mod batch;
