@@ -88,6 +88,11 @@ pub struct BenchArgs {
     /// Timed loops per strategy (after one verified warm-up).
     #[arg(short, long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub loops: u32,
+    /// Channel counts: each batch is spread across this many persistent CPU
+    /// workers (strategies that cannot be split, like butterfly or the mc
+    /// variants, stay on one).
+    #[arg(short = 't', long, default_value = "1", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub channels: Vec<u32>,
     /// Whether auto should expect the data to be re-read.
     #[arg(long, value_enum, default_value = "reread")]
     pub reuse: ReuseArg,

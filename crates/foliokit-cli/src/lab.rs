@@ -70,12 +70,13 @@ fn entry<R: TableRow>(
     }
 }
 
-fn bench(size: usize, pages: &[usize], function: &str, loops: u32) -> BenchArgs {
+fn bench(size: usize, pages: &[usize], function: &str, loops: u32, channels: &[u32]) -> BenchArgs {
     BenchArgs {
         size,
         page: pages.to_vec(),
         function: function.into(),
         loops,
+        channels: channels.to_vec(),
         reuse: ReuseArg::Reread,
         format: Format::Table,
     }
@@ -161,22 +162,20 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     };
 
     let r = copy::report(copy::CopyArgs {
-        common: bench(copy_size, &copy_pages, "all", loops),
+        common: bench(copy_size, &copy_pages, "all", loops, &[1, 2]),
         evict: true,
         hot: false,
         mc: false,
-        channels: vec![1, 2],
     })?
     .ok_or("copy produced no report")?;
     let p = strategy_plot("copy GB/s by strategy and folio size (source evicted)", &r);
     entries.push(entry("copy", "Folio copy (seed 000)", "000", &r, vec![p]));
 
     let r = copy::report(copy::CopyArgs {
-        common: bench(copy_size, &[2 * M], "movsb,avx2,nt,auto", loops),
+        common: bench(copy_size, &[2 * M], "movsb,avx2,nt,auto", loops, &[1]),
         evict: true,
         hot: false,
         mc: true,
-        channels: vec![1],
     })?
     .ok_or("copy --mc produced no report")?;
     entries.push(entry(
@@ -188,11 +187,10 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     ));
 
     let r = clear::report(clear::ClearArgs {
-        common: bench(copy_size, &copy_pages, "all", loops),
+        common: bench(copy_size, &copy_pages, "all", loops, &[1, 2]),
         evict: false,
         hot: false,
         hint_page: 0,
-        channels: vec![1, 2],
     })?
     .ok_or("clear produced no report")?;
     let p = strategy_plot("clear GB/s by strategy and folio size", &r);

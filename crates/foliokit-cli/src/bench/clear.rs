@@ -26,10 +26,6 @@ pub struct ClearArgs {
     /// faulting page; perf bench's demand faults touch page 0).
     #[arg(long, default_value_t = 0)]
     pub hint_page: usize,
-    /// Channel counts: a batch is spread across this many persistent CPU
-    /// workers (butterfly, being page-by-page around a hint, runs on one).
-    #[arg(short = 't', long, default_value = "1", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub channels: Vec<u32>,
 }
 
 /// Prints the experiment's report (`-f help` prints the strategies instead).
@@ -80,7 +76,7 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
     for &folio in &c.page {
         let mut dst = Region::new(c.size, folio)?;
         tables.backing(folio, "dst", dst.backing());
-        for &t in &a.channels {
+        for &t in &c.channels {
             let t = t as usize;
             let plan = Plan {
                 folio_size: folio,
@@ -103,7 +99,7 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
             tables.add(&mut report, &m, folio, t);
         }
     }
-    if a.channels.iter().any(|&t| t > 1) && sel.run.contains(&ClearStrategy::Butterfly) {
+    if c.channels.iter().any(|&t| t > 1) && sel.run.contains(&ClearStrategy::Butterfly) {
         report.notes.push(
             "butterfly runs on one channel only: it clears page by page around a hint page".into(),
         );

@@ -26,10 +26,6 @@ pub struct CopyArgs {
     /// beside it, where one exists (movsb, avx2, nt, auto).
     #[arg(long)]
     pub mc: bool,
-    /// Copy channel counts: a batch is spread across this many persistent
-    /// CPU workers (mc variants run on one).
-    #[arg(short = 't', long, default_value = "1", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub channels: Vec<u32>,
 }
 
 /// Prints the experiment's report (`-f help` prints the strategies instead).
@@ -61,11 +57,16 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
     );
     let params = json!({
         "size": c.size, "folio_sizes": c.page, "loops": c.loops,
-        "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "mc": a.mc, "channels": a.channels,
+        "cache": cache, "reuse": foliokit::Reuse::from(c.reuse), "mc": a.mc, "channels": c.channels,
         "functions": sel.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
     });
     let mut report = Report::<Row>::new("copy", title, params);
     let mut tables = StrategyTables::new(&sel, CopyStrategy::PerPage, &mut report);
+    if a.mc && !c.channels.contains(&1) {
+        report
+            .notes
+            .push("mc variants run on one channel only; add 1 to -t to measure them".into());
+    }
     let mut candidates = Vec::new();
     for &s in &sel.run {
         candidates.push(CopyCandidate::plain(s));
@@ -85,7 +86,7 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
         let mut dst = Region::new(c.size, folio)?;
         tables.backing(folio, "src", src.backing());
         tables.backing(folio, "dst", dst.backing());
-        for &t in &a.channels {
+        for &t in &c.channels {
             let t = t as usize;
             let plan = Plan {
                 folio_size: folio,
@@ -116,7 +117,7 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
             .find(|r| r.function == f && r.folio_size == folio && r.channels == t)
             .map(|r| r.gbps.median)
     };
-    let most = a.channels.iter().copied().max().unwrap_or(1) as usize;
+    let most = c.channels.iter().copied().max().unwrap_or(1) as usize;
     if most > 1 {
         for &folio in &c.page {
             if let (Some(auto), Some(libc), Some(pp)) = (

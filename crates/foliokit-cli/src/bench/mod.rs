@@ -90,8 +90,10 @@ pub fn check_shape(size: usize, folios: &[usize], buffers: usize) -> Result<(), 
 pub struct StrategyTables {
     baseline: String,
     /// The baseline's median per folio size, from the first group that ran
-    /// it (one channel): rows on N channels are compared with it too.
+    /// it (normally one channel), and that group's channel count: rows on N
+    /// channels are compared with it too.
     base_by_folio: Vec<(usize, f64)>,
+    base_channels: Option<usize>,
     auto: Vec<AutoSummary>,
     mc: Vec<McRatio>,
     backing: Vec<BackingNote>,
@@ -115,6 +117,7 @@ impl StrategyTables {
         StrategyTables {
             baseline,
             base_by_folio: Vec::new(),
+            base_channels: None,
             auto: Vec::new(),
             mc: Vec::new(),
             backing: Vec::new(),
@@ -146,6 +149,7 @@ impl StrategyTables {
             (Some(b), _) => b,
             (None, Some(b)) => {
                 self.base_by_folio.push((folio, b));
+                self.base_channels.get_or_insert(channels);
                 b
             }
             (None, None) => f64::NAN,
@@ -187,8 +191,12 @@ impl StrategyTables {
         report
             .header
             .extend(self.backing.iter().map(BackingNote::line));
+        let on = match self.base_channels.unwrap_or(1) {
+            1 => "one channel".to_string(),
+            n => format!("{n} channels"),
+        };
         report.footer.push(format!(
-            "speedup: median over the median of '{}' on one channel at the same folio size",
+            "speedup: median over the median of '{}' on {on} at the same folio size",
             self.baseline
         ));
         for a in &self.auto {
