@@ -52,13 +52,6 @@ unsafe fn strategy<S: Strategy + Default>(name: *const c_char) -> Result<S, c_in
     fk::strategy::require(s).map_err(|e| strategy_err(&e))
 }
 
-/// The start of each `folio_size` folio of `[base, base + len)`.
-fn folios(base: *mut c_void, len: usize, folio_size: usize) -> Vec<*mut u8> {
-    (0..len / folio_size)
-        .map(|i| base.cast::<u8>().wrapping_add(i * folio_size))
-        .collect()
-}
-
 fn reuse(write_once: c_int) -> Reuse {
     if write_once != 0 {
         Reuse::Stream
@@ -84,8 +77,8 @@ pub unsafe extern "C" fn fk_copy_folios(
         }
         // SAFETY: the caller's contract.
         let s: CopyStrategy = unsafe { strategy(strategy_name) }?;
-        let dsts = folios(dst, len, folio_size);
-        let srcs: Vec<*const u8> = folios(src.cast_mut(), len, folio_size)
+        let dsts = fk::batch::folio_starts(dst.cast(), len, folio_size);
+        let srcs: Vec<*const u8> = fk::batch::folio_starts(src.cast_mut().cast(), len, folio_size)
             .into_iter()
             .map(<*mut u8>::cast_const)
             .collect();
@@ -116,7 +109,7 @@ pub unsafe extern "C" fn fk_clear_folios(
         }
         // SAFETY: the caller's contract.
         let s: ClearStrategy = unsafe { strategy(strategy_name) }?;
-        let dsts = folios(dst, len, folio_size);
+        let dsts = fk::batch::folio_starts(dst.cast(), len, folio_size);
         let o = ClearOptions {
             strategy: s,
             reuse: reuse(write_once),

@@ -183,6 +183,15 @@ pub(crate) fn check_overlap(
     Ok(())
 }
 
+/// The start of each `folio_size` folio of `[base, base + len)` (the
+/// pointer lists the raw batch APIs and copy channels take). Computing the
+/// addresses touches no memory.
+pub fn folio_starts(base: *mut u8, len: usize, folio_size: usize) -> Vec<*mut u8> {
+    (0..len / folio_size.max(1))
+        .map(|i| base.wrapping_add(i * folio_size))
+        .collect()
+}
+
 /// Splits a contiguous length into folios, checking it divides evenly.
 pub(crate) fn folio_count(
     what: &'static str,

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use super::{gbps, run_interleaved, Stats};
-use crate::batch::Reuse;
+use crate::batch::{folio_starts, Reuse};
 use crate::mc::copy_folios_mc;
 use crate::mem::Region;
 use crate::strategy::Strategy;
@@ -122,6 +122,19 @@ pub fn measure_copy(
     } else {
         None
     };
+    // The channel path takes folio lists. Build them once: the buffers do
+    // not move, and building them inside the timed call would bill only the
+    // channel rows for it.
+    let (dsts, srcs): (Vec<*mut u8>, Vec<*const u8>) = match pool {
+        Some(_) => (
+            folio_starts(dst.as_mut_ptr(), len, plan.folio_size),
+            folio_starts(src.as_ptr().cast_mut(), len, plan.folio_size)
+                .into_iter()
+                .map(<*mut u8>::cast_const)
+                .collect(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
         let cand = candidates[c];
         let opts = CopyOptions {
@@ -130,17 +143,10 @@ pub fn measure_copy(
         };
         let (d, s) = (&mut dst.as_mut_slice()[..len], &src.as_slice()[..len]);
         if let Some(pool) = &pool {
-            let n = len / plan.folio_size;
-            let resolved = cand
-                .strategy
-                .resolve(Shape::batch(plan.folio_size, n, plan.reuse));
+            let resolved =
+                cand.strategy
+                    .resolve(Shape::batch(plan.folio_size, dsts.len(), plan.reuse));
             let f = resolved.function().map_err(BatchError::from)?;
-            let dsts: Vec<*mut u8> = (0..n)
-                .map(|i| d.as_mut_ptr().wrapping_add(i * plan.folio_size))
-                .collect();
-            let srcs: Vec<*const u8> = (0..n)
-                .map(|i| s.as_ptr().wrapping_add(i * plan.folio_size))
-                .collect();
             // SAFETY: the folios lie inside two live, disjoint regions that
             // nothing else touches until the pool returns.
             unsafe { pool.copy_folios(&dsts, &srcs, plan.folio_size, f) };
@@ -202,15 +208,16 @@ pub fn measure_clear(
     } else {
         None
     };
+    // Built once, outside the timed calls, as in measure_copy.
+    let dsts = match pool {
+        Some(_) => folio_starts(dst.as_mut_ptr(), len, plan.folio_size),
+        None => Vec::new(),
+    };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
         if let Some(pool) = &pool {
-            let n = len / plan.folio_size;
-            let resolved = strategies[c].resolve(Shape::batch(plan.folio_size, n, plan.reuse));
+            let resolved =
+                strategies[c].resolve(Shape::batch(plan.folio_size, dsts.len(), plan.reuse));
             let f = resolved.range_function().map_err(BatchError::from)?;
-            let d = dst.as_mut_ptr();
-            let dsts: Vec<*mut u8> = (0..n)
-                .map(|i| d.wrapping_add(i * plan.folio_size))
-                .collect();
             // SAFETY: the folios lie inside the live region, which nothing
             // else touches until the pool returns.
             unsafe { pool.clear_folios(&dsts, plan.folio_size, f) };

@@ -5,7 +5,7 @@ use std::io;
 use std::time::Instant;
 
 use super::{BatchController, BatchStat, MigrateError, MigrateOptions, MigrateReport};
-use crate::batch::page_size;
+use crate::batch::{folio_starts, page_size};
 use crate::mem::populate_raw;
 use crate::sys::{numa, uffd::Uffd};
 
@@ -155,10 +155,10 @@ pub unsafe fn relocate(
         let dst = pool.take(n);
         let step = folio.min(n);
         debug_assert_eq!(n % step, 0, "a batch must be whole copy pieces");
-        let dsts: Vec<*mut u8> = (0..n).step_by(step).map(|o| (dst + o) as *mut u8).collect();
-        let srcs: Vec<*const u8> = (0..n)
-            .step_by(step)
-            .map(|o| (src + o) as *const u8)
+        let dsts = folio_starts(dst as *mut u8, n, step);
+        let srcs: Vec<*const u8> = folio_starts(src as *mut u8, n, step)
+            .into_iter()
+            .map(<*mut u8>::cast_const)
             .collect();
         // SAFETY: destinations are fresh pool pages nobody else can see;
         // sources are write-protected, so their bytes cannot change while
