@@ -55,8 +55,9 @@ void fk_drain(void);
  * from the kernel. */
 int fk_populate(void *addr, size_t len, unsigned channels);
 
-/* fk_migrate paths. */
-enum fk_path { FK_PATH_AUTO = 0, FK_PATH_KERNEL = 1, FK_PATH_RELOCATE = 2 };
+/* fk_migrate paths. A zeroed struct fk_migrate_opts means the kernel path
+ * (move_pages), which is safe for every kind of memory. */
+enum fk_path { FK_PATH_KERNEL = 0, FK_PATH_AUTO = 1, FK_PATH_RELOCATE = 2 };
 
 struct fk_migrate_opts {
     int path;              /* enum fk_path */
@@ -68,15 +69,22 @@ struct fk_migrate_opts {
 struct fk_migrate_result {
     double gbps;           /* bytes per second / 2^30 */
     double first_folio_us; /* median over batches */
-    size_t pages_to_move;  /* kernel path: pages not yet on the node */
+    size_t pages_to_move;  /* kernel path: populated pages not yet on the
+                              node; relocation: populated pages found */
     int relocated;         /* 1 if the relocation path ran */
 };
 
 /* Migrates [addr, addr + len) to NUMA node `node`. Other threads may keep
- * reading and writing the range; none may unmap or remap it meanwhile.
+ * using the range meanwhile, including madvise, munmap, mremap, mprotect
+ * and fork. FK_PATH_RELOCATE runs only on private anonymous read-write
+ * memory no other userfaultfd watches, with /dev/userfaultfd access (or
+ * CAP_SYS_PTRACE) and Linux 6.8+; it leaves DMA-pinned pages to the
+ * kernel path, and must not be used on memory vmspliced into a pipe (see
+ * foliokit::migrate::migrate for the whole contract). FK_PATH_AUTO
+ * relocates only where all of that holds, else takes the kernel path.
  * opts and out may be NULL. Errors: -EINVAL (misaligned/empty),
- * -EFAULT (unmapped), -ENODEV (no such node), -EPERM (relocation of memory
- * that is not private anonymous), -EOPNOTSUPP (no userfaultfd). */
+ * -EFAULT (unmapped), -ENODEV (no such node), -EPERM (FK_PATH_RELOCATE
+ * refused for this memory or this process; nothing was touched). */
 int fk_migrate(void *addr, size_t len, unsigned node,
                const struct fk_migrate_opts *opts, struct fk_migrate_result *out);
 

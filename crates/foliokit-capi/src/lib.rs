@@ -247,8 +247,8 @@ pub unsafe extern "C" fn fk_migrate(
         // SAFETY: opts is NULL or points to a valid struct (contract).
         if let Some(c) = unsafe { opts.as_ref() } {
             o.path = match c.path {
-                0 => Path::Auto,
-                1 => Path::Kernel,
+                0 => Path::Kernel,
+                1 => Path::Auto,
                 2 => Path::Relocate,
                 _ => return Err(-libc::EINVAL),
             };
@@ -271,8 +271,7 @@ pub unsafe extern "C" fn fk_migrate(
                 | MigrateError::ZeroBatch => -libc::EINVAL,
                 MigrateError::Unmapped { .. } => -libc::EFAULT,
                 MigrateError::NoSuchNode { .. } => -libc::ENODEV,
-                MigrateError::NotPrivateAnon { .. } => -libc::EPERM,
-                MigrateError::NoUffd(_) => -libc::EOPNOTSUPP,
+                MigrateError::Refused { .. } => -libc::EPERM,
                 MigrateError::Sys { source, .. } => -source.raw_os_error().unwrap_or(libc::EIO),
                 _ => -libc::EIO,
             })?;
@@ -282,7 +281,7 @@ pub unsafe extern "C" fn fk_migrate(
                 gbps: r.gbps(),
                 first_folio_us: r.first_folio_us().unwrap_or(0.0),
                 pages_to_move: r.pages_to_move,
-                relocated: c_int::from(r.path == "relocate"),
+                relocated: c_int::from(r.path == fk::migrate::MigratePath::Relocate),
             };
         }
         Ok(0)

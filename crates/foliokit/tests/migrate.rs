@@ -5,7 +5,7 @@ mod common;
 
 use common::{pattern, TruncatedFile};
 use foliokit::mem::{system, Region};
-use foliokit::migrate::{migrate, MigrateError, MigrateOptions, Path};
+use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, Path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -24,8 +24,8 @@ fn relocation_available() -> bool {
     };
     // SAFETY: our own region, no other users.
     match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
-        Err(MigrateError::NoUffd(e)) => {
-            eprintln!("skipping relocation checks: userfaultfd write-protect unavailable ({e})");
+        Err(e @ MigrateError::Refused { .. }) => {
+            eprintln!("skipping relocation checks: {e}");
             false
         }
         other => {
@@ -137,7 +137,7 @@ fn relocation_keeps_contents_and_thp() {
         };
         // SAFETY: our own region, no other users.
         let rep = unsafe { migrate(r.as_mut_ptr(), len, node(), &o) }.unwrap();
-        assert_eq!(rep.path, "relocate");
+        assert_eq!(rep.path, MigratePath::Relocate);
         assert_eq!(
             rep.batches.iter().map(|b| b.pages).sum::<usize>(),
             len / PAGE
@@ -206,7 +206,7 @@ fn kernel_path_on_one_node_says_there_is_nothing_to_move() {
     };
     // SAFETY: our own region.
     let rep = unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) }.unwrap();
-    assert_eq!(rep.path, "kernel");
+    assert_eq!(rep.path, MigratePath::Kernel);
     assert!(rep.failed.is_empty());
     if system::numa_nodes().len() == 1 {
         assert_eq!(rep.pages_to_move, 0);
@@ -277,7 +277,7 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
     unsafe {
         (shared as *mut u8).write_bytes(7, MIB);
         let e = migrate(shared.cast(), MIB, node(), &o).unwrap_err();
-        assert!(matches!(e, MigrateError::NotPrivateAnon { .. }), "{e}");
+        assert!(matches!(e, MigrateError::Refused { .. }), "{e}");
         assert!(std::slice::from_raw_parts(shared as *const u8, MIB)
             .iter()
             .all(|&b| b == 7));
@@ -287,7 +287,7 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
             ..o
         };
         let rep = migrate(shared.cast(), MIB, node(), &auto).unwrap();
-        assert_eq!(rep.path, "kernel");
+        assert_eq!(rep.path, MigratePath::Kernel);
         assert!(
             rep.notes.iter().any(|n| n.contains("shared")),
             "{:?}",
@@ -299,7 +299,7 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
     let file = TruncatedFile::new(MIB, 3, None);
     // SAFETY: rejected before use.
     let e = unsafe { migrate(file.as_ptr() as *mut u8, MIB, node(), &o) }.unwrap_err();
-    assert!(matches!(e, MigrateError::NotPrivateAnon { .. }), "{e}");
+    assert!(matches!(e, MigrateError::Refused { .. }), "{e}");
     assert!(file.as_slice() == &pattern(MIB, 3)[..]);
 }
 

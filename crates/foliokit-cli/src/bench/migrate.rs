@@ -10,7 +10,7 @@ use foliokit::measure::Stats;
 use foliokit::mem::mthp::{census, MthpSettings};
 use foliokit::mem::system::{is_root, numa_nodes};
 use foliokit::mem::Region;
-use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigrateReport, Path};
+use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use foliokit::CopyStrategy;
 use serde::Serialize;
 use serde_json::json;
@@ -188,9 +188,9 @@ fn runs(
         // SAFETY: the region is ours and nothing else uses it meanwhile.
         let rep: MigrateReport = match unsafe { migrate(src.as_mut_ptr(), src.len(), node, o) } {
             Ok(rep) => rep,
-            // A kernel without userfaultfd write-protect (or a sandbox that
-            // forbids it) cannot relocate: say so in the row, keep going.
-            Err(MigrateError::NoUffd(e)) => {
+            // A kernel without UFFDIO_MOVE, a process without
+            // /dev/userfaultfd access, or a sandbox: say so in the row.
+            Err(e @ MigrateError::Refused { .. }) => {
                 r.unavailable = Some(format!("relocation unavailable: {e}"));
                 (l..loops).for_each(|_| tick());
                 return Ok(r);
@@ -205,7 +205,11 @@ fn runs(
         r.total_ms.push(rep.secs * 1e3);
         r.batch_pages
             .extend(rep.batches.iter().map(|b| b.pages as f64));
-        r.nothing_to_move |= rep.path == "kernel" && rep.pages_to_move == 0;
+        r.nothing_to_move |= rep.path == MigratePath::Kernel && rep.pages_to_move == 0;
+        if o.path != Path::Kernel && rep.path == MigratePath::Kernel {
+            r.notes
+                .push("ran the kernel path: relocation was refused".into());
+        }
         for n in rep.notes {
             if !r.notes.contains(&n) {
                 r.notes.push(n);
@@ -279,7 +283,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     }
     let channels: Vec<usize> = a.channels.iter().map(|&c| c as usize).collect();
     let title = format!(
-        "migrate: {} to node {node} per run, {} runs per row; relocation = uffd write-protect + channel copy + mremap",
+        "migrate: {} to node {node} per run, {} runs per row; relocation = UFFDIO_MOVE out + channel copy + UFFDIO_MOVE in",
         show_size(a.size),
         a.loops
     );

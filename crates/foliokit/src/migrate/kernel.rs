@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{BatchController, BatchStat, MigrateError, MigrateOptions, MigrateReport};
+use super::{BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath, MigrateReport};
 use crate::batch::page_size;
 use crate::sys::numa;
 
@@ -57,19 +57,17 @@ fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, Migra
     Ok(Share { stats, failed })
 }
 
-pub fn move_range(
-    addr: usize,
-    len: usize,
+/// Moves `pages` (page addresses) to `node` from `o.channels` threads on
+/// disjoint shares; returns the batch timings and the pages that failed.
+pub fn move_list(
+    pages: &[usize],
     node: u32,
     o: &MigrateOptions,
-) -> Result<MigrateReport, MigrateError> {
-    let page = page_size();
-    let pages: Vec<usize> = (addr..addr + len).step_by(page).collect();
-    let mut before = vec![0i32; pages.len()];
-    numa::page_nodes(&pages, &mut before).map_err(sys("move_pages (query)"))?;
-    let to_move = before.iter().filter(|&&n| n != node as i32).count();
-    let per = pages.len().div_ceil(o.channels);
-    let t0 = Instant::now();
+) -> Result<(Vec<BatchStat>, Vec<(usize, i32)>), MigrateError> {
+    if pages.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let per = pages.len().div_ceil(o.channels.max(1));
     let results: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = pages
             .chunks(per)
@@ -77,25 +75,58 @@ pub fn move_range(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("move_pages worker panicked"))
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(MigrateError::Sys {
+                        what: "move_pages worker",
+                        source: std::io::Error::other("worker thread panicked"),
+                    })
+                })
+            })
             .collect()
     });
-    let secs = t0.elapsed().as_secs_f64();
-    let mut r = MigrateReport {
-        path: "kernel",
-        notes: Vec::new(),
-        bytes: len,
-        secs,
-        pool_secs: 0.0,
-        batches: Vec::new(),
-        pages_to_move: to_move,
-        failed: Vec::new(),
-        strategy: "kernel",
-    };
+    let (mut stats, mut failed) = (Vec::new(), Vec::new());
     for res in results {
         let share = res?;
-        r.batches.extend(share.stats);
-        r.failed.extend(share.failed);
+        stats.extend(share.stats);
+        failed.extend(share.failed);
+    }
+    Ok((stats, failed))
+}
+
+pub fn move_range(
+    addr: usize,
+    len: usize,
+    node: u32,
+    o: &MigrateOptions,
+) -> Result<MigrateReport, MigrateError> {
+    let page = page_size();
+    let all: Vec<usize> = (addr..addr + len).step_by(page).collect();
+    let mut before = vec![0i32; all.len()];
+    numa::page_nodes(&all, &mut before).map_err(sys("move_pages (query)"))?;
+    // Holes (never touched or zapped) stay holes: -ENOENT is "no page".
+    let holes = before.iter().filter(|&&n| n == -libc::ENOENT).count();
+    let to_move = before
+        .iter()
+        .filter(|&&n| n >= 0 && n != node as i32)
+        .count();
+    let pages: Vec<usize> = all
+        .iter()
+        .zip(&before)
+        .filter(|(_, &n)| n != -libc::ENOENT)
+        .map(|(&p, _)| p)
+        .collect();
+    let t0 = Instant::now();
+    let (batches, failed) = move_list(&pages, node, o)?;
+    let mut r = MigrateReport::new(MigratePath::Kernel, len);
+    r.secs = t0.elapsed().as_secs_f64();
+    r.batches = batches;
+    r.failed = failed;
+    r.pages_to_move = to_move;
+    if holes > 0 {
+        r.notes.push(format!(
+            "{holes} pages had never been populated and were left empty"
+        ));
     }
     if to_move == 0 {
         r.notes.push(format!(

@@ -1,26 +1,32 @@
 //! Migrating a range to a NUMA node, two ways.
 //!
-//! - **kernel**: `move_pages(2)` in batches of N pages (the analogue of the
-//!   kernel's `NR_MAX_BATCHED_MIGRATION`), optionally from several threads
-//!   on disjoint sub-ranges, with per-page status.
-//! - **relocation**, for private anonymous memory: per batch, write-protect
-//!   the source with userfaultfd (writers wait, readers carry on), copy into
-//!   destination folios on the target node taken from a pool faulted in
-//!   beforehand (so faulting and zeroing stay off the critical path), with
-//!   streaming stores drained before publishing, `mremap(MREMAP_FIXED)` the
-//!   destination over the source, and wake the waiting writers.
+//! - **kernel** (the default): `move_pages(2)` in batches of N pages (the
+//!   analogue of the kernel's `NR_MAX_BATCHED_MIGRATION`), optionally from
+//!   several threads on disjoint sub-ranges, with per-page status. The
+//!   kernel makes this safe for every kind of memory.
+//! - **relocation** (opt-in, private anonymous read-write memory): per
+//!   batch, the populated pages are taken out of the range with
+//!   `UFFDIO_MOVE` (threads touching them wait on a userfaultfd), copied by
+//!   the copy channels into folios allocated on the target node, and moved
+//!   back in with `UFFDIO_MOVE`. The mapping itself is never replaced, so
+//!   its protections, flags, advice, lock state and memory policy stay what
+//!   they were; the ordering argument is in `relocate.rs`.
 //!
 //! Both record per-batch latency until the batch's first folio is usable
 //! again, and a latency budget can pick the batch size as it goes.
 
 mod budget;
+mod fork;
 mod kernel;
-mod maps;
 mod relocate;
+mod stage;
+mod track;
+mod vma;
 
 pub use budget::BatchController;
 
 use serde::Serialize;
+use std::fmt;
 use std::io;
 use std::time::Duration;
 use thiserror::Error;
@@ -32,15 +38,40 @@ use crate::mem::system::numa_nodes;
 use crate::strategy::StrategyError;
 
 /// Which way to migrate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Path {
-    /// Relocation where the memory allows it, else the kernel path (and the
-    /// report says why).
-    Auto,
+    /// `move_pages(2)`: safe for every kind of memory.
+    #[default]
     Kernel,
-    /// Relocation or a typed error.
+    /// Relocation where every precondition holds for the range at call
+    /// time, else the kernel path (and the report's notes say why).
+    Auto,
+    /// Relocation, or a typed refusal with the memory untouched.
     Relocate,
+}
+
+/// The path a migration took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigratePath {
+    Kernel,
+    Relocate,
+}
+
+impl MigratePath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigratePath::Kernel => "kernel",
+            MigratePath::Relocate => "relocate",
+        }
+    }
+}
+
+impl fmt::Display for MigratePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -51,28 +82,75 @@ pub struct MigrateOptions {
     pub batch_pages: usize,
     /// Copy channels (relocation) or threads (kernel path).
     pub channels: usize,
-    /// The copy relocation uses; `nt` streams (the default).
+    /// The copy relocation uses; `auto` picks per batch.
     pub strategy: CopyStrategy,
     /// Largest first-folio latency to accept; adapts the batch size.
     pub latency_budget: Option<Duration>,
-    /// Folio size the destination pool is backed with (THP for 2 MiB).
+    /// Folio size relocation allocates on the target node (THP for 2 MiB,
+    /// where the mapping allows THP).
     pub folio_size: usize,
+    /// Relocation only: accept a userfaultfd that catches user-mode faults
+    /// only, when no other can be had (no /dev/userfaultfd access, no
+    /// CAP_SYS_PTRACE). Then a kernel-side access to a page in the batch
+    /// being moved (read(2) into it, a futex, O_DIRECT, process_vm_*)
+    /// fails with EFAULT instead of waiting. Off by default: without it,
+    /// relocation is refused and `Auto` uses the kernel path.
+    pub allow_user_mode_only: bool,
 }
 
 impl Default for MigrateOptions {
     fn default() -> Self {
         MigrateOptions {
-            path: Path::Auto,
+            path: Path::Kernel,
             batch_pages: 512,
             channels: 1,
-            strategy: CopyStrategy::Nt,
+            strategy: CopyStrategy::Auto,
             latency_budget: None,
             folio_size: 2 << 20,
+            allow_user_mode_only: false,
         }
     }
 }
 
+/// Why relocation will not run on a range (checked before anything is
+/// touched).
 #[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    #[error("relocation needs private anonymous memory, but this is {what}")]
+    NotPrivateAnon { what: String },
+    #[error("the mapping is {perms}: relocation moves pages only between read-write mappings")]
+    NotReadWrite { perms: String },
+    #[error("{meaning} (VmFlags '{flag}')")]
+    Flag {
+        flag: &'static str,
+        meaning: &'static str,
+    },
+    #[error("no userfaultfd: {0}")]
+    NoUffd(io::Error),
+    #[error("this kernel lacks {feature} (Linux {since})")]
+    KernelLacks {
+        feature: &'static str,
+        since: &'static str,
+    },
+    #[error(
+        "only a user-mode userfaultfd is available ({0}): kernel-side accesses would fail \
+         with EFAULT instead of waiting; set allow_user_mode_only to accept that"
+    )]
+    UserModeOnly(io::Error),
+    #[error("fork events need CAP_SYS_PTRACE ({0}); without them a child forked mid-batch would see zeros")]
+    NoForkEvents(io::Error),
+    #[error("the mapping is mlocked and the staging area cannot be ({0})")]
+    Mlock(io::Error),
+    #[error(
+        "the kernel refused to move pages out of this mapping ({0}); e.g. soft-dirty \
+         tracking (clear_refs) gives it protections a new mapping does not have"
+    )]
+    Incompatible(io::Error),
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum MigrateError {
     #[error("range {addr:#x} + {len} is not page-aligned and a whole number of pages")]
     Misaligned { addr: usize, len: usize },
@@ -84,11 +162,9 @@ pub enum MigrateError {
     Unmapped { addr: usize },
     #[error("NUMA node {node} does not exist (online: {online:?})")]
     NoSuchNode { node: u32, online: Vec<u32> },
-    #[error("relocation needs private anonymous memory, but {addr:#x} is {what}")]
-    NotPrivateAnon { addr: usize, what: String },
-    #[error("userfaultfd write-protect is unavailable: {0}")]
-    NoUffd(io::Error),
-    #[error("batch size must be at least one page and channels at least one")]
+    #[error("relocation refused at {addr:#x}: {why}")]
+    Refused { addr: usize, why: Refusal },
+    #[error("batch size must be at least one page, channels at least one and the folio size a power of two")]
     ZeroBatch,
     #[error("{what}: {source}")]
     Sys {
@@ -99,10 +175,6 @@ pub enum MigrateError {
     Channel(#[from] ChannelError),
     #[error(transparent)]
     Strategy(#[from] StrategyError),
-    #[error(transparent)]
-    Mem(#[from] crate::mem::MemError),
-    #[error(transparent)]
-    Populate(#[from] crate::mem::PopulateError),
 }
 
 /// One batch: its size, and when its first folio was usable again.
@@ -116,25 +188,53 @@ pub struct BatchStat {
 /// What a migration did.
 #[derive(Debug, Clone, Serialize)]
 pub struct MigrateReport {
-    /// "kernel" or "relocate".
-    pub path: &'static str,
+    pub path: MigratePath,
     /// Why the path differs from the one asked for, or what it could not do.
     pub notes: Vec<String>,
     pub bytes: usize,
-    /// Wall time of the migration proper (excluding the destination pool).
+    /// Wall time of the migration proper.
     pub secs: f64,
-    /// Faulting in the destination pool, off the critical path (relocation).
+    /// Relocation: time spent allocating destination folios on the target
+    /// node before each batch's pages were taken (inside `secs`, outside
+    /// the time threads wait).
     pub pool_secs: f64,
     pub batches: Vec<BatchStat>,
     /// Kernel path: pages that were not on the target node before.
+    /// Relocation: populated pages found in the range.
     pub pages_to_move: usize,
-    /// Kernel path: pages move_pages could not move, with the errno.
+    /// Pages move_pages could not move, with the errno.
     pub failed: Vec<(usize, i32)>,
-    /// The copy strategy relocation ran.
+    /// The copy strategy relocation ran ("kernel" on the kernel path).
     pub strategy: &'static str,
+    /// Relocation: pages now in new folios on the target node.
+    pub relocated_pages: usize,
+    /// Relocation: pages it left where they were (pinned for DMA, shared
+    /// with another process, swapped out, or their mapping changed under
+    /// the batch); they were handed to move_pages.
+    pub left_in_place: usize,
+    /// Relocation: pages the application zapped or unmapped while their
+    /// batch was in flight; left as the application made them.
+    pub dropped_pages: usize,
 }
 
 impl MigrateReport {
+    fn new(path: MigratePath, bytes: usize) -> Self {
+        MigrateReport {
+            path,
+            notes: Vec::new(),
+            bytes,
+            secs: 0.0,
+            pool_secs: 0.0,
+            batches: Vec::new(),
+            pages_to_move: 0,
+            failed: Vec::new(),
+            strategy: "kernel",
+            relocated_pages: 0,
+            left_in_place: 0,
+            dropped_pages: 0,
+        }
+    }
+
     pub fn gbps(&self) -> f64 {
         crate::measure::gbps(self.bytes, self.secs)
     }
@@ -156,23 +256,47 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
     }
     addr.checked_add(len)
         .ok_or(MigrateError::Wraps { addr, len })?;
-    if o.batch_pages == 0 || o.channels == 0 {
+    if o.batch_pages == 0 || o.channels == 0 || !o.folio_size.is_power_of_two() {
         return Err(MigrateError::ZeroBatch);
     }
     let online = numa_nodes();
     if !online.contains(&node) {
         return Err(MigrateError::NoSuchNode { node, online });
     }
-    maps::check_mapped(addr, len)
+    vma::covering(addr, len).map(drop)
 }
 
-/// Migrates `[ptr, ptr + len)` to `node`.
+/// Migrates the pages of `[ptr, ptr + len)` to NUMA node `node`.
+///
+/// The default path ([`Path::Kernel`]) is `move_pages(2)`: the kernel keeps
+/// it safe for every kind of memory. [`Path::Relocate`] (and [`Path::Auto`]
+/// where the range qualifies) copies with foliokit's channels instead; it
+/// runs only on private anonymous read-write memory that no other
+/// userfaultfd watches, with a userfaultfd that catches kernel-mode faults
+/// and receives fork events (root, `/dev/userfaultfd` access or
+/// CAP_SYS_PTRACE) and `UFFDIO_MOVE` (Linux 6.8); otherwise it refuses with
+/// [`MigrateError::Refused`] before touching anything, and `Auto` takes the
+/// kernel path and says why in the report's notes.
+///
+/// While relocation runs, other threads may keep using the range in every
+/// ordinary way: read, write, `read(2)`/`recv(2)` into it, futexes,
+/// `madvise(DONTNEED/FREE)`, `munmap`, `mremap`, `mprotect`, `mlock`,
+/// `fork`. A thread touching a page of the batch in flight waits until the
+/// page is back (at most one batch); zaps and unmaps are honoured (a zapped
+/// page reads zero, nothing is mapped where the application unmapped); a
+/// child forked mid-batch sees the parent's data. Pages pinned for DMA
+/// (`FOLL_PIN`: O_DIRECT in flight, io_uring fixed buffers, VFIO, RDMA) or
+/// shared with another process are left in place and handed to
+/// `move_pages`. The mapping itself (protections, VmFlags and advice, lock
+/// state, memory policy) is never replaced.
 ///
 /// # Safety
-/// The range must be memory of this process. Other threads may read and
-/// write it meanwhile (that is the point), but none may unmap, remap or
-/// change its protection, and no device or `O_DIRECT` I/O may have its pages
-/// pinned: relocation replaces the pages under the same addresses.
+/// The range must be memory of this process. Relocation cannot see page
+/// references taken without `FOLL_PIN` (`vmsplice(2)` of the range into a
+/// pipe, drivers using plain `get_user_pages`): such a holder keeps reading
+/// the old page while the application writes the new one, so do not
+/// relocate memory that is vmspliced or handed to such drivers; the kernel
+/// path refuses to move such pages instead.
 pub unsafe fn migrate(
     ptr: *mut u8,
     len: usize,
@@ -181,33 +305,16 @@ pub unsafe fn migrate(
 ) -> Result<MigrateReport, MigrateError> {
     let addr = ptr as usize;
     validate(addr, len, node, o)?;
-    let mut notes = Vec::new();
-    let relocate = match o.path {
-        Path::Kernel => false,
-        Path::Relocate => {
-            maps::check_private_anon(addr, len)?;
-            true
-        }
-        Path::Auto => match maps::check_private_anon(addr, len) {
-            Ok(()) => true,
-            Err(e) => {
-                notes.push(format!("kernel path: {e}"));
-                false
+    match o.path {
+        Path::Kernel => kernel::move_range(addr, len, node, o),
+        Path::Relocate => relocate::relocate(addr, len, node, o),
+        Path::Auto => match relocate::relocate(addr, len, node, o) {
+            Err(e @ MigrateError::Refused { .. }) => {
+                let mut r = kernel::move_range(addr, len, node, o)?;
+                r.notes.insert(0, format!("kernel path: {e}"));
+                Ok(r)
             }
+            other => other,
         },
-    };
-    if relocate {
-        // SAFETY: forwarded contract; the range is private anonymous memory.
-        match unsafe { relocate::relocate(addr, len, node, o) } {
-            Err(MigrateError::NoUffd(e)) if o.path == Path::Auto => {
-                notes.push(format!(
-                    "kernel path: userfaultfd write-protect unavailable ({e})"
-                ));
-            }
-            other => return other,
-        }
     }
-    let mut r = kernel::move_range(addr, len, node, o)?;
-    r.notes.splice(0..0, notes);
-    Ok(r)
 }

@@ -1,212 +1,553 @@
-//! The relocation path: write-protect, copy through the channels into a
-//! pre-faulted pool on the target node, mremap over the source, wake.
+//! The relocation path.
+//!
+//! Per batch (a run of pages inside one mapping):
+//!
+//! 1. read pagemap: which pages are populated (holes stay holes);
+//! 2. map the staging areas and allocate destination folios on the target
+//!    node for the populated pages (threads are not held up yet);
+//! 3. register the batch with our userfaultfd in missing mode, with the
+//!    REMOVE, UNMAP, REMAP and FORK events;
+//! 4. read pagemap again (from here the populated set can only shrink);
+//! 5. `UFFDIO_MOVE` the populated pages out into the parking area; a
+//!    thread touching one now finds an empty entry and waits on the
+//!    userfaultfd, kernel-mode accesses included (the descriptor is not
+//!    user-mode-only);
+//! 6. copy parking → destination through the copy channels;
+//! 7. `UFFDIO_MOVE` the destination folios in (this wakes their waiters);
+//! 8. unregister, which wakes everyone left, and unmap the staging areas.
+//!
+//! Why no write is lost, resurrected or exposed:
+//!
+//! - The mapping is never replaced: only its pages move, so protections,
+//!   VmFlags and advice, lock state and memory policy are untouched.
+//! - A store before step 5 lands in the old page, which is then moved and
+//!   copied; a store after it waits until step 7 or 8. A page empty at
+//!   step 4 is never touched; a store to it waits (missing mode) until 8
+//!   and then faults in normally. Nothing we install can overwrite a
+//!   store, because `UFFDIO_MOVE` only installs into an empty entry.
+//! - `UFFDIO_MOVE` checks, under the userfaultfd's `map_changing_lock`,
+//!   that no event is unread (else EAGAIN), that the destination mapping
+//!   is registered with *our* descriptor, and that both mappings are
+//!   compatible. madvise(DONTNEED/FREE) raises that flag before it zaps and
+//!   waits for us to read its REMOVE event; munmap and mremap raise it
+//!   under the mmap lock while they change the mapping and wait until we
+//!   read UNMAP/REMAP; fork raises it while it copies page tables and
+//!   waits for FORK. So every move either completed before such a change
+//!   began, or fails and we read the event first. A zapped or unmapped
+//!   page is then never installed (it reads zero, or stays unmapped:
+//!   nothing is ever mapped where the application unmapped, and a mapping
+//!   the application put in its place is not registered with us, so a move
+//!   into it fails); a remapped page is installed where it went; a child
+//!   forked with pages out gets them filled through its own descriptor
+//!   (see `fork.rs`).
+//! - Pages pinned for DMA or shared with another process: the kernel
+//!   refuses to move them (EBUSY), they stay in place and go to the
+//!   kernel path. A page the application changes under us in another way
+//!   (mprotect, munlock) makes the move fail (EINVAL); the page goes back
+//!   with `UFFDIO_COPY`, which installs into any mapping registered with us.
 
 use std::io;
 use std::time::Instant;
 
-use super::{BatchController, BatchStat, MigrateError, MigrateOptions, MigrateReport};
-use crate::batch::{folio_starts, page_size};
-use crate::mem::populate_raw;
-use crate::sys::{numa, uffd::Uffd};
+use super::fork::fill_child;
+use super::stage::Stage;
+use super::track::{Batch, State};
+use super::vma::{self, Vma};
+use super::{
+    kernel, BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath, MigrateReport,
+    Refusal,
+};
+use crate::arch::CopyFn;
+use crate::batch::page_size;
+use crate::channels::ChannelPool;
+use crate::sys::pagemap::{page_states, PageState};
+use crate::sys::uffd::{self, Msg, Reach, Uffd};
 
 fn sys(what: &'static str) -> impl FnOnce(io::Error) -> MigrateError {
     move |source| MigrateError::Sys { what, source }
 }
 
-/// Destination folios on the target node, faulted in before the clock
-/// starts. Consumed front to back: each batch's slice is mremapped away, so
-/// only the unconsumed tail (and the alignment slack) is ours to unmap.
-struct Pool {
-    map: usize,
-    map_len: usize,
-    data: usize,
-    used: usize,
-    len: usize,
-}
+const FEATURES: u64 = uffd::FEATURE_EVENT_FORK
+    | uffd::FEATURE_EVENT_REMAP
+    | uffd::FEATURE_EVENT_REMOVE
+    | uffd::FEATURE_EVENT_UNMAP
+    | uffd::FEATURE_MOVE;
 
-impl Pool {
-    fn new(len: usize, folio: usize, node: u32, channels: usize) -> Result<Pool, MigrateError> {
-        let align = folio.max(page_size());
-        let map_len = len + align;
-        // SAFETY: a fresh anonymous mapping at a kernel-chosen address.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(MigrateError::Sys {
-                what: "mmap destination pool",
-                source: io::Error::last_os_error(),
-            });
+/// How many times an install is retried when the kernel is short of
+/// memory for a page table or a page, before the batch gives up on it.
+const INSTALL_RETRIES: usize = 100;
+
+/// Opens the userfaultfd relocation needs, or says why it cannot.
+fn open_uffd(addr: usize, o: &MigrateOptions) -> Result<Uffd, MigrateError> {
+    let refused = |why| MigrateError::Refused { addr, why };
+    let supported = Uffd::supported_features().map_err(|e| refused(Refusal::NoUffd(e)))?;
+    if supported & uffd::FEATURE_MOVE == 0 {
+        return Err(refused(Refusal::KernelLacks {
+            feature: "UFFDIO_MOVE",
+            since: "6.8",
+        }));
+    }
+    let (u, reach) = match Uffd::open(FEATURES, o.allow_user_mode_only) {
+        Ok(x) => x,
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            return Err(refused(Refusal::NoForkEvents(e)))
         }
-        let map = map as usize;
-        let pool = Pool {
-            map,
-            map_len,
-            data: map.next_multiple_of(align),
-            used: 0,
-            len,
-        };
-        numa::mbind(pool.data, len, node).map_err(sys("mbind destination pool"))?;
-        if folio >= 2 << 20 {
-            // SAFETY: our own mapping. THP keeps the moved range THP.
-            unsafe { libc::madvise(pool.data as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
-        }
-        // SAFETY: [data, data + len) is our writable mapping.
-        unsafe { populate_raw(pool.data as *mut u8, len, channels) }?;
-        Ok(pool)
+        Err(e) if o.allow_user_mode_only => return Err(refused(Refusal::NoUffd(e))),
+        Err(e) => return Err(refused(Refusal::UserModeOnly(e))),
+    };
+    if reach == Reach::UserModeOnly && !o.allow_user_mode_only {
+        return Err(refused(Refusal::UserModeOnly(io::Error::other(
+            "user-mode-only descriptor",
+        ))));
     }
-
-    fn take(&mut self, n: usize) -> usize {
-        let at = self.data + self.used;
-        self.used += n;
-        at
-    }
+    Ok(u)
 }
 
-impl Drop for Pool {
-    fn drop(&mut self) {
-        let unmap = |a: usize, l: usize| {
-            if l > 0 {
-                // SAFETY: these parts of the pool mapping are still ours.
-                unsafe { libc::munmap(a as *mut libc::c_void, l) };
-            }
-        };
-        unmap(self.map, self.data - self.map);
-        unmap(self.data + self.used, self.len - self.used);
-        let end = self.data + self.len;
-        unmap(end, self.map + self.map_len - end);
-    }
-}
-
-/// Releases whatever part of the source is still write-protected and
-/// registered, whatever happens: no writer may stay asleep.
-struct Protected<'a> {
+/// What stays the same for every batch of one call.
+struct Run<'a> {
     uffd: &'a Uffd,
-    from: usize,
-    end: usize,
+    node: u32,
+    page: usize,
+    folio: usize,
+    pool: &'a ChannelPool,
+    copy: CopyFn,
 }
 
-impl Drop for Protected<'_> {
-    fn drop(&mut self) {
-        if self.from < self.end {
-            let len = self.end - self.from;
-            let _ = self.uffd.write_protect(self.from, len, false);
-            let _ = self.uffd.unregister(self.from, len);
-            let _ = self.uffd.wake(self.from, len);
-        }
-    }
+/// What one batch did.
+#[derive(Default)]
+struct Outcome {
+    stat: Option<BatchStat>,
+    pool_secs: f64,
+    populated: usize,
+    relocated: usize,
+    dropped: usize,
+    /// Populated pages left where they were, for the kernel path.
+    left: Vec<usize>,
+    notes: Vec<String>,
+    /// Why relocation should stop here (the rest goes to the kernel path).
+    stop: Option<String>,
 }
 
-/// # Safety
-/// As `super::migrate`; the range is private anonymous memory.
-pub unsafe fn relocate(
+/// Why a batch could not start.
+enum Start {
+    Refused(Refusal),
+    Stop(String),
+}
+
+/// Relocates `[addr, addr + len)` (validated by the caller) to `node`.
+pub fn relocate(
     addr: usize,
     len: usize,
     node: u32,
     o: &MigrateOptions,
 ) -> Result<MigrateReport, MigrateError> {
     let page = page_size();
-    // Batches are cut into copy pieces of one folio each, so every batch
-    // must be a whole number of folios: a range that is not whole folios
-    // moves at page granularity instead (a 2 MiB piece would run past the
-    // end of a shorter tail).
-    let folio = match o.folio_size.max(page) {
-        f if len % f == 0 => f,
-        _ => page,
-    };
+    // Every precondition is checked before anything is touched.
+    let vmas = vma::relocatable(addr, len)?;
+    let uffd = open_uffd(addr, o)?;
+    let folio = o.folio_size.max(page);
     let copy = o.strategy.resolve(crate::tune::Shape::batch(
         folio,
-        len / folio,
+        len.div_ceil(folio),
         crate::Reuse::Stream,
     ));
     let copy_fn = copy.function()?;
-    let uffd = Uffd::new().map_err(MigrateError::NoUffd)?;
-    let channels = crate::channels::shared(o.channels)?;
-    let t_pool = Instant::now();
-    let mut pool = Pool::new(len, folio, node, o.channels)?;
-    let pool_secs = t_pool.elapsed().as_secs_f64();
-    uffd.register_wp(addr, len).map_err(MigrateError::NoUffd)?;
-    let mut guard = Protected {
+    let pool = crate::channels::shared(o.channels)?;
+    let run = Run {
         uffd: &uffd,
-        from: addr,
-        end: addr + len,
+        node,
+        page,
+        folio,
+        pool: &pool,
+        copy: copy_fn,
     };
-    // Batches are whole folios so THP ranges move as whole PMDs.
-    let batch_bytes = |pages: usize| (pages * page).next_multiple_of(folio).min(len);
+    let mut r = MigrateReport::new(MigratePath::Relocate, len);
+    r.strategy = crate::strategy::Strategy::name(copy);
     let mut ctl = o
         .latency_budget
         .map(|b| BatchController::new(b, o.batch_pages, folio / page, len / page));
-    let mut batches = Vec::new();
+    let mut leftovers: Vec<usize> = Vec::new();
+    let mut stopped: Option<String> = None;
+    let mut touched = false;
     let t0 = Instant::now();
-    while guard.from < guard.end {
-        let src = guard.from;
-        let n = batch_bytes(ctl.as_ref().map_or(o.batch_pages, BatchController::pages))
-            .min(guard.end - src);
-        let tb = Instant::now();
-        uffd.write_protect(src, n, true)
-            .map_err(sys("userfaultfd write-protect"))?;
-        let dst = pool.take(n);
-        let step = folio.min(n);
-        debug_assert_eq!(n % step, 0, "a batch must be whole copy pieces");
-        let dsts = folio_starts(dst as *mut u8, n, step);
-        let srcs: Vec<*const u8> = folio_starts(src as *mut u8, n, step)
-            .into_iter()
-            .map(<*mut u8>::cast_const)
-            .collect();
-        // SAFETY: destinations are fresh pool pages nobody else can see;
-        // sources are write-protected, so their bytes cannot change while
-        // they are copied (readers may still read them).
-        unsafe { channels.copy_folios(&dsts, &srcs, step, copy_fn) };
-        // SAFETY: moves our pool pages over the source batch; the source's
-        // old pages are freed by the replacement. Writers blocked on the old
-        // pages retry after the wake below and land on the new ones.
-        let moved = unsafe {
-            libc::mremap(
-                dst as *mut libc::c_void,
-                n,
-                n,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                src as *mut libc::c_void,
-            )
-        };
-        if moved as usize != src {
-            // The slice stayed in the pool: it is the pool's to unmap.
-            pool.used -= n;
-            return Err(MigrateError::Sys {
-                what: "mremap destination over source",
-                source: io::Error::last_os_error(),
-            });
-        }
-        let usable = tb.elapsed();
-        guard.from = src + n;
-        uffd.wake(src, n).map_err(sys("userfaultfd wake"))?;
-        batches.push(BatchStat {
-            pages: n / page,
-            first_folio_us: usable.as_secs_f64() * 1e6,
-            total_us: tb.elapsed().as_secs_f64() * 1e6,
-        });
-        if let Some(c) = ctl.as_mut() {
-            c.observe(usable);
+    for v in &vmas {
+        let end = v.end.min(addr + len);
+        let mut at = v.start.max(addr);
+        while at < end {
+            let want = ctl.as_ref().map_or(o.batch_pages, BatchController::pages) * page;
+            // Batches end on folio boundaries so THPs move whole.
+            let stop = (at + want.max(page)).next_multiple_of(folio).min(end);
+            if stopped.is_some() {
+                leftovers.extend(populated(at, stop - at, page)?);
+                at = stop;
+                continue;
+            }
+            let out = match batch(&run, at, stop - at, v) {
+                Ok(out) => out,
+                Err(Start::Refused(why)) if !touched => {
+                    return Err(MigrateError::Refused { addr: at, why })
+                }
+                Err(Start::Refused(why)) => Outcome {
+                    stop: Some(why.to_string()),
+                    left: populated(at, stop - at, page)?,
+                    ..Outcome::default()
+                },
+                Err(Start::Stop(why)) => Outcome {
+                    stop: Some(why),
+                    left: populated(at, stop - at, page)?,
+                    ..Outcome::default()
+                },
+            };
+            touched = true;
+            if let (Some(c), Some(s)) = (ctl.as_mut(), out.stat.as_ref()) {
+                c.observe(std::time::Duration::from_secs_f64(s.first_folio_us / 1e6));
+            }
+            r.batches.extend(out.stat);
+            r.pool_secs += out.pool_secs;
+            r.pages_to_move += out.populated;
+            r.relocated_pages += out.relocated;
+            r.dropped_pages += out.dropped;
+            r.left_in_place += out.left.len();
+            leftovers.extend(out.left);
+            r.notes.extend(out.notes);
+            if let Some(why) = out.stop {
+                r.notes.push(format!(
+                    "relocation stopped at {at:#x} ({why}); the rest went to move_pages"
+                ));
+                stopped = Some(why);
+            }
+            at = stop;
         }
     }
-    let secs = t0.elapsed().as_secs_f64();
-    drop(guard);
-    Ok(MigrateReport {
-        path: "relocate",
-        notes: Vec::new(),
-        bytes: len,
-        secs,
+    // Closing the descriptor is the backstop: it unregisters anything a
+    // failed unregistration left behind and wakes every waiter.
+    drop(uffd);
+    if !leftovers.is_empty() {
+        let (_, failed) = kernel::move_list(&leftovers, node, o)?;
+        r.notes.push(format!(
+            "{} populated pages relocation could not take (pinned, shared, swapped or changed) were handed to move_pages",
+            leftovers.len()
+        ));
+        r.failed = failed;
+    }
+    r.secs = t0.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+/// Addresses of the populated (present or swapped) pages of a range.
+fn populated(at: usize, len: usize, page: usize) -> Result<Vec<usize>, MigrateError> {
+    let states = page_states(at, len / page, page).map_err(sys("read /proc/self/pagemap"))?;
+    Ok(states
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s != PageState::Empty)
+        .map(|(i, _)| at + i * page)
+        .collect())
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// Relocates one batch `[start, start + len)` of mapping `v`.
+fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start> {
+    let page = run.page;
+    let n = len / page;
+    let stop = |what: &str, e: io::Error| Start::Stop(format!("{what}: {e}"));
+    let pre = page_states(start, n, page).map_err(|e| stop("pagemap", e))?;
+    if !pre.contains(&PageState::Present) {
+        return Ok(Outcome {
+            left: populated(start, len, page).unwrap_or_default(),
+            ..Outcome::default()
+        });
+    }
+    let tp = Instant::now();
+    let dest = Stage::dest(start, len, v, run.node, run.folio).map_err(|e| {
+        if v.has("lo") {
+            Start::Refused(Refusal::Mlock(e))
+        } else {
+            stop("destination area", e)
+        }
+    })?;
+    for (i, k) in Batch::new(start, page, &pre).runs(State::Untouched) {
+        dest.populate(i, k, page)
+            .map_err(|e| stop("allocating on the target node", e))?;
+    }
+    let parking = Stage::parking(start, len, v, run.uffd).map_err(|e| stop("parking area", e))?;
+    let pool_secs = tp.elapsed().as_secs_f64();
+
+    // From here threads touching an empty entry of the batch wait.
+    let tb = Instant::now();
+    let ioctls = match run.uffd.register_missing(start, len) {
+        Ok(i) => i,
+        Err(e) if errno(&e) == libc::EBUSY => {
+            return Err(Start::Refused(Refusal::Flag {
+                flag: "um",
+                meaning: "already registered with another userfaultfd",
+            }))
+        }
+        Err(e) => return Err(stop("the mapping changed before its batch", e)),
+    };
+    let mut b = match page_states(start, n, page) {
+        Ok(post) => Batch::new(start, page, &post),
+        Err(e) => {
+            let _ = run.uffd.unregister(start, len);
+            return Err(stop("pagemap", e));
+        }
+    };
+    let mut out = Outcome {
         pool_secs,
-        batches,
-        pages_to_move: len / page,
-        failed: Vec::new(),
-        strategy: crate::strategy::Strategy::name(copy),
-    })
+        ..Outcome::default()
+    };
+    if ioctls & (uffd::IOCTL_MOVE | uffd::IOCTL_COPY) != uffd::IOCTL_MOVE | uffd::IOCTL_COPY {
+        let _ = run.uffd.unregister(start, len);
+        return Err(Start::Refused(Refusal::KernelLacks {
+            feature: "UFFDIO_MOVE on this mapping",
+            since: "6.8",
+        }));
+    }
+    // Pages faulted in between the two reads need destinations too.
+    for i in 0..n {
+        if b.state[i] == State::Untouched && pre[i] != PageState::Present {
+            let _ = dest.populate(i, 1, page);
+        }
+    }
+    let first = take_out(run, &mut b, &parking, start, len, &mut out);
+    if let Err(why) = first {
+        // Nothing was taken: the memory is as it was.
+        for &(s, e) in &b.registered {
+            let _ = run.uffd.unregister(s, e - s);
+        }
+        return Err(Start::Refused(why));
+    }
+    copy_in_stage(run, &b, &parking, &dest, start);
+    let first_in = install(run, &mut b, &parking, &dest, start, len, &mut out);
+    drain(run, &mut b, &parking, start, len, &mut out);
+    for &(s, e) in &b.registered {
+        // Fails only where the kernel finds no mapping of ours; closing the
+        // descriptor at the end of the call covers anything left.
+        let _ = run.uffd.unregister(s, e - s);
+    }
+    let total = tb.elapsed();
+    drop(parking);
+    drop(dest);
+    out.populated = b.state.iter().filter(|&&s| s != State::Empty).count();
+    out.relocated = b.count(State::In);
+    out.dropped = b.count(State::Dropped);
+    out.left.extend(
+        (0..n)
+            .filter(|&i| b.state[i] == State::Left)
+            .map(|i| b.addr[i]),
+    );
+    out.stat = Some(BatchStat {
+        pages: n,
+        first_folio_us: first_in.unwrap_or(total).as_secs_f64() * 1e6,
+        total_us: total.as_secs_f64() * 1e6,
+    });
+    Ok(out)
+}
+
+/// Reads every waiting message and applies it to the batch; returns
+/// once none is left.
+fn drain(run: &Run, b: &mut Batch, parking: &Stage, start: usize, len: usize, out: &mut Outcome) {
+    let msgs = match run.uffd.read_all() {
+        Ok(m) => m,
+        Err(e) => {
+            out.notes
+                .push(format!("reading userfaultfd events failed: {e}"));
+            return;
+        }
+    };
+    for m in msgs {
+        match m {
+            Msg::Fault { .. } => {} // woken by the install or unregistration
+            Msg::Remove { start: s, end: e } => b.zap(s, e, false),
+            Msg::Unmap { start: s, end: e } => b.zap(s, e, true),
+            Msg::Remap { from, to, len: l } => b.remap(from, to, l),
+            Msg::Fork(child) => {
+                // A wipe-on-fork child must see zeros there, never the
+                // parent's bytes.
+                let wipe = vma::overlapping(start, len)
+                    .map(|vs| vs.iter().any(|v| v.has("wf")))
+                    .unwrap_or(true);
+                let fills = if wipe {
+                    Vec::new()
+                } else {
+                    (0..b.len())
+                        .filter(|&i| b.in_stage[i] && b.state[i] != State::In)
+                        .map(|i| (b.addr[i], parking.base + i * run.page))
+                        .collect()
+                };
+                fill_child(child, fills, run.page);
+            }
+        }
+    }
+}
+
+/// Step 5: moves the batch's populated pages into the parking area. An
+/// error means nothing could be taken because the kernel finds the
+/// mapping incompatible.
+fn take_out(
+    run: &Run,
+    b: &mut Batch,
+    parking: &Stage,
+    start: usize,
+    len: usize,
+    out: &mut Outcome,
+) -> Result<(), Refusal> {
+    let page = run.page;
+    loop {
+        let runs = b.runs(State::Untouched);
+        if runs.is_empty() {
+            return Ok(());
+        }
+        for (i, k) in runs {
+            let res = run
+                .uffd
+                .move_pages(parking.base + i * page, b.addr[i], k * page);
+            let done = match &res {
+                Ok(_) => k,
+                Err(p) => p.done / page,
+            };
+            for j in i..i + done {
+                b.state[j] = State::Out;
+                b.in_stage[j] = true;
+            }
+            let Err(p) = res else { continue };
+            let at = i + done;
+            match errno(&p.error) {
+                libc::EAGAIN => {
+                    drain(run, b, parking, start, len, out);
+                    break; // runs changed: recompute
+                }
+                libc::EBUSY => b.state[at] = State::Left, // pinned or shared
+                libc::ENOENT => b.state[at] = State::Empty,
+                libc::EINVAL if !b.in_stage.contains(&true) => {
+                    return Err(Refusal::Incompatible(p.error))
+                }
+                _ => {
+                    out.stop = Some(format!("moving pages out failed: {}", p.error));
+                    for s in b.state.iter_mut().filter(|s| **s == State::Untouched) {
+                        *s = State::Left;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Step 6: copies parked pages into the destination folios, in pieces
+/// that never cross a folio boundary, through the channels.
+fn copy_in_stage(run: &Run, b: &Batch, parking: &Stage, dest: &Stage, start: usize) {
+    let page = run.page;
+    let mut pieces: Vec<(usize, usize)> = Vec::new(); // (first index, pages)
+    for (i, k) in runs_by_index(b) {
+        let mut j = i;
+        while j < i + k {
+            let to_boundary = (run.folio - (start + j * page) % run.folio) / page;
+            let m = to_boundary.min(i + k - j);
+            pieces.push((j, m));
+            j += m;
+        }
+    }
+    pieces.sort_by_key(|&(_, m)| m);
+    for group in pieces.chunk_by(|a, b| a.1 == b.1) {
+        let size = group[0].1 * page;
+        let dsts: Vec<*mut u8> = group
+            .iter()
+            .map(|&(j, _)| (dest.base + j * page) as *mut u8)
+            .collect();
+        let srcs: Vec<*const u8> = group
+            .iter()
+            .map(|&(j, _)| (parking.base + j * page) as *const u8)
+            .collect();
+        // SAFETY: both areas are our own mappings, private to this call;
+        // every parked page is present (moved there), every destination
+        // page allocated; pieces are disjoint.
+        unsafe { run.pool.copy_folios(&dsts, &srcs, size, run.copy) };
+    }
+}
+
+/// Runs of parked pages by index (the staging areas are indexed by page,
+/// so the application's addresses do not matter here).
+fn runs_by_index(b: &Batch) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for i in (0..b.len()).filter(|&i| b.in_stage[i]) {
+        match out.last_mut() {
+            Some((f, k)) if *f + *k == i => *k += 1,
+            _ => out.push((i, 1)),
+        }
+    }
+    out
+}
+
+/// Step 7: installs the destination folios where their pages are now.
+/// Returns when the first one became usable.
+fn install(
+    run: &Run,
+    b: &mut Batch,
+    parking: &Stage,
+    dest: &Stage,
+    start: usize,
+    len: usize,
+    out: &mut Outcome,
+) -> Option<std::time::Duration> {
+    let page = run.page;
+    let t = Instant::now();
+    let mut first = None;
+    let mut retries = 0;
+    drain(run, b, parking, start, len, out);
+    loop {
+        let runs = b.runs(State::Out);
+        if runs.is_empty() {
+            return first;
+        }
+        for (i, k) in runs {
+            let res = run
+                .uffd
+                .move_pages(b.addr[i], dest.base + i * page, k * page);
+            let done = match &res {
+                Ok(_) => k,
+                Err(p) => p.done / page,
+            };
+            for j in i..i + done {
+                b.state[j] = State::In;
+            }
+            if done > 0 && first.is_none() {
+                first = Some(t.elapsed());
+            }
+            let Err(p) = res else { continue };
+            let at = i + done;
+            if errno(&p.error) == libc::EAGAIN {
+                drain(run, b, parking, start, len, out);
+                break;
+            }
+            // The mapping changed under the batch (mprotect, munlock) or
+            // the folio could not be moved: put the bytes back by copy.
+            match run.uffd.copy(b.addr[at], dest.base + at * page, page) {
+                Ok(_) => b.state[at] = State::In,
+                Err(c) => match errno(&c.error) {
+                    libc::EAGAIN => {
+                        drain(run, b, parking, start, len, out);
+                        break;
+                    }
+                    libc::ENOMEM if retries < INSTALL_RETRIES => {
+                        retries += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        break;
+                    }
+                    _ => {
+                        // ENOENT/EINVAL: no mapping of ours there any more
+                        // (unmapped, replaced); EEXIST: something is there.
+                        out.notes.push(format!(
+                            "page {:#x} could not be put back ({}); its mapping changed under the batch",
+                            b.addr[at], c.error
+                        ));
+                        b.state[at] = State::Dropped;
+                    }
+                },
+            }
+        }
+    }
 }

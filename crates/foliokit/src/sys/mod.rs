@@ -1,5 +1,6 @@
-//! Thin wrappers over the Linux calls foliokit needs that `libc` does not
-//! wrap: userfaultfd's write-protect ioctls and the NUMA syscalls.
+//! Thin wrappers over the Linux interfaces foliokit needs that `libc` does
+//! not wrap: userfaultfd, the NUMA syscalls, pagemap.
 
 pub mod numa;
+pub mod pagemap;
 pub mod uffd;

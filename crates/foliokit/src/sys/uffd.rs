@@ -1,17 +1,36 @@
-//! userfaultfd in write-protect mode: just what relocation needs.
+//! userfaultfd: just what relocation needs (missing-mode registration,
+//! non-cooperative events, `UFFDIO_MOVE`, `UFFDIO_COPY`).
 //!
 //! Written here rather than taken from the `userfaultfd` crate because that
-//! crate's -sys half runs bindgen (and so needs libclang) at build time for
-//! five ioctls; the uAPI below is stable kernel ABI, checked in the tests.
+//! crate's -sys half runs bindgen (and so needs libclang) at build time and
+//! does not wrap `UFFDIO_MOVE`; the uAPI below is stable kernel ABI
+//! (include/uapi/linux/userfaultfd.h), checked in the tests.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
-const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
-const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
-const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+/// Feature bits (UFFD_FEATURE_*).
+pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
+pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
+pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+pub const FEATURE_MOVE: u64 = 1 << 16;
+
+const REGISTER_MODE_MISSING: u64 = 1 << 0;
+
+/// Bits of the `ioctls` mask UFFDIO_REGISTER returns (1 << _UFFDIO_*).
+pub const IOCTL_COPY: u64 = 1 << 0x03;
+pub const IOCTL_MOVE: u64 = 1 << 0x05;
+
+const EVENT_PAGEFAULT: u8 = 0x12;
+const EVENT_FORK: u8 = 0x13;
+const EVENT_REMAP: u8 = 0x14;
+const EVENT_REMOVE: u8 = 0x15;
+const EVENT_UNMAP: u8 = 0x16;
 
 /// `_IOC(dir, 0xAA, nr, size)` as the kernel encodes it on x86 and arm64.
 const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
@@ -43,21 +62,75 @@ struct Register {
     ioctls: u64,
 }
 
+/// `struct uffdio_move` and `struct uffdio_copy` share this layout.
 #[repr(C)]
 #[derive(Default)]
-struct WriteProtect {
-    range: Range,
+struct Transfer {
+    dst: u64,
+    src: u64,
+    len: u64,
     mode: u64,
+    result: i64,
+}
+
+/// `struct uffd_msg`: an event byte, padding, a 24-byte union.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct RawMsg {
+    event: u8,
+    _r1: u8,
+    _r2: u16,
+    _r3: u32,
+    arg: [u64; 3],
 }
 
 const UFFDIO_API: u64 = ioc(RW, 0x3F, std::mem::size_of::<Api>());
 const UFFDIO_REGISTER: u64 = ioc(RW, 0x00, std::mem::size_of::<Register>());
 const UFFDIO_UNREGISTER: u64 = ioc(READ, 0x01, std::mem::size_of::<Range>());
 const UFFDIO_WAKE: u64 = ioc(READ, 0x02, std::mem::size_of::<Range>());
-const UFFDIO_WRITEPROTECT: u64 = ioc(RW, 0x06, std::mem::size_of::<WriteProtect>());
+const UFFDIO_COPY: u64 = ioc(RW, 0x03, std::mem::size_of::<Transfer>());
+const UFFDIO_MOVE: u64 = ioc(RW, 0x05, std::mem::size_of::<Transfer>());
+/// `USERFAULTFD_IOC_NEW` on /dev/userfaultfd (Linux 6.1).
+const USERFAULTFD_IOC_NEW: u64 = 0xAA00;
 
-/// A userfaultfd that write-protects ranges: writers to a protected page
-/// sleep until the range is woken; readers carry on.
+/// How the descriptor was obtained, which decides what it can catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Kernel-mode accesses (read(2), futex, GUP) wait like user faults.
+    AllFaults,
+    /// Only user-mode faults are caught; kernel accesses to a missing
+    /// page fail with EFAULT instead of waiting.
+    UserModeOnly,
+}
+
+/// One message read from a userfaultfd.
+#[derive(Debug)]
+pub enum Msg {
+    /// A thread waits on a fault at `addr`; it is woken by a fill, a wake
+    /// or unregistration.
+    Fault { addr: usize },
+    /// The process forked; the child's registered ranges now belong to
+    /// this new descriptor.
+    Fork(Uffd),
+    /// `[from, from + len)` was moved to `to` by mremap.
+    Remap { from: usize, to: usize, len: usize },
+    /// `[start, end)` is about to be zapped (MADV_DONTNEED, MADV_FREE,
+    /// MADV_REMOVE); the zap happens after this message is read.
+    Remove { start: usize, end: usize },
+    /// `[start, end)` was unmapped.
+    Unmap { start: usize, end: usize },
+}
+
+/// Errors of a move or copy, with the bytes done before it.
+#[derive(Debug)]
+pub struct Partial {
+    pub done: usize,
+    pub error: io::Error,
+}
+
+/// A userfaultfd descriptor (closing it unregisters everything it holds
+/// and wakes every thread waiting on it).
+#[derive(Debug)]
 pub struct Uffd {
     fd: OwnedFd,
 }
@@ -73,66 +146,223 @@ fn ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<()> {
     }
 }
 
+fn range(start: usize, len: usize) -> Range {
+    Range {
+        start: start as u64,
+        len: len as u64,
+    }
+}
+
+/// Opens a descriptor that catches kernel-mode faults too: through
+/// /dev/userfaultfd where we may open it, else the syscall without
+/// UFFD_USER_MODE_ONLY (needs CAP_SYS_PTRACE or
+/// vm.unprivileged_userfaultfd=1).
+fn open_all_faults(flags: libc::c_int) -> io::Result<OwnedFd> {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/userfaultfd");
+    let dev_err = match dev {
+        Ok(dev) => {
+            // SAFETY: USERFAULTFD_IOC_NEW takes the new descriptor's flags
+            // by value and returns a descriptor or -1.
+            let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
+            if fd >= 0 {
+                // SAFETY: the kernel just gave us this descriptor.
+                return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+            io::Error::last_os_error()
+        }
+        Err(e) => e,
+    };
+    // SAFETY: the syscall takes flags only; a negative return is an error.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+    if fd >= 0 {
+        // SAFETY: the kernel just gave us this descriptor.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) });
+    }
+    let sys_err = io::Error::last_os_error();
+    Err(io::Error::new(
+        sys_err.kind(),
+        format!("/dev/userfaultfd: {dev_err}; userfaultfd(2): {sys_err}"),
+    ))
+}
+
 impl Uffd {
-    /// Opens a user-mode-only userfaultfd with write-protect support.
-    pub fn new() -> io::Result<Uffd> {
+    /// Opens a userfaultfd and enables `features`. With `user_mode_ok`, a
+    /// user-mode-only descriptor is accepted when no other can be had.
+    /// Returns the descriptor and what it can catch.
+    pub fn open(features: u64, user_mode_ok: bool) -> io::Result<(Uffd, Reach)> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        // SAFETY: the syscall takes flags only; a negative return is an error.
+        let (fd, reach) = match open_all_faults(flags) {
+            Ok(fd) => (fd, Reach::AllFaults),
+            Err(e) if !user_mode_ok => return Err(e),
+            Err(_) => {
+                // SAFETY: as above.
+                let fd =
+                    unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) };
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: the kernel just gave us this descriptor.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+                (fd, Reach::UserModeOnly)
+            }
+        };
+        let mut api = Api {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
+        ioctl(&fd, UFFDIO_API, &mut api)?;
+        Ok((Uffd { fd }, reach))
+    }
+
+    /// The features this kernel offers (a throwaway user-mode descriptor
+    /// asked with none requested), or why none can be had.
+    pub fn supported_features() -> io::Result<u64> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        // SAFETY: as above.
         let mut fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) };
         if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
             // Kernels before 5.11 do not know UFFD_USER_MODE_ONLY.
             // SAFETY: as above.
             fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
         }
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel just gave us this descriptor; we own it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+        let fd = if fd >= 0 {
+            // SAFETY: the kernel just gave us this descriptor.
+            unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) }
+        } else {
+            open_all_faults(flags)?
+        };
         let mut api = Api {
             api: UFFD_API,
-            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP,
+            features: 0,
             ioctls: 0,
         };
         ioctl(&fd, UFFDIO_API, &mut api)?;
-        Ok(Uffd { fd })
+        Ok(api.features)
     }
 
-    fn range(start: usize, len: usize) -> Range {
-        Range {
-            start: start as u64,
-            len: len as u64,
-        }
-    }
-
-    /// Registers `[start, start + len)` for write-protect tracking.
-    pub fn register_wp(&self, start: usize, len: usize) -> io::Result<()> {
+    /// Registers `[start, start + len)` in missing mode: a thread touching
+    /// an empty entry there waits until it is filled or woken. Returns the
+    /// mask of ioctls the range supports.
+    pub fn register_missing(&self, start: usize, len: usize) -> io::Result<u64> {
         let mut r = Register {
-            range: Self::range(start, len),
-            mode: UFFDIO_REGISTER_MODE_WP,
+            range: range(start, len),
+            mode: REGISTER_MODE_MISSING,
             ioctls: 0,
         };
-        ioctl(&self.fd, UFFDIO_REGISTER, &mut r)
+        ioctl(&self.fd, UFFDIO_REGISTER, &mut r)?;
+        Ok(r.ioctls)
     }
 
+    /// Unregisters the range (only VMAs registered through this descriptor;
+    /// the kernel refuses anything registered by another) and wakes every
+    /// thread waiting in it.
     pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
-        let mut r = Self::range(start, len);
+        let mut r = range(start, len);
         ioctl(&self.fd, UFFDIO_UNREGISTER, &mut r)
     }
 
-    /// Write-protects (`on`) or releases the range; releasing wakes waiters.
-    pub fn write_protect(&self, start: usize, len: usize, on: bool) -> io::Result<()> {
-        let mut w = WriteProtect {
-            range: Self::range(start, len),
-            mode: if on { UFFDIO_WRITEPROTECT_MODE_WP } else { 0 },
-        };
-        ioctl(&self.fd, UFFDIO_WRITEPROTECT, &mut w)
+    /// Wakes threads waiting on faults in the range (they retry the access).
+    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = range(start, len);
+        ioctl(&self.fd, UFFDIO_WAKE, &mut r)
     }
 
-    /// Wakes threads sleeping on faults in the range (they retry the access).
-    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
-        let mut r = Self::range(start, len);
-        ioctl(&self.fd, UFFDIO_WAKE, &mut r)
+    fn transfer(&self, req: u64, dst: usize, src: usize, len: usize) -> Result<usize, Partial> {
+        let mut t = Transfer {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            mode: 0,
+            result: 0,
+        };
+        match ioctl(&self.fd, req, &mut t) {
+            Ok(()) => Ok(len),
+            Err(error) => Err(Partial {
+                // The kernel stores bytes done, or a negative errno.
+                done: usize::try_from(t.result).unwrap_or(0).min(len),
+                error,
+            }),
+        }
+    }
+
+    /// `UFFDIO_MOVE`: moves the pages of `[src, src + len)` to `dst`, which
+    /// must be registered with this descriptor and empty. Refused (EAGAIN)
+    /// while an event is unread, so a move never lands in a range whose
+    /// change we have not seen; refused (EBUSY) for pages pinned for DMA or
+    /// shared with another process.
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Result<usize, Partial> {
+        self.transfer(UFFDIO_MOVE, dst, src, len)
+    }
+
+    /// `UFFDIO_COPY`: copies `[src, src + len)` into new pages at `dst`
+    /// (registered, empty) and wakes its waiters.
+    pub fn copy(&self, dst: usize, src: usize, len: usize) -> Result<usize, Partial> {
+        self.transfer(UFFDIO_COPY, dst, src, len)
+    }
+
+    /// Every message waiting now (never blocks). Reading an event is what
+    /// lets the thread that caused it continue.
+    pub fn read_all(&self) -> io::Result<Vec<Msg>> {
+        let mut out = Vec::new();
+        loop {
+            let mut buf = [RawMsg::default(); 16];
+            // SAFETY: the buffer is valid for its whole size; the kernel
+            // writes whole messages into it.
+            let n = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    std::mem::size_of_val(&buf),
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN) => Ok(out),
+                    Some(libc::EINTR) => continue,
+                    _ => Err(e),
+                };
+            }
+            let count = n as usize / std::mem::size_of::<RawMsg>();
+            for m in &buf[..count] {
+                out.extend(Self::decode(m));
+            }
+            if count < buf.len() {
+                return Ok(out);
+            }
+        }
+    }
+
+    fn decode(m: &RawMsg) -> Option<Msg> {
+        let [a, b, c] = m.arg;
+        Some(match m.event {
+            EVENT_PAGEFAULT => Msg::Fault { addr: b as usize },
+            EVENT_FORK => {
+                // SAFETY: the kernel installed this descriptor in our table
+                // for us when the message was read; nobody else owns it.
+                let fd = unsafe { OwnedFd::from_raw_fd(a as u32 as libc::c_int) };
+                Msg::Fork(Uffd { fd })
+            }
+            EVENT_REMAP => Msg::Remap {
+                from: a as usize,
+                to: b as usize,
+                len: c as usize,
+            },
+            EVENT_REMOVE => Msg::Remove {
+                start: a as usize,
+                end: b as usize,
+            },
+            EVENT_UNMAP => Msg::Unmap {
+                start: a as usize,
+                end: b as usize,
+            },
+            _ => return None,
+        })
     }
 }
 
@@ -147,6 +377,8 @@ mod tests {
         assert_eq!(UFFDIO_REGISTER, 0xc020aa00);
         assert_eq!(UFFDIO_UNREGISTER, 0x8010aa01);
         assert_eq!(UFFDIO_WAKE, 0x8010aa02);
-        assert_eq!(UFFDIO_WRITEPROTECT, 0xc018aa06);
+        assert_eq!(UFFDIO_COPY, 0xc028aa03);
+        assert_eq!(UFFDIO_MOVE, 0xc028aa05);
+        assert_eq!(std::mem::size_of::<RawMsg>(), 32);
     }
 }

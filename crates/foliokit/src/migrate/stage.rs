@@ -1,0 +1,163 @@
+//! Staging areas of one relocation batch: `Stage::dest` holds the new
+//! folios on the target node, `Stage::parking` receives the old pages.
+//!
+//! `UFFDIO_MOVE` only moves between mappings with the same protections,
+//! page protection bits and lock state, so both areas copy those from the
+//! application's mapping; they sit at the same offset within a PMD as the
+//! batch so whole THPs move as PMDs, and they are MADV_DONTFORK so a child
+//! forked mid-batch never inherits them.
+
+use std::io;
+
+use super::vma::Vma;
+use crate::sys::{numa, uffd::Uffd};
+
+const PMD: usize = 2 << 20;
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+const MLOCK_ONFAULT: libc::c_uint = 1;
+
+pub struct Stage<'u> {
+    map: usize,
+    map_len: usize,
+    /// Page `i` of the batch is staged at `base + i * page`.
+    pub base: usize,
+    len: usize,
+    /// Set while registered: unregistered before unmapping, else the
+    /// munmap would wait for us to read its own UNMAP event.
+    uffd: Option<&'u Uffd>,
+}
+
+fn last_err(what: &'static str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// Whether the application's mapping would get THPs on a fault.
+fn thp_allowed(v: &Vma) -> bool {
+    if v.has("nh") {
+        return false;
+    }
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    mode.contains("[always]") || (mode.contains("[madvise]") && v.has("hg"))
+}
+
+impl<'u> Stage<'u> {
+    fn map(like: usize, len: usize, v: &Vma) -> io::Result<Stage<'u>> {
+        let map_len = len + PMD;
+        // SAFETY: a fresh private anonymous mapping at a kernel-chosen
+        // address; nothing else refers to it.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                v.prot(),
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(last_err("mmap staging area"));
+        }
+        let map = map as usize;
+        let base = map.next_multiple_of(PMD) + like % PMD;
+        let s = Stage {
+            map,
+            map_len,
+            base: if base + len <= map + map_len {
+                base
+            } else {
+                base - PMD
+            },
+            len,
+            uffd: None,
+        };
+        s.advise(libc::MADV_DONTFORK, "madvise(DONTFORK) staging area")?;
+        if v.has("lo") {
+            // SAFETY: our own mapping. ONFAULT: locking must not populate
+            // it, or the parking area would not be empty for UFFDIO_MOVE.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_mlock2,
+                    s.base,
+                    len,
+                    MLOCK_ONFAULT as libc::c_ulong,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(s)
+    }
+
+    fn advise(&self, advice: libc::c_int, what: &'static str) -> io::Result<()> {
+        // SAFETY: our own mapping; advice changes no byte of anyone else's.
+        if unsafe { libc::madvise(self.base as *mut libc::c_void, self.len, advice) } != 0 {
+            return Err(last_err(what));
+        }
+        Ok(())
+    }
+
+    /// Where the old pages go: empty, registered with `uffd` (a move's
+    /// destination must be).
+    pub fn parking(like: usize, len: usize, v: &Vma, uffd: &'u Uffd) -> io::Result<Stage<'u>> {
+        let mut s = Self::map(like, len, v)?;
+        uffd.register_missing(s.base, len)?;
+        s.uffd = Some(uffd);
+        Ok(s)
+    }
+
+    /// Where the new folios are allocated: bound to `node`, with THP where
+    /// the application's mapping would have THP and `folio` asks for it.
+    pub fn dest(
+        like: usize,
+        len: usize,
+        v: &Vma,
+        node: u32,
+        folio: usize,
+    ) -> io::Result<Stage<'u>> {
+        let s = Self::map(like, len, v)?;
+        numa::mbind(s.base, len, node)
+            .map_err(|e| io::Error::new(e.kind(), format!("mbind: {e}")))?;
+        let (advice, what) = if folio >= PMD && thp_allowed(v) {
+            (libc::MADV_HUGEPAGE, "madvise(HUGEPAGE)")
+        } else {
+            (libc::MADV_NOHUGEPAGE, "madvise(NOHUGEPAGE)")
+        };
+        s.advise(advice, what)?;
+        Ok(s)
+    }
+
+    /// Allocates pages `first .. first + pages` (write faults, so on the
+    /// bound node).
+    pub fn populate(&self, first: usize, pages: usize, page: usize) -> io::Result<()> {
+        let (at, len) = (self.base + first * page, pages * page);
+        // SAFETY: inside our own mapping.
+        let rc = unsafe { libc::madvise(at as *mut libc::c_void, len, MADV_POPULATE_WRITE) };
+        if rc == 0 {
+            return Ok(());
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(last_err("madvise(POPULATE_WRITE) destination"));
+        }
+        // Kernels before 5.14: touch each page.
+        for p in (at..at + len).step_by(page) {
+            // SAFETY: a byte of our own writable, unregistered mapping.
+            unsafe { (p as *mut u8).write_volatile(0) };
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Stage<'_> {
+    fn drop(&mut self) {
+        if let Some(u) = self.uffd.take() {
+            let _ = u.unregister(self.base, self.len);
+        }
+        // SAFETY: the whole mapping is ours; pages moved out of it are gone
+        // from it already, whatever is left (old pages) is freed.
+        unsafe { libc::munmap(self.map as *mut libc::c_void, self.map_len) };
+    }
+}

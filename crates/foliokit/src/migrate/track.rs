@@ -1,0 +1,223 @@
+//! Bookkeeping of one relocation batch: where each page is, and what the
+//! application's concurrent zaps, unmaps and remaps (userfaultfd events)
+//! mean for it. Pure logic, so every rule is unit-tested.
+
+use crate::sys::pagemap::PageState;
+
+/// Where one page of a batch stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Nothing there; relocation never touches it.
+    Empty,
+    /// Populated, still in the application's mapping, not yet taken.
+    Untouched,
+    /// Taken out into the staging area; the application's entry is empty
+    /// and any thread touching it waits.
+    Out,
+    /// Its copy on the target node is installed.
+    In,
+    /// Zapped or unmapped by the application while the batch was in
+    /// flight: never installed, left as the application made it.
+    Dropped,
+    /// Left where it was (pinned, shared, swapped, mapping changed); the
+    /// kernel path gets it.
+    Left,
+    /// Moved out of the range by the application's mremap before we took
+    /// it: no longer ours to migrate.
+    Gone,
+}
+
+/// One batch's pages.
+#[derive(Debug)]
+pub struct Batch {
+    page: usize,
+    pub state: Vec<State>,
+    /// Current address of each page (mremap moves them).
+    pub addr: Vec<usize>,
+    /// The page's content is in the staging area (T) at the same offset.
+    pub in_stage: Vec<bool>,
+    /// Ranges registered with our userfaultfd, `[start, end)`.
+    pub registered: Vec<(usize, usize)>,
+}
+
+fn within(a: usize, start: usize, end: usize) -> bool {
+    a >= start && a < end
+}
+
+impl Batch {
+    pub fn new(base: usize, page: usize, pages: &[PageState]) -> Batch {
+        Batch {
+            page,
+            state: pages
+                .iter()
+                .map(|s| match s {
+                    PageState::Present => State::Untouched,
+                    PageState::Swapped => State::Left,
+                    PageState::Empty => State::Empty,
+                })
+                .collect(),
+            addr: (0..pages.len()).map(|i| base + i * page).collect(),
+            in_stage: vec![false; pages.len()],
+            registered: vec![(base, base + pages.len() * page)],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.len()
+    }
+
+    /// `[start, end)` is being zapped (REMOVE) or was unmapped (UNMAP).
+    pub fn zap(&mut self, start: usize, end: usize, unmapped: bool) {
+        for i in 0..self.len() {
+            if within(self.addr[i], start, end)
+                && matches!(self.state[i], State::Untouched | State::Out)
+            {
+                self.state[i] = State::Dropped;
+            }
+        }
+        if unmapped {
+            self.registered = subtract(&self.registered, start, end);
+        }
+    }
+
+    /// `[from, from + len)` was moved to `to`.
+    pub fn remap(&mut self, from: usize, to: usize, len: usize) {
+        let end = from + len;
+        for i in 0..self.len() {
+            if within(self.addr[i], from, end) {
+                self.addr[i] = self.addr[i] - from + to;
+                if self.state[i] == State::Untouched {
+                    self.state[i] = State::Gone;
+                }
+            }
+        }
+        // The moved part stays registered at its new place; the old place
+        // stays registered too if it was kept (MREMAP_DONTUNMAP).
+        let moved: Vec<(usize, usize)> = self
+            .registered
+            .iter()
+            .filter_map(|&(s, e)| {
+                let (s, e) = (s.max(from), e.min(end));
+                (s < e).then(|| (s - from + to, e - from + to))
+            })
+            .collect();
+        self.registered.extend(moved);
+    }
+
+    /// Runs of consecutive pages in state `s` whose current addresses are
+    /// contiguous too: `(first index, pages)`.
+    pub fn runs(&self, s: State) -> Vec<(usize, usize)> {
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for i in 0..self.len() {
+            if self.state[i] != s {
+                continue;
+            }
+            match out.last_mut() {
+                Some((first, n))
+                    if *first + *n == i && self.addr[i - 1] + self.page == self.addr[i] =>
+                {
+                    *n += 1
+                }
+                _ => out.push((i, 1)),
+            }
+        }
+        out
+    }
+
+    pub fn count(&self, s: State) -> usize {
+        self.state.iter().filter(|&&x| x == s).count()
+    }
+}
+
+/// `set` minus `[start, end)`.
+fn subtract(set: &[(usize, usize)], start: usize, end: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for &(s, e) in set {
+        if e <= start || s >= end {
+            out.push((s, e));
+            continue;
+        }
+        if s < start {
+            out.push((s, start));
+        }
+        if e > end {
+            out.push((end, e));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use PageState::{Empty as E, Present as P, Swapped as S};
+
+    const PG: usize = 0x1000;
+    const B: usize = 0x10_0000;
+
+    fn batch() -> Batch {
+        Batch::new(B, PG, &[P, P, E, P, S, P, P, P])
+    }
+
+    #[test]
+    fn initial_states_follow_pagemap() {
+        let b = batch();
+        assert_eq!(b.count(State::Untouched), 6);
+        assert_eq!(b.state[2], State::Empty);
+        assert_eq!(b.state[4], State::Left);
+        assert_eq!(b.runs(State::Untouched), vec![(0, 2), (3, 1), (5, 3)]);
+        assert_eq!(b.registered, vec![(B, B + 8 * PG)]);
+    }
+
+    #[test]
+    fn a_zap_drops_pages_not_yet_installed_and_nothing_else() {
+        let mut b = batch();
+        b.state[0] = State::Out;
+        b.state[1] = State::In;
+        b.zap(B, B + 4 * PG, false);
+        assert_eq!(b.state[0], State::Dropped, "out: never installed");
+        assert_eq!(b.state[1], State::In, "installed: the zap zaps our copy");
+        assert_eq!(b.state[2], State::Empty);
+        assert_eq!(b.state[3], State::Dropped, "untouched: never taken");
+        assert_eq!(b.state[5], State::Untouched, "outside the zap");
+        assert_eq!(b.registered.len(), 1, "a zap keeps the mapping");
+    }
+
+    #[test]
+    fn an_unmap_also_unregisters_that_part() {
+        let mut b = batch();
+        b.zap(B + 2 * PG, B + 3 * PG, true);
+        assert_eq!(
+            b.registered,
+            vec![(B, B + 2 * PG), (B + 3 * PG, B + 8 * PG)]
+        );
+    }
+
+    #[test]
+    fn a_remap_moves_taken_pages_and_gives_up_untouched_ones() {
+        let mut b = batch();
+        b.state[5] = State::Out;
+        let to = 0x90_0000;
+        b.remap(B + 5 * PG, to, 2 * PG);
+        assert_eq!(b.addr[5], to);
+        assert_eq!(b.addr[6], to + PG);
+        assert_eq!(b.state[5], State::Out, "installed at the new place");
+        assert_eq!(b.state[6], State::Gone);
+        assert_eq!(b.state[7], State::Untouched);
+        assert!(b.registered.contains(&(to, to + 2 * PG)));
+        // The run of Out pages breaks where addresses stop being contiguous.
+        b.state[7] = State::Out;
+        assert_eq!(b.runs(State::Out), vec![(5, 1), (7, 1)]);
+        // A later zap at the new address finds the moved page.
+        b.zap(to, to + PG, true);
+        assert_eq!(b.state[5], State::Dropped);
+    }
+
+    #[test]
+    fn subtract_cuts_intervals() {
+        let set = [(0, 10), (20, 30)];
+        assert_eq!(subtract(&set, 5, 25), vec![(0, 5), (25, 30)]);
+        assert_eq!(subtract(&set, 0, 40), vec![]);
+        assert_eq!(subtract(&set, 10, 20), set.to_vec());
+    }
+}

@@ -1,0 +1,220 @@
+//! What /proc/self/smaps says about the mappings of a range, and whether
+//! relocation can keep every one of their attributes.
+
+use super::{MigrateError, Refusal};
+
+/// One mapping as smaps shows it.
+#[derive(Debug, Clone)]
+pub struct Vma {
+    pub start: usize,
+    pub end: usize,
+    /// `rwxp` as in /proc/self/maps.
+    pub perms: String,
+    /// Backing file or pseudo-path (`[heap]`, `[stack]`), empty if none.
+    pub path: String,
+    pub inode: u64,
+    /// Two-letter VmFlags (`rd wr mr … hg`).
+    pub flags: Vec<String>,
+}
+
+impl Vma {
+    pub fn has(&self, flag: &str) -> bool {
+        self.flags.iter().any(|f| f == flag)
+    }
+
+    pub fn private(&self) -> bool {
+        self.perms.ends_with('p')
+    }
+
+    pub fn anon(&self) -> bool {
+        self.inode == 0 && (self.path.is_empty() || self.path == "[heap]")
+    }
+
+    /// PROT_* bits matching the mapping's protections.
+    pub fn prot(&self) -> libc::c_int {
+        let b = self.perms.as_bytes();
+        let mut p = libc::PROT_NONE;
+        if b.first() == Some(&b'r') {
+            p |= libc::PROT_READ;
+        }
+        if b.get(1) == Some(&b'w') {
+            p |= libc::PROT_WRITE;
+        }
+        if b.get(2) == Some(&b'x') {
+            p |= libc::PROT_EXEC;
+        }
+        p
+    }
+}
+
+fn parse(text: &str) -> Vec<Vma> {
+    let mut out: Vec<Vma> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("VmFlags:") {
+            if let Some(v) = out.last_mut() {
+                v.flags = rest.split_whitespace().map(str::to_owned).collect();
+            }
+            continue;
+        }
+        let mut f = line.split_whitespace();
+        let Some((a, b)) = f.next().and_then(|r| r.split_once('-')) else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        else {
+            continue; // a field line such as "Rss:"
+        };
+        let perms = f.next().unwrap_or_default().to_owned();
+        let _offset = f.next();
+        let _dev = f.next();
+        let inode = f.next().and_then(|i| i.parse().ok()).unwrap_or(0);
+        out.push(Vma {
+            start,
+            end,
+            perms,
+            path: f.collect::<Vec<_>>().join(" "),
+            inode,
+            flags: Vec::new(),
+        });
+    }
+    out
+}
+
+/// The mappings overlapping `[addr, addr + len)`.
+pub fn overlapping(addr: usize, len: usize) -> std::io::Result<Vec<Vma>> {
+    let text = std::fs::read_to_string("/proc/self/smaps")?;
+    let end = addr + len;
+    Ok(parse(&text)
+        .into_iter()
+        .filter(|v| v.end > addr && v.start < end)
+        .collect())
+}
+
+/// The mappings covering `[addr, addr + len)`, or the first unmapped
+/// address.
+pub fn covering(addr: usize, len: usize) -> Result<Vec<Vma>, MigrateError> {
+    let vmas = overlapping(addr, len).map_err(|source| MigrateError::Sys {
+        what: "read /proc/self/smaps",
+        source,
+    })?;
+    let end = addr + len;
+    let mut at = addr;
+    let mut out = Vec::new();
+    for v in vmas {
+        if v.start > at {
+            return Err(MigrateError::Unmapped { addr: at });
+        }
+        at = v.end;
+        out.push(v);
+    }
+    if at < end {
+        return Err(MigrateError::Unmapped { addr: at });
+    }
+    Ok(out)
+}
+
+/// VmFlags relocation refuses, and what they mean. Everything else is kept
+/// because relocation never touches the mapping itself, only its pages.
+const REFUSED: &[(&str, &str)] = &[
+    ("sh", "shared mapping"),
+    ("io", "I/O memory (VM_IO)"),
+    ("pf", "raw PFN mapping (VM_PFNMAP)"),
+    ("mm", "mixed PFN mapping (VM_MIXEDMAP)"),
+    ("ht", "hugetlb mapping (the kernel path handles it)"),
+    ("ss", "shadow stack"),
+    ("gd", "grows-down stack mapping"),
+    ("sl", "sealed mapping (mseal)"),
+    (
+        "ui",
+        "already registered with another userfaultfd (minor mode)",
+    ),
+    (
+        "uw",
+        "already registered with another userfaultfd (write-protect)",
+    ),
+    (
+        "um",
+        "already registered with another userfaultfd (missing mode)",
+    ),
+];
+
+/// Why relocation cannot keep this mapping's semantics, if it cannot.
+pub fn refusal(v: &Vma) -> Option<Refusal> {
+    if !v.private() || !v.anon() {
+        let kind = if v.private() { "private" } else { "shared" };
+        let what = if v.path.is_empty() {
+            "anonymous memory".to_owned()
+        } else {
+            v.path.clone()
+        };
+        return Some(Refusal::NotPrivateAnon {
+            what: format!("{kind} {what}"),
+        });
+    }
+    if v.prot() & (libc::PROT_READ | libc::PROT_WRITE) != libc::PROT_READ | libc::PROT_WRITE {
+        return Some(Refusal::NotReadWrite {
+            perms: v.perms[..3.min(v.perms.len())].to_owned(),
+        });
+    }
+    REFUSED
+        .iter()
+        .find(|(f, _)| v.has(f))
+        .map(|&(flag, meaning)| Refusal::Flag { flag, meaning })
+}
+
+/// Checks that every mapping of the range can be relocated with its
+/// semantics kept; returns them.
+pub fn relocatable(addr: usize, len: usize) -> Result<Vec<Vma>, MigrateError> {
+    let vmas = covering(addr, len)?;
+    for v in &vmas {
+        if let Some(why) = refusal(v) {
+            return Err(MigrateError::Refused {
+                addr: v.start.max(addr),
+                why,
+            });
+        }
+    }
+    Ok(vmas)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMAPS: &str = "\
+7f0000000000-7f0000200000 rw-p 00000000 00:00 0 
+Size:               2048 kB
+VmFlags: rd wr mr mw me ac hg wf 
+7f0000200000-7f0000201000 r-xp 00000000 00:00 0 
+Size:                  4 kB
+VmFlags: rd ex mr mw me 
+7f0000300000-7f0000400000 rw-s 00000000 00:01 1234                       /dev/zero (deleted)
+VmFlags: rd wr sh mr mw me ms 
+7f0000400000-7f0000401000 rw-p 00000000 00:00 0 
+VmFlags: rd wr mr mw me ac sl 
+";
+
+    #[test]
+    fn parses_and_judges_each_mapping() {
+        let v = parse(SMAPS);
+        assert_eq!(v.len(), 4);
+        assert_eq!((v[0].start, v[0].end), (0x7f0000000000, 0x7f0000200000));
+        assert!(v[0].has("hg") && v[0].has("wf"));
+        assert!(
+            refusal(&v[0]).is_none(),
+            "rw private anon with advice is kept"
+        );
+        assert!(
+            matches!(refusal(&v[1]), Some(Refusal::NotReadWrite { ref perms }) if perms == "r-x")
+        );
+        assert!(matches!(
+            refusal(&v[2]),
+            Some(Refusal::NotPrivateAnon { .. })
+        ));
+        assert!(matches!(
+            refusal(&v[3]),
+            Some(Refusal::Flag { flag: "sl", .. })
+        ));
+        assert_eq!(v[1].prot(), libc::PROT_READ | libc::PROT_EXEC);
+    }
+}
