@@ -244,3 +244,120 @@ impl Drop for TruncatedFile {
         let _ = std::fs::remove_file(&self.path);
     }
 }
+
+/// Set in a child process started by [`in_child`] to the test it runs.
+const CHILD_ENV: &str = "FOLIOKIT_TEST_CHILD";
+
+/// Runs a test's body in a fresh process (this test binary, re-executed
+/// with only that test selected), so a crash, a signal or a hang is this
+/// test's failure rather than the end of the whole runner. Forking the
+/// runner itself would inherit other test threads' locks.
+///
+/// `name` must be the test function's name. The child may print a line
+/// `SKIP: <reason>` (see [`skip`]); the parent repeats it. Panics if the
+/// child fails, is killed, or runs longer than `timeout`.
+pub fn in_child(name: &str, timeout: std::time::Duration, body: impl FnOnce()) {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
+        body();
+        return;
+    }
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn test child");
+    // Drain both pipes while waiting, so a chatty child cannot block.
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for test child") {
+            break Some(s);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let (out, err) = (
+        t_out.join().unwrap_or_default(),
+        t_err.join().unwrap_or_default(),
+    );
+    for line in out.lines().chain(err.lines()) {
+        if line.starts_with("SKIP:") || line.starts_with("NOTE:") {
+            println!("{name}: {line}");
+        }
+    }
+    let tail = |s: &str| {
+        s.lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    match status {
+        None => panic!(
+            "{name}: child hung for {timeout:?} and was killed\nstdout:\n{}\nstderr:\n{}",
+            tail(&out),
+            tail(&err)
+        ),
+        Some(s) if !s.success() => panic!(
+            "{name}: child failed ({s})\nstdout:\n{}\nstderr:\n{}",
+            tail(&out),
+            tail(&err)
+        ),
+        Some(_) => {}
+    }
+}
+
+/// Says why a test is skipped (in the output the parent shows).
+pub fn skip(reason: &str) {
+    println!("SKIP: {reason}");
+}
+
+/// Whether relocation can run in this process; prints why not.
+pub fn relocation_available() -> bool {
+    use foliokit::migrate::{migrate, MigrateError, MigrateOptions, Path};
+    let mut r = Region::new(2 << 20, 4096).expect("region");
+    r.as_mut_slice().fill(1);
+    let o = MigrateOptions {
+        path: Path::Relocate,
+        ..Default::default()
+    };
+    // SAFETY: our own region, nobody else uses it.
+    match unsafe {
+        migrate(
+            r.as_mut_ptr(),
+            r.len(),
+            foliokit::mem::system::numa_nodes()[0],
+            &o,
+        )
+    } {
+        Ok(_) => true,
+        Err(e @ MigrateError::Refused { .. }) => {
+            skip(&format!("relocation unavailable here: {e}"));
+            false
+        }
+        Err(e) => panic!("relocation probe failed: {e}"),
+    }
+}
