@@ -1,7 +1,7 @@
 //! `foliokit bench migrate`: seed 001's tables on this machine.
 //!
 //! (1) GB/s by folio size: the one-thread per-page-copy baseline vs N copy
-//!     channels, through the relocation path (remap included);
+//!     channels, through the relocation path (moves out and in included);
 //! (2) batch size x channels -> GB/s | first-folio latency;
 //! (3) the kernel path (move_pages) vs relocation.
 
@@ -293,7 +293,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     let mut report = Report::<MigrateRow>::new("migrate", title, params);
     if nodes.len() == 1 {
         report.notes.push(format!(
-            "one NUMA node: relocation still copies and remaps every folio onto node {node}; move_pages has nothing to move"
+            "one NUMA node: relocation still copies every populated page into new folios on node {node}; move_pages has nothing to move"
         ));
     }
     let t1 = if a.tables.contains(&1) {
@@ -454,8 +454,8 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         }
     }
     pb.finish_and_clear();
-    report.footer.push("table 1: speedup over the one-thread per-page baseline (relocation, remap included) at the same folio size".into());
-    report.footer.push("table 2: speedup over the smallest batch with the same channels; first folio = until its batch is remapped".into());
+    report.footer.push("table 1: speedup over the one-thread per-page baseline (relocation, moves out and in included) at the same folio size".into());
+    report.footer.push("table 2: speedup over the smallest batch with the same channels; first folio = until its first pages are moved back in".into());
     report.footer.push(format!(
         "tables 1 and 3 use batches of {} pages (--table-batch); kernel = move_pages from N threads",
         a.table_batch
