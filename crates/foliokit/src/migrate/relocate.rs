@@ -396,8 +396,17 @@ fn take_out(
     out: &mut Outcome,
 ) -> Result<(), Refusal> {
     let page = run.page;
+    // A run can span a mapping split made meanwhile (mprotect and back):
+    // after an EINVAL, pages go one at a time, so each is judged alone.
+    let mut single = false;
     loop {
-        let runs = b.runs(State::Untouched);
+        let mut runs = b.runs(State::Untouched);
+        if single {
+            runs = runs
+                .into_iter()
+                .flat_map(|(i, k)| (i..i + k).map(|j| (j, 1)))
+                .collect();
+        }
         if runs.is_empty() {
             return Ok(());
         }
@@ -420,11 +429,16 @@ fn take_out(
                     drain(run, b, parking, start, len, out);
                     break; // runs changed: recompute
                 }
+                libc::EINVAL if !single => {
+                    single = true;
+                    break;
+                }
                 libc::EBUSY => b.state[at] = State::Left, // pinned or shared
                 libc::ENOENT => b.state[at] = State::Empty,
                 libc::EINVAL if !b.in_stage.contains(&true) => {
                     return Err(Refusal::Incompatible(p.error))
                 }
+                libc::EINVAL => b.state[at] = State::Left, // its mapping changed
                 _ => {
                     out.stop = Some(format!("moving pages out failed: {}", p.error));
                     for s in b.state.iter_mut().filter(|s| **s == State::Untouched) {

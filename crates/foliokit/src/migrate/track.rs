@@ -52,7 +52,9 @@ impl Batch {
                 .iter()
                 .map(|s| match s {
                     PageState::Present => State::Untouched,
-                    PageState::Swapped => State::Left,
+                    // UFFDIO_MOVE refuses shared pages, and the zero page
+                    // is no memory to relocate: the kernel path decides.
+                    PageState::Swapped | PageState::Shared => State::Left,
                     PageState::Empty => State::Empty,
                 })
                 .collect(),
@@ -150,13 +152,13 @@ fn subtract(set: &[(usize, usize)], start: usize, end: usize) -> Vec<(usize, usi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use PageState::{Empty as E, Present as P, Swapped as S};
+    use PageState::{Empty as E, Present as P, Shared as Z, Swapped as S};
 
     const PG: usize = 0x1000;
     const B: usize = 0x10_0000;
 
     fn batch() -> Batch {
-        Batch::new(B, PG, &[P, P, E, P, S, P, P, P])
+        Batch::new(B, PG, &[P, P, E, P, S, P, P, P, Z])
     }
 
     #[test]
@@ -165,8 +167,9 @@ mod tests {
         assert_eq!(b.count(State::Untouched), 6);
         assert_eq!(b.state[2], State::Empty);
         assert_eq!(b.state[4], State::Left);
+        assert_eq!(b.state[8], State::Left, "zero page or shared: not ours to move");
         assert_eq!(b.runs(State::Untouched), vec![(0, 2), (3, 1), (5, 3)]);
-        assert_eq!(b.registered, vec![(B, B + 8 * PG)]);
+        assert_eq!(b.registered, vec![(B, B + 9 * PG)]);
     }
 
     #[test]
@@ -189,7 +192,7 @@ mod tests {
         b.zap(B + 2 * PG, B + 3 * PG, true);
         assert_eq!(
             b.registered,
-            vec![(B, B + 2 * PG), (B + 3 * PG, B + 8 * PG)]
+            vec![(B, B + 2 * PG), (B + 3 * PG, B + 9 * PG)]
         );
     }
 

@@ -6,14 +6,19 @@ use std::os::unix::fs::FileExt;
 
 const PRESENT: u64 = 1 << 63;
 const SWAPPED: u64 = 1 << 62;
+const EXCLUSIVE: u64 = 1 << 56;
 
 /// What backs one page of a range right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageState {
     /// Never touched, or zapped: reads as zeros.
     Empty,
-    /// In memory.
+    /// In memory, mapped only here.
     Present,
+    /// In memory but not exclusively ours: the shared zero page (read,
+    /// never written), or a page shared with a forked child or merged by
+    /// KSM.
+    Shared,
     /// Swapped out (on no NUMA node).
     Swapped,
 }
@@ -27,8 +32,10 @@ pub fn page_states(addr: usize, pages: usize, page: usize) -> io::Result<Vec<Pag
         .chunks_exact(8)
         .map(|e| {
             let v = u64::from_ne_bytes(e.try_into().unwrap_or_default());
-            if v & PRESENT != 0 {
+            if v & PRESENT != 0 && v & EXCLUSIVE != 0 {
                 PageState::Present
+            } else if v & PRESENT != 0 {
+                PageState::Shared
             } else if v & SWAPPED != 0 {
                 PageState::Swapped
             } else {
