@@ -94,7 +94,9 @@ pub struct MigrateOptions {
     /// CAP_SYS_PTRACE). Then a kernel-side access to a page in the batch
     /// being moved (read(2) into it, a futex, O_DIRECT, process_vm_*)
     /// fails with EFAULT instead of waiting. Off by default: without it,
-    /// relocation is refused and `Auto` uses the kernel path.
+    /// relocation is refused and `Auto` uses the kernel path. Note that
+    /// relocation also needs fork events, which the kernel grants only with
+    /// CAP_SYS_PTRACE; a process without it is refused either way.
     pub allow_user_mode_only: bool,
 }
 
