@@ -142,6 +142,8 @@ pub enum Refusal {
     UserModeOnly(io::Error),
     #[error("fork events need CAP_SYS_PTRACE ({0}); without them a child forked mid-batch would see zeros")]
     NoForkEvents(io::Error),
+    #[error("the range holds {what}: the migrating thread would wait on itself")]
+    OwnMemory { what: &'static str },
     #[error("the mapping is mlocked and the staging area cannot be ({0})")]
     Mlock(io::Error),
     #[error(
@@ -291,6 +293,11 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 /// shared with another process are left in place and handed to
 /// `move_pages`. The mapping itself (protections, VmFlags and advice, lock
 /// state, memory policy) is never replaced.
+///
+/// Relocation also refuses a range holding the calling thread's stack or
+/// free heap space its allocator could hand out (the migrating thread must
+/// not touch a page while it is out); pass ranges that are whole
+/// allocations (mmap regions, large buffers), not the malloc heap.
 ///
 /// # Safety
 /// The range must be memory of this process. Relocation cannot see page

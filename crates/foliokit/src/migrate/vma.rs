@@ -162,9 +162,31 @@ pub fn refusal(v: &Vma) -> Option<Refusal> {
         .map(|&(flag, meaning)| Refusal::Flag { flag, meaning })
 }
 
+/// Whether the calling thread itself would touch the range while a batch
+/// is out: its stack, or heap space its allocator hands out (probed with
+/// allocations of a few sizes). It would then wait on its own userfaultfd.
+fn own_memory(addr: usize, len: usize) -> Option<&'static str> {
+    let inside = |p: usize| p >= addr && p < addr + len;
+    let local = 0u8;
+    if inside(std::ptr::addr_of!(local) as usize) {
+        return Some("the calling thread's stack");
+    }
+    let probes: [Vec<u8>; 3] = [vec![0; 64], vec![0; 4096], vec![0; 64 << 10]];
+    probes
+        .iter()
+        .any(|v| inside(v.as_ptr() as usize))
+        .then_some("heap space the calling thread's allocator hands out")
+}
+
 /// Checks that every mapping of the range can be relocated with its
 /// semantics kept; returns them.
 pub fn relocatable(addr: usize, len: usize) -> Result<Vec<Vma>, MigrateError> {
+    if let Some(what) = own_memory(addr, len) {
+        return Err(MigrateError::Refused {
+            addr,
+            why: Refusal::OwnMemory { what },
+        });
+    }
     let vmas = covering(addr, len)?;
     for v in &vmas {
         if let Some(why) = refusal(v) {
