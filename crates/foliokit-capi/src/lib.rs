@@ -26,6 +26,7 @@ fn strategy_err(e: &StrategyError) -> c_int {
     match e {
         StrategyError::Unknown { .. } | StrategyError::Empty { .. } => -libc::ENOENT,
         StrategyError::Unavailable { .. } => -libc::EOPNOTSUPP,
+        StrategyError::Unresolved { .. } => -libc::EINVAL,
     }
 }
 

@@ -102,7 +102,8 @@ impl ClearStrategy {
     /// The range function a concrete strategy runs, for callers that hand
     /// ranges to someone else (copy channels). `butterfly` has none: it
     /// clears page by page around a hint page, so it is refused rather than
-    /// silently replaced.
+    /// silently replaced. `Auto` is [`StrategyError::Unresolved`] until
+    /// [`ClearStrategy::resolve`] picks a concrete strategy.
     pub fn range_function(self) -> Result<ClearFn, StrategyError> {
         match self.dispatch()? {
             Clear::Range(f) => Ok(f),
@@ -119,7 +120,7 @@ impl ClearStrategy {
             Self::Butterfly => Ok(Clear::Butterfly),
             Self::PerPage => Ok(Clear::Range(per_page)),
             Self::Libc => Ok(Clear::Range(libc_memset)),
-            Self::Auto => unreachable!("auto is resolved before dispatch"),
+            Self::Auto => Err(StrategyError::Unresolved { op: Self::OP }),
             s => arch::clear_primitive(s, &cpu().features)
                 .map(Clear::Range)
                 .map_err(|reason| StrategyError::Unavailable {

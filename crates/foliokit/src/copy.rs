@@ -93,13 +93,15 @@ impl CopyStrategy {
         }
     }
 
-    /// The function a concrete strategy runs.
+    /// The function a concrete strategy runs. `Auto` has none of its own:
+    /// it is [`StrategyError::Unresolved`] until [`CopyStrategy::resolve`]
+    /// picks a concrete strategy for the request's shape.
     pub fn function(self) -> Result<CopyFn, StrategyError> {
         let f = &cpu().features;
         match require(self)? {
             Self::PerPage => Ok(per_page),
             Self::Libc => Ok(libc_memcpy),
-            Self::Auto => unreachable!("auto is resolved before dispatch"),
+            Self::Auto => Err(StrategyError::Unresolved { op: Self::OP }),
             s => arch::copy_primitive(s, f).map_err(|reason| StrategyError::Unavailable {
                 op: Self::OP,
                 name: s.name(),

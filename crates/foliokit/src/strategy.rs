@@ -36,6 +36,8 @@ pub enum StrategyError {
     },
     #[error("no {op} strategy given")]
     Empty { op: &'static str },
+    #[error("{op} strategy 'auto' must be resolved for a batch shape first; call resolve()")]
+    Unresolved { op: &'static str },
 }
 
 /// Returns `s` if it can run here, or why not.

@@ -1,15 +1,19 @@
 //! Copy channels: every byte lands (copies) or is zeroed (clears) whatever
-//! the folio/channel ratio, the timings are ordered, and work a channel
-//! refuses is finished on the CPU.
+//! the folio/channel ratio, the timings are ordered, work a channel refuses
+//! is finished on the CPU, bad batches are refused with typed errors before
+//! any work, a piece counts once, and the shared pool survives `fork()`.
 
 mod common;
 
 use common::{filled_region, pattern};
 use foliokit::arch::CopyFn;
-use foliokit::channels::{Channel, ChannelError, ChannelPool, Completion, Op, Piece};
+use foliokit::channels::{shared, Channel, ChannelError, ChannelPool, Completion, Op, Piece};
 use foliokit::mem::Region;
-use foliokit::CopyStrategy;
-use std::sync::Arc;
+use foliokit::tune::Shape;
+use foliokit::{ClearStrategy, CopyStrategy, Reuse, StrategyError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 const PAGE: usize = 4096;
 
@@ -28,7 +32,7 @@ fn check(pool: &ChannelPool, folios: usize, folio: usize, s: CopyStrategy) {
         .map(|i| src.as_ptr().wrapping_add((folios - 1 - i) * folio))
         .collect();
     // SAFETY: every folio is inside a live region; nothing else touches them.
-    let t = unsafe { pool.copy_folios(&dsts, &srcs, folio, copy_fn(s)) };
+    let t = unsafe { pool.copy_folios(&dsts, &srcs, folio, copy_fn(s)) }.expect("copy batch");
     assert!(
         t.first_folio <= t.done,
         "first folio after the batch: {t:?}"
@@ -75,7 +79,7 @@ fn check_clear(pool: &ChannelPool, folios: usize, folio: usize) {
     let f = foliokit::arch::clear_primitive(clear, &foliokit::cpu::cpu().features)
         .unwrap_or(unsafe_zero);
     // SAFETY: every folio is inside the live region; nothing else touches it.
-    let t = unsafe { pool.clear_folios(&dsts, folio, f) };
+    let t = unsafe { pool.clear_folios(&dsts, folio, f) }.expect("clear batch");
     assert!(t.first_folio <= t.done);
     assert!(
         r.as_slice()[..folios * folio].iter().all(|&b| b == 0),
@@ -111,7 +115,7 @@ impl Channel for Refuses {
         "refuses"
     }
 
-    fn submit(&self, _: Vec<Piece>, _: Op, _: Arc<Completion>) -> Result<(), ChannelError> {
+    unsafe fn submit(&self, _: Vec<Piece>, _: Op, _: Arc<Completion>) -> Result<(), ChannelError> {
         Err(ChannelError::Stopped("refuses".into()))
     }
 }
@@ -130,4 +134,284 @@ fn refused_work_is_finished_on_the_calling_thread() {
     assert!(ChannelPool::of(Vec::new()).is_err());
     // The pattern helper is what check() relies on to tell folios apart.
     assert_ne!(pattern(64, 1), pattern(64, 2));
+}
+
+/// A channel that counts the batches it is offered and refuses them (so a
+/// pool that reached it would still finish the work on the CPU).
+struct Counting(Arc<AtomicUsize>);
+
+impl Channel for Counting {
+    fn name(&self) -> &str {
+        "counting"
+    }
+
+    unsafe fn submit(&self, _: Vec<Piece>, _: Op, _: Arc<Completion>) -> Result<(), ChannelError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Err(ChannelError::Stopped("counting".into()))
+    }
+}
+
+/// Bad batch shapes are refused with a typed error before any channel is
+/// offered work, and leave the destination untouched.
+#[test]
+fn bad_batches_are_refused_before_any_work() {
+    let offered = Arc::new(AtomicUsize::new(0));
+    let spy = ChannelPool::of(vec![
+        Box::new(Counting(offered.clone())),
+        Box::new(Counting(offered.clone())),
+    ])
+    .unwrap();
+    let cpu = ChannelPool::cpu(2).unwrap();
+    let folio = 2 * PAGE;
+    let src = filled_region(folio, 2, 1);
+    let mut dst = filled_region(folio, 2, 2);
+    let before = dst.as_slice().to_vec();
+    let d = dst.as_mut_ptr();
+    let dsts = [d, d.wrapping_add(folio)];
+    let srcs = [src.as_ptr(), src.as_ptr().wrapping_add(folio)];
+    let copy = copy_fn(CopyStrategy::Libc);
+    let clear = foliokit::ClearStrategy::Libc.range_function().unwrap();
+    for pool in [&spy, &cpu] {
+        // SAFETY: every range named is inside a live region that nothing
+        // else touches; the calls must refuse before touching any of it.
+        unsafe {
+            assert_eq!(
+                pool.copy_folios(&dsts, &srcs, 0, copy),
+                Err(ChannelError::ZeroFolio)
+            );
+            assert_eq!(
+                pool.clear_folios(&dsts, 0, clear),
+                Err(ChannelError::ZeroFolio)
+            );
+            // Empty lists with a zero folio size: refused, not a division.
+            assert_eq!(
+                pool.copy_folios(&[], &[], 0, copy),
+                Err(ChannelError::ZeroFolio)
+            );
+            assert_eq!(
+                pool.clear_folios(&[], 0, clear),
+                Err(ChannelError::ZeroFolio)
+            );
+            assert_eq!(
+                pool.copy_folios(&dsts, &srcs[..1], folio, copy),
+                Err(ChannelError::LengthMismatch { dsts: 2, srcs: 1 })
+            );
+            assert_eq!(
+                pool.copy_folios(&dsts[..1], &srcs, folio, copy),
+                Err(ChannelError::LengthMismatch { dsts: 1, srcs: 2 })
+            );
+        }
+    }
+    assert_eq!(
+        offered.load(Ordering::Relaxed),
+        0,
+        "a channel was offered work"
+    );
+    assert!(dst.as_slice() == &before[..], "a refused batch wrote");
+    // An empty batch of a valid size is fine and does nothing.
+    // SAFETY: no ranges.
+    assert!(unsafe { cpu.copy_folios(&[], &[], folio, copy) }.is_ok());
+}
+
+/// `auto` is a choice per request shape, not a function: asking it for one
+/// is a typed error (resolve it first), never a panic.
+#[test]
+fn auto_has_no_function_until_resolved() {
+    assert_eq!(
+        CopyStrategy::Auto.function().err(),
+        Some(StrategyError::Unresolved { op: "copy" })
+    );
+    assert_eq!(
+        ClearStrategy::Auto.range_function().err(),
+        Some(StrategyError::Unresolved { op: "clear" })
+    );
+    let e = CopyStrategy::Auto.function().unwrap_err().to_string();
+    assert!(e.contains("resolve()"), "{e}");
+    let shape = Shape::batch(2 << 20, 4, Reuse::Reread);
+    assert!(CopyStrategy::Auto.resolve(shape).function().is_ok());
+    assert!(ClearStrategy::Auto.resolve(shape).range_function().is_ok());
+    // The architecture table refuses composites instead of panicking.
+    let f = &foliokit::cpu::cpu().features;
+    assert!(foliokit::arch::copy_primitive(CopyStrategy::Auto, f).is_err());
+    assert!(foliokit::arch::clear_primitive(ClearStrategy::Auto, f).is_err());
+}
+
+/// What a channel's `piece_done` calls returned, in order.
+type Reports = Arc<Mutex<Vec<bool>>>;
+
+/// A channel that does its work, then reports every piece twice and a piece
+/// it made up: only the first report of each real piece may count, or it
+/// could end the batch while another channel is still writing.
+struct ReportsTwice(Reports);
+
+impl Channel for ReportsTwice {
+    fn name(&self) -> &str {
+        "reports-twice"
+    }
+
+    unsafe fn submit(
+        &self,
+        pieces: Vec<Piece>,
+        op: Op,
+        done: Arc<Completion>,
+    ) -> Result<(), ChannelError> {
+        let mut seen = self.0.lock().unwrap();
+        for p in &pieces {
+            // SAFETY: the pool's contract: the piece is valid until reported.
+            unsafe { op.run(p) };
+            seen.push(done.piece_done(p));
+            seen.push(done.piece_done(p));
+            // SAFETY: this piece is never run or submitted.
+            let forged = unsafe { Piece::new(p.dst(), p.src(), p.len(), p.folio()) };
+            seen.push(done.piece_done(&forged));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn pieces_count_once_and_only_for_their_own_batch() {
+    let reports: Reports = Arc::default();
+    let pool = ChannelPool::of(vec![
+        Box::new(ReportsTwice(reports.clone())),
+        Box::new(foliokit::channels::CpuChannel::new(0)),
+    ])
+    .unwrap();
+    for (folios, folio) in [(1, 8 * PAGE), (6, 2 * PAGE)] {
+        check(&pool, folios, folio, CopyStrategy::Libc);
+    }
+    let seen = reports.lock().unwrap();
+    assert!(!seen.is_empty());
+    for r in seen.chunks(3) {
+        assert_eq!(
+            r,
+            [true, false, false],
+            "first report counts, repeats and forgeries do not"
+        );
+    }
+}
+
+/// Copies `src` into `dst` (equal, whole folios) through `pool`, returning
+/// whether every byte arrived. Used in a forked child: no panics, no output.
+fn copies_through(pool: &ChannelPool, dst: &mut Region, src: &Region, folio: usize) -> bool {
+    dst.as_mut_slice().fill(0);
+    let n = src.len() / folio;
+    let dsts: Vec<*mut u8> = (0..n)
+        .map(|i| dst.as_mut_ptr().wrapping_add(i * folio))
+        .collect();
+    let srcs: Vec<*const u8> = (0..n)
+        .map(|i| src.as_ptr().wrapping_add(i * folio))
+        .collect();
+    let Ok(copy) = CopyStrategy::Libc.function() else {
+        return false;
+    };
+    // SAFETY: the folios lie inside two live, disjoint regions that nothing
+    // else touches until the pool returns.
+    let ok = unsafe { pool.copy_folios(&dsts, &srcs, folio, copy) }.is_ok();
+    ok && dst.as_slice() == src.as_slice()
+}
+
+/// Forks; the child runs `child` and exits 0 if it returns true, 1 if it
+/// returns false or panics. The parent waits up to ~20 s, then kills it.
+fn in_forked_child(child: impl FnOnce() -> bool) {
+    // SAFETY: the child only allocates, spawns threads, copies and
+    // `_exit`s; it never returns into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
+        // SAFETY: ends the child without running the parent's atexit
+        // handlers or destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    for _ in 0..2000 {
+        // SAFETY: waits for our own child; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
+        if r == pid {
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "child failed: status {status:#x}"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kills and reaps our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    panic!("child hung: pool not reset after fork");
+}
+
+/// A child forked after the shared pool was used gets a pool with live
+/// workers; a pool inherited from the parent still finishes its batches
+/// (on the calling thread) instead of queueing them for threads that do
+/// not exist, and can be dropped there. Runs in a fresh process so no other test's threads are
+/// forked mid-lock.
+#[test]
+fn shared_pool_works_after_fork() {
+    common::in_child(
+        "shared_pool_works_after_fork",
+        Duration::from_secs(60),
+        || {
+            let folio = 4 * PAGE;
+            let src = filled_region(folio, 4, 11);
+            let mut dst = Region::new(src.len(), folio).unwrap();
+            let inherited = shared(2).unwrap();
+            assert!(
+                copies_through(&inherited, &mut dst, &src, folio),
+                "parent copy"
+            );
+            let own = ChannelPool::cpu(2).unwrap();
+            assert!(copies_through(&own, &mut dst, &src, folio), "parent copy");
+            let (dst_ref, src_ref, inherited_ref) = (&mut dst, &src, &inherited);
+            in_forked_child(move || {
+                let Ok(fresh) = shared(2) else { return false };
+                let ok = !Arc::ptr_eq(&fresh, inherited_ref)
+                    && copies_through(&fresh, dst_ref, src_ref, folio)
+                    && copies_through(inherited_ref, dst_ref, src_ref, folio)
+                    && copies_through(&own, dst_ref, src_ref, folio);
+                // Dropping a pool made before the fork must not join
+                // workers that do not exist here.
+                drop(own);
+                ok
+            });
+            // The parent's pool is unaffected.
+            assert!(Arc::ptr_eq(&shared(2).unwrap(), &inherited));
+            assert!(
+                copies_through(&inherited, &mut dst, &src, folio),
+                "parent copy after fork"
+            );
+        },
+    );
+}
+
+/// A thread forks while another holds the shared pools' lock: the child
+/// must not wait for a lock whose holder it does not have.
+#[test]
+fn fork_while_another_thread_holds_the_pool_lock() {
+    common::in_child(
+        "fork_while_another_thread_holds_the_pool_lock",
+        Duration::from_secs(60),
+        || {
+            let folio = 2 * PAGE;
+            let src = filled_region(folio, 2, 12);
+            let mut dst = Region::new(src.len(), folio).unwrap();
+            assert!(copies_through(&shared(2).unwrap(), &mut dst, &src, folio));
+            foliokit::channels::hold_shared_lock(|| {
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        in_forked_child(|| {
+                            shared(2).is_ok_and(|p| copies_through(&p, &mut dst, &src, folio))
+                        })
+                    })
+                    .join()
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+                })
+            });
+        },
+    );
 }

@@ -1,7 +1,7 @@
 //! A channel backed by one persistent worker thread pinned to a CPU.
 
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::{Channel, ChannelError, Completion, Op, Piece};
@@ -13,9 +13,15 @@ struct Work {
     done: Arc<Completion>,
 }
 
+/// One worker thread. After `fork()` the child has the channel's memory but
+/// not its thread: there the channel refuses work (so a pool runs it on the
+/// calling thread) and, dropped, leaks the worker's handle and queue
+/// instead of joining a thread that does not exist.
 pub struct CpuChannel {
     name: String,
-    tx: Mutex<Option<Sender<Work>>>,
+    /// The process whose thread `thread` is.
+    pid: u32,
+    tx: Option<Sender<Work>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -52,21 +58,28 @@ impl CpuChannel {
                 while let Ok(w) = rx.recv() {
                     for p in &w.pieces {
                         // SAFETY: the submitter guarantees the piece's ranges
-                        // stay valid and unaliased until completion.
+                        // stay valid and unaliased until it is reported done
+                        // just below; it is run once and not touched after.
                         unsafe { w.op.run(p) };
                         // Streaming stores are only ordered by a fence on the
                         // thread that issued them: drain before reporting.
                         sfence();
-                        w.done.piece_done(p.folio);
+                        w.done.piece_done(p);
                     }
                 }
             })
             .ok();
         CpuChannel {
             name,
-            tx: Mutex::new(thread.as_ref().map(|_| tx)),
+            pid: std::process::id(),
+            tx: thread.as_ref().map(|_| tx),
             thread,
         }
+    }
+
+    /// Whether this process is the one whose thread serves the channel.
+    fn worker_here(&self) -> bool {
+        std::process::id() == self.pid
     }
 }
 
@@ -75,24 +88,40 @@ impl Channel for CpuChannel {
         &self.name
     }
 
-    fn submit(
+    /// # Safety
+    /// As [`Channel::submit`].
+    unsafe fn submit(
         &self,
         pieces: Vec<Piece>,
         op: Op,
         done: Arc<Completion>,
     ) -> Result<(), ChannelError> {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        tx.as_ref()
-            .ok_or_else(|| ChannelError::Stopped(self.name.clone()))?
+        let stopped = || ChannelError::Stopped(self.name.clone());
+        // In a forked child the queue is still open but nobody reads it.
+        if !self.worker_here() {
+            return Err(stopped());
+        }
+        // On failure the queue hands the work back unrun (dropped here).
+        self.tx
+            .as_ref()
+            .ok_or_else(stopped)?
             .send(Work { pieces, op, done })
-            .map_err(|_| ChannelError::Stopped(self.name.clone()))
+            .map_err(|_| stopped())
     }
 }
 
 impl Drop for CpuChannel {
     fn drop(&mut self) {
+        if !self.worker_here() {
+            // Forked child: the worker does not exist here, so joining it
+            // would hang; and its queue's internal locks may have been held
+            // by a parent thread at the fork, so do not even close it.
+            std::mem::forget(self.tx.take());
+            std::mem::forget(self.thread.take());
+            return;
+        }
         // Closing the queue ends the worker's loop.
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.tx.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -4,12 +4,31 @@
 //! channel ([`CpuChannel`]); the [`Channel`] trait is what a hardware copy
 //! engine (Intel DSA, a GPU copy engine) would implement instead. Workers
 //! are never spawned per call: the pool lives as long as its owner.
+//!
+//! # Soundness
+//!
+//! A [`Piece`] carries raw pointers, so everything that could make memory
+//! be written through them is `unsafe`: making a piece ([`Piece::new`]),
+//! handing pieces to a channel ([`Channel::submit`]) and running an
+//! operation on one ([`Op::run`]). Safe code, including a safe `Channel`
+//! implementation, can only look at pieces and report them done, and a
+//! batch counts each of its own pieces at most once ([`Completion::piece_done`]
+//! ignores repeats and pieces of other batches), so no channel can end a
+//! batch early while another is still writing into it.
+//!
+//! # Fork
+//!
+//! After `fork()` a child has none of its parent's threads. A CPU channel
+//! made before the fork refuses work in the child (its pool then runs the
+//! pieces on the calling thread), and [`shared`] hands the child fresh
+//! pools instead of the inherited ones.
 
 mod cpu;
 
 pub use cpu::CpuChannel;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -23,6 +42,10 @@ pub enum ChannelError {
     Zero,
     #[error("copy channel '{0}' has stopped")]
     Stopped(String),
+    #[error("a batch's folio size must not be zero")]
+    ZeroFolio,
+    #[error("{dsts} destinations but {srcs} sources")]
+    LengthMismatch { dsts: usize, srcs: usize },
 }
 
 /// What a channel does with each piece.
@@ -38,7 +61,11 @@ impl Op {
     /// Runs the operation on one piece.
     ///
     /// # Safety
-    /// The piece's ranges must be valid as its batch's submitter promised.
+    /// The piece's ranges must still be valid as promised when it was made
+    /// (see [`Piece::new`]): `dst` for writes and, for [`Op::Copy`], `src`
+    /// for reads of `len` bytes, disjoint, and accessed by nobody else. For
+    /// a piece of a pool's batch that holds until the piece is reported done
+    /// ([`Completion::piece_done`]); a piece must never be run after that.
     pub unsafe fn run(self, p: &Piece) {
         match self {
             // SAFETY: forwarded contract.
@@ -49,25 +76,89 @@ impl Op {
     }
 }
 
+/// The batch id of pieces made by [`Piece::new`]: no [`Completion`] has it.
+const NO_BATCH: u64 = 0;
+
 /// A piece of a batch: `len` bytes of folio `folio`.
+///
+/// The fields are private so that only `unsafe` code can point a piece at
+/// memory; the getters let a channel look at what it was given.
 #[derive(Debug, Clone, Copy)]
 pub struct Piece {
-    pub dst: *mut u8,
-    pub src: *const u8,
-    pub len: usize,
-    pub folio: usize,
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+    folio: usize,
+    /// The [`Completion`] this piece counts towards ([`NO_BATCH`]: none).
+    batch: u64,
+    /// Its number within that batch.
+    seq: usize,
 }
 
-// SAFETY: a Piece is a work order; the submitter keeps both ranges valid
-// and unaliased until the batch's Completion reports every piece done.
+// SAFETY: a Piece is a work order; whoever made it keeps both ranges valid
+// and unaliased until it is reported done (see `Piece::new`), so it may be
+// run on any thread.
 unsafe impl Send for Piece {}
 
-/// Tracks a batch in flight: pieces left per folio and in total, and when
-/// the first folio and the whole batch finished.
+impl Piece {
+    /// A piece of `len` bytes of folio `folio`, copied from `src` to `dst`
+    /// (or, for a clear, zeroing `dst`). It belongs to no pool batch:
+    /// [`Completion::piece_done`] ignores it. Pools make their own pieces.
+    ///
+    /// # Safety
+    /// Whoever makes a piece promises, for as long as the piece (or a copy
+    /// of it) may be run with [`Op::run`] or submitted to a [`Channel`]:
+    /// `dst` is valid for writes of `len` bytes; `src` is valid for reads
+    /// of `len` bytes (unless the piece is only ever cleared); the two
+    /// ranges do not overlap; and nobody else reads or writes `dst`, or
+    /// writes `src`, meanwhile.
+    pub unsafe fn new(dst: *mut u8, src: *const u8, len: usize, folio: usize) -> Piece {
+        Piece {
+            dst,
+            src,
+            len,
+            folio,
+            batch: NO_BATCH,
+            seq: 0,
+        }
+    }
+
+    /// Where the piece's bytes go.
+    pub fn dst(&self) -> *mut u8 {
+        self.dst
+    }
+
+    /// Where they come from (unused for clears; a pool's clears pass null).
+    pub fn src(&self) -> *const u8 {
+        self.src
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The index of the folio within its batch.
+    pub fn folio(&self) -> usize {
+        self.folio
+    }
+}
+
+/// Batch ids, never [`NO_BATCH`]; a u64 does not wrap in practice.
+static NEXT_BATCH: AtomicU64 = AtomicU64::new(NO_BATCH + 1);
+
+/// Tracks a batch in flight: which pieces are done, pieces left per folio
+/// and in total, and when the first folio and the whole batch finished.
 pub struct Completion {
+    id: u64,
     start: Instant,
     remaining: AtomicUsize,
     per_folio: Vec<AtomicUsize>,
+    /// One flag per piece: reported already.
+    reported: Vec<AtomicBool>,
     first_ns: AtomicU64,
     done: Mutex<bool>,
     cv: Condvar,
@@ -75,30 +166,53 @@ pub struct Completion {
 
 impl Completion {
     fn new(folios: usize, pieces_per_folio: usize) -> Self {
+        let pieces = folios * pieces_per_folio;
         Completion {
+            id: NEXT_BATCH.fetch_add(1, Ordering::Relaxed),
             start: Instant::now(),
-            remaining: AtomicUsize::new(folios * pieces_per_folio),
+            remaining: AtomicUsize::new(pieces),
             per_folio: (0..folios)
                 .map(|_| AtomicUsize::new(pieces_per_folio))
                 .collect(),
+            reported: (0..pieces).map(|_| AtomicBool::new(false)).collect(),
             first_ns: AtomicU64::new(0),
-            done: Mutex::new(folios == 0),
+            done: Mutex::new(pieces == 0),
             cv: Condvar::new(),
         }
     }
 
-    /// Called by a channel after a piece's bytes are visible (drained).
-    pub fn piece_done(&self, folio: usize) {
-        if self.per_folio[folio].fetch_sub(1, Ordering::AcqRel) == 1 {
-            let ns = self.start.elapsed().as_nanos().max(1) as u64;
-            let _ = self
-                .first_ns
-                .compare_exchange(0, ns, Ordering::AcqRel, Ordering::Acquire);
+    /// Called by a channel after a piece's bytes are visible (drained);
+    /// the channel must not touch the piece's ranges afterwards. Returns
+    /// whether the piece counted: a piece of another batch (or one made by
+    /// [`Piece::new`]) and a repeated report are ignored, so a channel can
+    /// never finish a batch while pieces it was not given are in flight.
+    pub fn piece_done(&self, piece: &Piece) -> bool {
+        if piece.batch != self.id {
+            return false;
         }
+        let Some(flag) = self.reported.get(piece.seq) else {
+            return false;
+        };
+        if flag.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        // Pieces with this batch's id were made by `ChannelPool::run` with
+        // a folio index below `per_folio.len()`; `get` only avoids a panic.
+        if let Some(left) = self.per_folio.get(piece.folio) {
+            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let ns = self.start.elapsed().as_nanos().max(1) as u64;
+                let _ = self
+                    .first_ns
+                    .compare_exchange(0, ns, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+        // AcqRel: the last report acquires every earlier channel's release,
+        // so the waiter (through the mutex) sees every piece's bytes.
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
             self.cv.notify_all();
         }
+        true
     }
 
     fn wait(&self) -> Duration {
@@ -111,12 +225,30 @@ impl Completion {
 }
 
 /// A copy engine (it clears too: a clear is a copy from nothing).
+///
+/// What the pool relies on from an implementation (which can only break it
+/// inside `unsafe` code of its own, since running a piece is `unsafe`):
+/// each accepted piece is run at most once, its bytes are visible (drained)
+/// before `done.piece_done` is called for it, and its ranges are not touched
+/// after that; and `Err` means no piece was, or will be, touched (the pool
+/// then runs them itself).
 pub trait Channel: Send + Sync {
     fn name(&self) -> &str;
+
     /// Starts running `op` on `pieces` in order, making each piece's bytes
-    /// visible (drained) before calling `done.piece_done`.
-    fn submit(&self, pieces: Vec<Piece>, op: Op, done: Arc<Completion>)
-        -> Result<(), ChannelError>;
+    /// visible (drained) before calling `done.piece_done` for it.
+    ///
+    /// # Safety
+    /// Every piece's ranges must be valid for `op` (`dst` for writes and,
+    /// for [`Op::Copy`], `src` for reads of `len` bytes), disjoint, and
+    /// accessed by nobody else from this call until `done` reports the
+    /// piece done, or until the call returns if it returns `Err`.
+    unsafe fn submit(
+        &self,
+        pieces: Vec<Piece>,
+        op: Op,
+        done: Arc<Completion>,
+    ) -> Result<(), ChannelError>;
 }
 
 /// When a batch's first folio and last piece completed, from submission.
@@ -126,26 +258,179 @@ pub struct BatchTiming {
     pub done: Duration,
 }
 
+/// The shared pools of one process.
+struct Registry {
+    /// The process that made them: a forked child has their memory but not
+    /// their threads.
+    pid: u32,
+    /// Pools by channel count.
+    pools: Vec<(usize, Arc<ChannelPool>)>,
+}
+
+/// The registry behind a lock that a forked child can break.
+///
+/// `owner` is 0 when free, else the pid of the process one of whose threads
+/// holds it. Why not a `Mutex`: if another thread of the parent holds the
+/// lock when some thread forks, the child's copy is locked by a thread that
+/// does not exist there, and a `Mutex` would block the child forever; no
+/// atfork handler is needed either (raw `clone` skips those). A holder's
+/// pid tells the child the lock is its parent's: it takes it over and,
+/// since the holder may have been mid-update, overwrites the registry
+/// without reading or dropping it. A pid in the lock word that is not ours
+/// is always stale: the lock lives in private memory, so only threads of
+/// this process (or of the parent, before the fork copied it) wrote it.
+/// Pids are never 0. (A child forked into a new pid namespace could get its
+/// parent's pid number; that case is not detected.) The critical sections
+/// are a lookup or a push (pools are built outside the lock), so waiters
+/// spin briefly, then yield.
+struct PidLock {
+    owner: AtomicU32,
+    registry: UnsafeCell<Option<Registry>>,
+}
+
+// SAFETY: `registry` is only accessed by the thread that holds `owner`
+// (see `lock_pools`), which hands access from thread to thread with
+// Acquire/Release; its contents (`Arc<ChannelPool>`) are Send + Sync.
+unsafe impl Sync for PidLock {}
+
+static POOLS: PidLock = PidLock {
+    owner: AtomicU32::new(0),
+    registry: UnsafeCell::new(None),
+};
+
+/// Holds [`POOLS`]; releases it when dropped.
+struct PoolsGuard {
+    me: u32,
+}
+
+impl PoolsGuard {
+    /// This process's pools, made fresh if the registry is the parent's.
+    fn pools(&mut self) -> &mut Vec<(usize, Arc<ChannelPool>)> {
+        // SAFETY: we hold the lock (see `lock_pools`), so nobody else
+        // accesses the registry while this borrow of `self` lives; a
+        // registry left mid-update by a parent thread was overwritten in
+        // `lock_pools` before any reference to it was made.
+        let reg = unsafe { &mut *POOLS.registry.get() };
+        if reg.as_ref().is_some_and(|r| r.pid != self.me) {
+            // The parent's pools: their worker threads do not exist here.
+            // Dropping them would join those threads and hang, and a pool
+            // some caller still holds must stay valid, so leak them.
+            std::mem::forget(reg.take());
+        }
+        &mut reg
+            .get_or_insert_with(|| Registry {
+                pid: self.me,
+                pools: Vec::new(),
+            })
+            .pools
+    }
+}
+
+impl Drop for PoolsGuard {
+    fn drop(&mut self) {
+        POOLS.owner.store(0, Ordering::Release);
+    }
+}
+
+fn lock_pools() -> PoolsGuard {
+    let me = std::process::id();
+    let mut spins = 0u32;
+    loop {
+        match POOLS
+            .owner
+            .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => return PoolsGuard { me },
+            Err(0) => {}
+            Err(holder) if holder == me => {
+                // Another thread of this process: wait for it.
+                if spins < 64 {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            Err(holder) => {
+                // A parent's thread held it when we were forked, and that
+                // thread does not exist here: take the lock over.
+                if POOLS
+                    .owner
+                    .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    // SAFETY: we hold the lock now. The parent's registry
+                    // may be half-written: overwrite it without reading or
+                    // dropping it (its pools are leaked, as in `pools`).
+                    unsafe { POOLS.registry.get().write(None) };
+                    return PoolsGuard { me };
+                }
+            }
+        }
+    }
+}
+
 /// The process-wide CPU pool with `n` channels, created on first use and
 /// kept: callers that copy or migrate repeatedly reuse the same workers
 /// instead of spawning threads per call. Batches from several threads may
 /// share it; each has its own completion.
+///
+/// Fork-safe: a child process gets pools of its own, with live workers,
+/// instead of its parent's (whose threads it does not have), and does not
+/// wait for the registry's lock if a parent thread held it at the fork.
 pub fn shared(n: usize) -> Result<Arc<ChannelPool>, ChannelError> {
-    /// Pools by channel count.
-    type Pools = Vec<(usize, Arc<ChannelPool>)>;
-    static POOLS: Mutex<Pools> = Mutex::new(Vec::new());
-    let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, p)) = pools.iter().find(|(k, _)| *k == n) {
-        return Ok(p.clone());
+    let find = |pools: &[(usize, Arc<ChannelPool>)]| {
+        pools.iter().find(|(k, _)| *k == n).map(|(_, p)| p.clone())
+    };
+    if let Some(p) = find(lock_pools().pools()) {
+        return Ok(p);
     }
-    let p = Arc::new(ChannelPool::cpu(n)?);
-    pools.push((n, p.clone()));
-    Ok(p)
+    // Spawn the workers outside the lock, then publish, unless another
+    // thread published first: then ours are dropped (joined), unlocked.
+    let fresh = Arc::new(ChannelPool::cpu(n)?);
+    let mut guard = lock_pools();
+    let pools = guard.pools();
+    if let Some(p) = find(pools) {
+        drop(guard);
+        drop(fresh);
+        return Ok(p);
+    }
+    pools.push((n, fresh.clone()));
+    Ok(fresh)
+}
+
+/// Runs `f` while holding the lock of the [`shared`] pools: a test hook,
+/// for forking while another thread holds it. `f` must not call [`shared`]
+/// itself (it would wait for its own thread forever).
+#[doc(hidden)]
+pub fn hold_shared_lock<R>(f: impl FnOnce() -> R) -> R {
+    let _held = lock_pools();
+    f()
 }
 
 /// A set of channels a batch is spread across.
 pub struct ChannelPool {
     channels: Vec<Box<dyn Channel>>,
+}
+
+/// Aborts the process if a batch unwinds while pieces may be in flight.
+///
+/// A panic out of a channel's `submit` (or a copy function run on the
+/// calling thread) would otherwise return from `copy_folios` while other
+/// channels still write into the caller's memory, which the caller then
+/// frees. No pieces can be recalled, so the only sound way out is to stop.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        use std::io::Write;
+        // Best effort: the abort must happen even if stderr is gone.
+        let _ = writeln!(
+            std::io::stderr(),
+            "foliokit: a channel batch panicked with pieces in flight; aborting"
+        );
+        std::process::abort();
+    }
 }
 
 impl ChannelPool {
@@ -183,6 +468,10 @@ impl ChannelPool {
     /// every byte is copied and visible; pieces a channel refuses are copied
     /// on the calling thread.
     ///
+    /// A zero `folio_size` ([`ChannelError::ZeroFolio`]) or lists of
+    /// different lengths ([`ChannelError::LengthMismatch`]) are refused
+    /// before anything is copied.
+    ///
     /// # Safety
     /// Each pair must be valid for `folio_size` bytes (reads from the
     /// source, writes to the destination), no destination may overlap
@@ -194,14 +483,24 @@ impl ChannelPool {
         srcs: &[*const u8],
         folio_size: usize,
         copy: CopyFn,
-    ) -> BatchTiming {
-        let n = dsts.len().min(srcs.len());
-        // SAFETY: forwarded contract.
-        unsafe { self.run(n, folio_size, Op::Copy(copy), |f| (dsts[f], srcs[f])) }
+    ) -> Result<BatchTiming, ChannelError> {
+        if dsts.len() != srcs.len() {
+            return Err(ChannelError::LengthMismatch {
+                dsts: dsts.len(),
+                srcs: srcs.len(),
+            });
+        }
+        // SAFETY: forwarded contract; the lists have equal lengths.
+        unsafe {
+            self.run(dsts.len(), folio_size, Op::Copy(copy), |f| {
+                (dsts[f], srcs[f])
+            })
+        }
     }
 
     /// Zeroes folio `i` at `dsts[i]` for every `i`, spread as
-    /// [`ChannelPool::copy_folios`] spreads copies.
+    /// [`ChannelPool::copy_folios`] spreads copies. A zero `folio_size` is
+    /// refused ([`ChannelError::ZeroFolio`]) before anything is written.
     ///
     /// # Safety
     /// Each destination must be valid for writes of `folio_size` bytes, none
@@ -212,7 +511,7 @@ impl ChannelPool {
         dsts: &[*mut u8],
         folio_size: usize,
         clear: ClearFn,
-    ) -> BatchTiming {
+    ) -> Result<BatchTiming, ChannelError> {
         // SAFETY: forwarded contract; clears never read `src`.
         unsafe {
             self.run(dsts.len(), folio_size, Op::Clear(clear), |f| {
@@ -232,14 +531,25 @@ impl ChannelPool {
         folio_size: usize,
         op: Op,
         folio: impl Fn(usize) -> (*mut u8, *const u8),
-    ) -> BatchTiming {
+    ) -> Result<BatchTiming, ChannelError> {
+        if folio_size == 0 {
+            return Err(ChannelError::ZeroFolio);
+        }
+        if n == 0 {
+            return Ok(BatchTiming {
+                first_folio: Duration::ZERO,
+                done: Duration::ZERO,
+            });
+        }
         let ch = self.channels.len();
-        let split = if n >= ch { 1 } else { ch.div_ceil(n.max(1)) };
+        let split = if n >= ch { 1 } else { ch.div_ceil(n) };
+        // Whole pages per piece where possible; never more than the folio.
         let piece = folio_size
             .div_ceil(split)
-            .next_multiple_of(page_size())
-            .min(folio_size.max(1));
-        let per_folio = folio_size.div_ceil(piece).max(1);
+            .checked_next_multiple_of(page_size())
+            .unwrap_or(folio_size)
+            .min(folio_size);
+        let per_folio = folio_size.div_ceil(piece);
         let done = Arc::new(Completion::new(n, per_folio));
         let mut work: Vec<Vec<Piece>> = vec![Vec::new(); ch];
         let mut k = 0;
@@ -250,33 +560,49 @@ impl ChannelPool {
                 work[k % ch].push(Piece {
                     // off < folio_size: inside the folio.
                     dst: dst.wrapping_add(off),
-                    src: src.wrapping_add(off),
+                    // A clear's null source stays null.
+                    src: if src.is_null() {
+                        src
+                    } else {
+                        src.wrapping_add(off)
+                    },
                     len: piece.min(folio_size - off),
                     folio: f,
+                    batch: done.id,
+                    seq: k,
                 });
                 k += 1;
             }
         }
+        // From the first submission until every piece is reported, leaving
+        // this function by a panic would free memory under the channels.
+        let in_flight = AbortOnUnwind;
         for (c, pieces) in self.channels.iter().zip(work) {
             if pieces.is_empty() {
                 continue;
             }
+            // SAFETY: the caller's contract covers every piece until this
+            // function returns, and it returns only after `done.wait()`,
+            // i.e. after every piece was reported done.
+            let submitted = unsafe { c.submit(pieces.clone(), op, done.clone()) };
             // A channel that cannot take work means "finish on the CPU",
             // never "give up with pieces still in flight elsewhere".
-            if c.submit(pieces.clone(), op, done.clone()).is_err() {
+            if submitted.is_err() {
                 for p in &pieces {
-                    // SAFETY: the caller's contract covers every piece.
+                    // SAFETY: the caller's contract covers every piece, and
+                    // a refusing channel touches none of them.
                     unsafe { op.run(p) };
                     crate::arch::sfence();
-                    done.piece_done(p.folio);
+                    done.piece_done(p);
                 }
             }
         }
         let total = done.wait();
+        std::mem::forget(in_flight);
         let first = Duration::from_nanos(done.first_ns.load(Ordering::Acquire));
-        BatchTiming {
+        Ok(BatchTiming {
             first_folio: first.min(total),
             done: total,
-        }
+        })
     }
 }

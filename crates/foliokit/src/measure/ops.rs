@@ -149,7 +149,7 @@ pub fn measure_copy(
             let f = resolved.function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside two live, disjoint regions that
             // nothing else touches until the pool returns.
-            unsafe { pool.copy_folios(&dsts, &srcs, plan.folio_size, f) };
+            unsafe { pool.copy_folios(&dsts, &srcs, plan.folio_size, f) }?;
             return Ok(resolved.name().to_string());
         }
         if cand.mc {
@@ -220,7 +220,7 @@ pub fn measure_clear(
             let f = resolved.range_function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside the live region, which nothing
             // else touches until the pool returns.
-            unsafe { pool.clear_folios(&dsts, plan.folio_size, f) };
+            unsafe { pool.clear_folios(&dsts, plan.folio_size, f) }?;
             return Ok(resolved.name().to_string());
         }
         let opts = ClearOptions {

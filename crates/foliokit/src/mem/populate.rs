@@ -77,7 +77,11 @@ pub unsafe fn populate_chunked(
     channels: usize,
     chunk: usize,
 ) -> Result<PopulateReport, PopulateError> {
-    let chunk = chunk.max(POPULATE_CHUNK).next_power_of_two();
+    // A chunk past the largest power of two is one chunk for any range.
+    let chunk = chunk
+        .max(POPULATE_CHUNK)
+        .checked_next_power_of_two()
+        .unwrap_or(1 << (usize::BITS - 1));
     if channels == 0 {
         return Err(PopulateError::ZeroChannels);
     }
@@ -90,7 +94,9 @@ pub unsafe fn populate_chunked(
         .ok_or(PopulateError::Wraps { addr: start, len })?;
     let t0 = Instant::now();
     // Chunk boundaries: the start, every aligned boundary inside, the end.
-    let first_boundary = start.next_multiple_of(chunk);
+    // No boundary above the range's start fits the address space: none
+    // lies inside the range either.
+    let first_boundary = start.checked_next_multiple_of(chunk).unwrap_or(end);
     let mut bounds = vec![start];
     bounds.extend((first_boundary..end).step_by(chunk).filter(|&b| b > start));
     bounds.push(end);
@@ -170,7 +176,10 @@ unsafe fn populate_chunk(addr: usize, len: usize) -> io::Result<bool> {
 pub fn resident_pages(ptr: *const u8, len: usize) -> io::Result<usize> {
     let page = page_size();
     let start = ptr as usize & !(page - 1);
-    let pages = (ptr as usize + len - start).div_ceil(page);
+    let end = (ptr as usize)
+        .checked_add(len)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let pages = (end - start).div_ceil(page);
     let mut vec = vec![0u8; pages];
     // SAFETY: mincore writes one byte per page into `vec`, which has room.
     let rc = unsafe { libc::mincore(start as *mut libc::c_void, pages * page, vec.as_mut_ptr()) };

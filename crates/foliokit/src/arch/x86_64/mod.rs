@@ -19,6 +19,11 @@ pub fn sfence() {
     unsafe { asm!("sfence", options(nostack, preserves_flags)) }
 }
 
+/// Why a composite strategy (`per-page`, `libc`, `butterfly`, `auto`) has no
+/// primitive here: `CopyStrategy::function` and `ClearStrategy` dispatch
+/// resolve those.
+const COMPOSITE: &str = "a composite strategy with no single primitive (resolve it through crate::copy or crate::clear)";
+
 /// The primitive a named copy strategy runs, or why this CPU lacks it.
 pub fn copy_primitive(s: CopyStrategy, f: &Features) -> Result<CopyFn, &'static str> {
     Ok(match s {
@@ -30,9 +35,7 @@ pub fn copy_primitive(s: CopyStrategy, f: &Features) -> Result<CopyFn, &'static 
         CopyStrategy::Avx2 => return Err("CPU or OS lacks AVX2"),
         CopyStrategy::Avx512 if f.avx512f => copy::copy_avx512,
         CopyStrategy::Avx512 => return Err("CPU or OS lacks AVX-512F"),
-        CopyStrategy::PerPage | CopyStrategy::Libc | CopyStrategy::Auto => {
-            unreachable!("composite strategies are resolved by crate::copy")
-        }
+        CopyStrategy::PerPage | CopyStrategy::Libc | CopyStrategy::Auto => return Err(COMPOSITE),
     })
 }
 
@@ -47,7 +50,7 @@ pub fn clear_primitive(s: ClearStrategy, f: &Features) -> Result<ClearFn, &'stat
         ClearStrategy::Butterfly
         | ClearStrategy::PerPage
         | ClearStrategy::Libc
-        | ClearStrategy::Auto => unreachable!("composite strategies are resolved by crate::clear"),
+        | ClearStrategy::Auto => return Err(COMPOSITE),
     })
 }
 
