@@ -57,13 +57,16 @@ fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, Migra
     Ok(Share { stats, failed })
 }
 
+/// Batch timings, and the pages that failed with their errno.
+type Moved = (Vec<BatchStat>, Vec<(usize, i32)>);
+
 /// Moves `pages` (page addresses) to `node` from `o.channels` threads on
 /// disjoint shares; returns the batch timings and the pages that failed.
 pub fn move_list(
     pages: &[usize],
     node: u32,
     o: &MigrateOptions,
-) -> Result<(Vec<BatchStat>, Vec<(usize, i32)>), MigrateError> {
+) -> Result<Moved, MigrateError> {
     if pages.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }

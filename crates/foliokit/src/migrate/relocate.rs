@@ -307,8 +307,8 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         }));
     }
     // Pages faulted in between the two reads need destinations too.
-    for i in 0..n {
-        if b.state[i] == State::Untouched && pre[i] != PageState::Present {
+    for (i, (s, p)) in b.state.iter().zip(&pre).enumerate() {
+        if *s == State::Untouched && *p != PageState::Present {
             let _ = dest.populate(i, 1, page);
         }
     }
@@ -320,7 +320,12 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         }
         return Err(Start::Refused(why));
     }
-    copy_in_stage(run, &b, &parking, &dest, start);
+    if let Err(e) = copy_in_stage(run, &b, &parking, &dest, start) {
+        // Cannot happen (pieces are never empty, lists never differ); if it
+        // did, the parked pages go back unchanged rather than uncopied.
+        out.notes.push(format!("copy failed ({e}); pages put back"));
+        restore(run, &mut b, &parking);
+    }
     let first_in = install(run, &mut b, &parking, &dest, start, len, &mut out);
     drain(run, &mut b, &parking, start, len, &mut out);
     for &(s, e) in &b.registered {
@@ -453,7 +458,13 @@ fn take_out(
 
 /// Step 6: copies parked pages into the destination folios, in pieces
 /// that never cross a folio boundary, through the channels.
-fn copy_in_stage(run: &Run, b: &Batch, parking: &Stage, dest: &Stage, start: usize) {
+fn copy_in_stage(
+    run: &Run,
+    b: &Batch,
+    parking: &Stage,
+    dest: &Stage,
+    start: usize,
+) -> Result<(), crate::channels::ChannelError> {
     let page = run.page;
     let mut pieces: Vec<(usize, usize)> = Vec::new(); // (first index, pages)
     for (i, k) in runs_by_index(b) {
@@ -479,7 +490,25 @@ fn copy_in_stage(run: &Run, b: &Batch, parking: &Stage, dest: &Stage, start: usi
         // SAFETY: both areas are our own mappings, private to this call;
         // every parked page is present (moved there), every destination
         // page allocated; pieces are disjoint.
-        unsafe { run.pool.copy_folios(&dsts, &srcs, size, run.copy) };
+        unsafe { run.pool.copy_folios(&dsts, &srcs, size, run.copy) }?;
+    }
+    Ok(())
+}
+
+/// Moves parked pages back where they came from (their bytes unchanged).
+fn restore(run: &Run, b: &mut Batch, parking: &Stage) {
+    for i in 0..b.len() {
+        if b.state[i] != State::Out {
+            continue;
+        }
+        let (at, src) = (b.addr[i], parking.base + i * run.page);
+        b.state[i] = if run.uffd.move_pages(at, src, run.page).is_ok()
+            || run.uffd.copy(at, src, run.page).is_ok()
+        {
+            State::Left
+        } else {
+            State::Dropped
+        };
     }
 }
 
