@@ -2,13 +2,11 @@
 
 use std::time::Instant;
 
-use super::{BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath, MigrateReport};
+use super::{
+    sys, BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath, MigrateReport,
+};
 use crate::batch::page_size;
 use crate::sys::numa;
-
-fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> MigrateError {
-    move |source| MigrateError::Sys { what, source }
-}
 
 /// What one thread's share of the range did.
 struct Share {
@@ -62,11 +60,7 @@ type Moved = (Vec<BatchStat>, Vec<(usize, i32)>);
 
 /// Moves `pages` (page addresses) to `node` from `o.channels` threads on
 /// disjoint shares; returns the batch timings and the pages that failed.
-pub fn move_list(
-    pages: &[usize],
-    node: u32,
-    o: &MigrateOptions,
-) -> Result<Moved, MigrateError> {
+pub fn move_list(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Moved, MigrateError> {
     if pages.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }

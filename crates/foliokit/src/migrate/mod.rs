@@ -249,6 +249,11 @@ impl MigrateReport {
     }
 }
 
+/// Wraps a failed system call's error with what was being done.
+fn sys(what: &'static str) -> impl FnOnce(io::Error) -> MigrateError {
+    move |source| MigrateError::Sys { what, source }
+}
+
 /// Checks everything that does not depend on the path.
 fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<(), MigrateError> {
     if len == 0 {

@@ -54,18 +54,14 @@ use super::stage::Stage;
 use super::track::{Batch, State};
 use super::vma::{self, Vma};
 use super::{
-    kernel, BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath, MigrateReport,
-    Refusal,
+    kernel, sys, BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath,
+    MigrateReport, Refusal,
 };
 use crate::arch::CopyFn;
 use crate::batch::page_size;
 use crate::channels::ChannelPool;
 use crate::sys::pagemap::{page_states, PageState};
 use crate::sys::uffd::{self, Msg, Reach, Uffd};
-
-fn sys(what: &'static str) -> impl FnOnce(io::Error) -> MigrateError {
-    move |source| MigrateError::Sys { what, source }
-}
 
 const FEATURES: u64 = uffd::FEATURE_EVENT_FORK
     | uffd::FEATURE_EVENT_REMAP

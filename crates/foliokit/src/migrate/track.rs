@@ -167,7 +167,11 @@ mod tests {
         assert_eq!(b.count(State::Untouched), 6);
         assert_eq!(b.state[2], State::Empty);
         assert_eq!(b.state[4], State::Left);
-        assert_eq!(b.state[8], State::Left, "zero page or shared: not ours to move");
+        assert_eq!(
+            b.state[8],
+            State::Left,
+            "zero page or shared: not ours to move"
+        );
         assert_eq!(b.runs(State::Untouched), vec![(0, 2), (3, 1), (5, 3)]);
         assert_eq!(b.registered, vec![(B, B + 9 * PG)]);
     }
