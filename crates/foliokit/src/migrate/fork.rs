@@ -2,7 +2,18 @@
 //!
 //! fork() copies page tables as they are: pages of the batch that are out
 //! in the parking area are empty entries in the child, which would read
-//! zeros. With UFFD_FEATURE_EVENT_FORK the child's copy of the registered
+//! zeros. Two defences:
+//!
+//! 1. [`ForkGate`]: a `pthread_atfork` prepare handler makes glibc's
+//!    fork() (and so `std::process::Command` when it forks) wait until no
+//!    batch is registered (at most one batch). This is needed, not just
+//!    nicer: glibc's fork takes every malloc arena lock and the stdio lock
+//!    before the clone syscall and holds them while the kernel waits for
+//!    its FORK event to be read, so a migrating thread that allocated
+//!    anything meanwhile would never read it. The prepare handler runs
+//!    before glibc takes those locks.
+//! 2. For a raw clone(2) without CLONE_VM (no atfork handlers, no glibc
+//!    locks held), UFFD_FEATURE_EVENT_FORK: the child's copy of the registered
 //! range is registered with a new userfaultfd handed to us, and the fork
 //! does not return (the child does not run) until we read that event; so
 //! we fill those entries with the parked bytes through the child's
@@ -10,7 +21,64 @@
 //! wakes any of its threads that touched them first. Wipe-on-fork
 //! mappings are left empty: the child must see zeros there.
 
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Once;
+
 use crate::sys::uffd::{Msg, Uffd};
+
+/// Batches currently registered, process-wide.
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+/// Threads inside glibc's fork(), waiting for `ACTIVE` to drain.
+static FORKING: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn prepare() {
+    // Dekker-style with `ForkGate::enter` (all SeqCst): either this sees
+    // the batch, or the batch sees this fork and backs off.
+    FORKING.fetch_add(1, SeqCst);
+    while ACTIVE.load(SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+}
+
+extern "C" fn parent() {
+    FORKING.fetch_sub(1, SeqCst);
+}
+
+extern "C" fn child() {
+    // The child has one thread and no batch.
+    ACTIVE.store(0, SeqCst);
+    FORKING.store(0, SeqCst);
+}
+
+/// Held for as long as a batch is registered: glibc forks wait meanwhile.
+pub struct ForkGate(());
+
+impl ForkGate {
+    pub fn enter() -> ForkGate {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            // SAFETY: the handlers are async-signal-safe (atomics and
+            // sched_yield only) and live for the whole program.
+            unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        });
+        loop {
+            while FORKING.load(SeqCst) != 0 {
+                std::thread::yield_now();
+            }
+            ACTIVE.fetch_add(1, SeqCst);
+            if FORKING.load(SeqCst) == 0 {
+                return ForkGate(());
+            }
+            ACTIVE.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+impl Drop for ForkGate {
+    fn drop(&mut self) {
+        ACTIVE.fetch_sub(1, SeqCst);
+    }
+}
 
 /// How often a fill may be interrupted by the child's own events before
 /// we give up on it (each interruption is the child unmapping or forking).

@@ -49,8 +49,8 @@
 use std::io;
 use std::time::Instant;
 
-use super::fork::fill_child;
-use super::stage::Stage;
+use super::fork::{fill_child, ForkGate};
+use super::stage::{Probe, Stage};
 use super::track::{Batch, State};
 use super::vma::{self, Vma};
 use super::{
@@ -102,6 +102,7 @@ fn open_uffd(addr: usize, o: &MigrateOptions) -> Result<Uffd, MigrateError> {
 /// What stays the same for every batch of one call.
 struct Run<'a> {
     uffd: &'a Uffd,
+    probe: std::cell::RefCell<Probe<'a>>,
     node: u32,
     page: usize,
     folio: usize,
@@ -149,8 +150,13 @@ pub fn relocate(
     ));
     let copy_fn = copy.function()?;
     let pool = crate::channels::shared(o.channels)?;
+    let probe = Probe::new(&uffd, page).map_err(|e| MigrateError::Refused {
+        addr,
+        why: Refusal::NoUffd(e),
+    })?;
     let run = Run {
         uffd: &uffd,
+        probe: std::cell::RefCell::new(probe),
         node,
         page,
         folio,
@@ -215,8 +221,11 @@ pub fn relocate(
             at = stop;
         }
     }
-    // Closing the descriptor is the backstop: it unregisters anything a
-    // failed unregistration left behind and wakes every waiter.
+    // Every batch ended quiet (see `quiesce`), so no event is left unread
+    // and closing the descriptor cannot strand a forking thread; closing is
+    // also the backstop that unregisters anything a failed unregistration
+    // left behind and wakes every waiter.
+    drop(run);
     drop(uffd);
     if !leftovers.is_empty() {
         let (_, failed) = kernel::move_list(&leftovers, node, o)?;
@@ -252,8 +261,10 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let stop = |what: &str, e: io::Error| Start::Stop(format!("{what}: {e}"));
     let pre = page_states(start, n, page).map_err(|e| stop("pagemap", e))?;
     if !pre.contains(&PageState::Present) {
+        let left = populated(start, len, page).unwrap_or_default();
         return Ok(Outcome {
-            left: populated(start, len, page).unwrap_or_default(),
+            populated: left.len(),
+            left,
             ..Outcome::default()
         });
     }
@@ -272,7 +283,9 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let parking = Stage::parking(start, len, v, run.uffd).map_err(|e| stop("parking area", e))?;
     let pool_secs = tp.elapsed().as_secs_f64();
 
-    // From here threads touching an empty entry of the batch wait.
+    // From here threads touching an empty entry of the batch wait, and
+    // glibc forks wait for the batch to end (see fork.rs).
+    let _gate = ForkGate::enter();
     let tb = Instant::now();
     let ioctls = match run.uffd.register_missing(start, len) {
         Ok(i) => i,
@@ -284,54 +297,19 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         }
         Err(e) => return Err(stop("the mapping changed before its batch", e)),
     };
-    let mut b = match page_states(start, n, page) {
-        Ok(post) => Batch::new(start, page, &post),
-        Err(e) => {
-            let _ = run.uffd.unregister(start, len);
-            return Err(stop("pagemap", e));
-        }
-    };
+    let mut b = Batch::new(start, page, &vec![PageState::Empty; n]);
     let mut out = Outcome {
         pool_secs,
         ..Outcome::default()
     };
-    if ioctls & (uffd::IOCTL_MOVE | uffd::IOCTL_COPY) != uffd::IOCTL_MOVE | uffd::IOCTL_COPY {
-        let _ = run.uffd.unregister(start, len);
-        return Err(Start::Refused(Refusal::KernelLacks {
-            feature: "UFFDIO_MOVE on this mapping",
-            since: "6.8",
-        }));
-    }
-    // Pages faulted in between the two reads need destinations too.
-    for (i, (s, p)) in b.state.iter().zip(&pre).enumerate() {
-        if *s == State::Untouched && *p != PageState::Present {
-            let _ = dest.populate(i, 1, page);
-        }
-    }
-    let first = take_out(run, &mut b, &parking, start, len, &mut out);
-    if let Err(why) = first {
-        // Nothing was taken: the memory is as it was.
-        for &(s, e) in &b.registered {
-            let _ = run.uffd.unregister(s, e - s);
-        }
-        return Err(Start::Refused(why));
-    }
-    if let Err(e) = copy_in_stage(run, &b, &parking, &dest, start) {
-        // Cannot happen (pieces are never empty, lists never differ); if it
-        // did, the parked pages go back unchanged rather than uncopied.
-        out.notes.push(format!("copy failed ({e}); pages put back"));
-        restore(run, &mut b, &parking);
-    }
-    let first_in = install(run, &mut b, &parking, &dest, start, len, &mut out);
-    drain(run, &mut b, &parking, start, len, &mut out);
-    for &(s, e) in &b.registered {
-        // Fails only where the kernel finds no mapping of ours; closing the
-        // descriptor at the end of the call covers anything left.
-        let _ = run.uffd.unregister(s, e - s);
-    }
+    let res = registered(run, &mut b, &pre, &parking, &dest, ioctls, &mut out);
+    // Whatever happened: read what is left, unregister, and make sure no
+    // event is still in flight when the batch ends.
+    quiesce(run, &mut b, &parking, &mut out);
     let total = tb.elapsed();
     drop(parking);
     drop(dest);
+    let first_in = res?;
     out.populated = b.state.iter().filter(|&&s| s != State::Empty).count();
     out.relocated = b.count(State::In);
     out.dropped = b.count(State::Dropped);
@@ -348,9 +326,77 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     Ok(out)
 }
 
+/// Steps 4 to 7, with the batch registered. Returns when the first pages
+/// were usable again.
+fn registered(
+    run: &Run,
+    b: &mut Batch,
+    pre: &[PageState],
+    parking: &Stage,
+    dest: &Stage,
+    ioctls: u64,
+    out: &mut Outcome,
+) -> Result<Option<std::time::Duration>, Start> {
+    let page = run.page;
+    let start = b.addr[0];
+    *b = Batch::new(
+        start,
+        page,
+        &page_states(start, b.len(), page).map_err(|e| Start::Stop(format!("pagemap: {e}")))?,
+    );
+    if ioctls & (uffd::IOCTL_MOVE | uffd::IOCTL_COPY) != uffd::IOCTL_MOVE | uffd::IOCTL_COPY {
+        return Err(Start::Refused(Refusal::KernelLacks {
+            feature: "UFFDIO_MOVE on this mapping",
+            since: "6.8",
+        }));
+    }
+    // Pages faulted in between the two reads need destinations too.
+    for (i, (s, p)) in b.state.iter().zip(pre).enumerate() {
+        if *s == State::Untouched && *p != PageState::Present {
+            let _ = dest.populate(i, 1, page);
+        }
+    }
+    // An error means nothing was taken: the memory is as it was.
+    take_out(run, b, parking, out).map_err(Start::Refused)?;
+    if let Err(e) = copy_in_stage(run, b, parking, dest, start) {
+        // Cannot happen (pieces are never empty, lists never differ); if it
+        // did, the parked pages go back unchanged rather than uncopied.
+        out.notes.push(format!("copy failed ({e}); pages put back"));
+        restore(run, b, parking);
+    }
+    Ok(install(run, b, parking, dest, out))
+}
+
+/// How many rounds [`quiesce`] waits for in-flight events before it gives
+/// up (each round reads them; none can start once nothing is registered).
+const QUIESCE_ROUNDS: usize = 100_000;
+
+/// Unregisters the batch and waits until no event is in flight, handling
+/// every one that arrives meanwhile (a remap read late moves a registered
+/// range, which is unregistered in turn).
+fn quiesce(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
+    for _ in 0..QUIESCE_ROUNDS {
+        drain(run, b, parking, out);
+        for &(s, e) in &b.registered {
+            // Fails where no mapping of ours is left there: nothing to do.
+            let _ = run.uffd.unregister(s, e - s);
+        }
+        match run.probe.borrow_mut().quiet(run.uffd) {
+            Ok(true) => return,
+            Ok(false) => std::thread::yield_now(),
+            Err(e) => {
+                out.notes.push(format!("event probe failed: {e}"));
+                return;
+            }
+        }
+    }
+    out.notes
+        .push("events kept arriving after the batch was unregistered".into());
+}
+
 /// Reads every waiting message and applies it to the batch; returns
 /// once none is left.
-fn drain(run: &Run, b: &mut Batch, parking: &Stage, start: usize, len: usize, out: &mut Outcome) {
+fn drain(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
     let msgs = match run.uffd.read_all() {
         Ok(m) => m,
         Err(e) => {
@@ -368,7 +414,7 @@ fn drain(run: &Run, b: &mut Batch, parking: &Stage, start: usize, len: usize, ou
             Msg::Fork(child) => {
                 // A wipe-on-fork child must see zeros there, never the
                 // parent's bytes.
-                let wipe = vma::overlapping(start, len)
+                let wipe = vma::overlapping(b.base, b.len() * run.page)
                     .map(|vs| vs.iter().any(|v| v.has("wf")))
                     .unwrap_or(true);
                 let fills = if wipe {
@@ -388,14 +434,7 @@ fn drain(run: &Run, b: &mut Batch, parking: &Stage, start: usize, len: usize, ou
 /// Step 5: moves the batch's populated pages into the parking area. An
 /// error means nothing could be taken because the kernel finds the
 /// mapping incompatible.
-fn take_out(
-    run: &Run,
-    b: &mut Batch,
-    parking: &Stage,
-    start: usize,
-    len: usize,
-    out: &mut Outcome,
-) -> Result<(), Refusal> {
+fn take_out(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) -> Result<(), Refusal> {
     let page = run.page;
     // A run can span a mapping split made meanwhile (mprotect and back):
     // after an EINVAL, pages go one at a time, so each is judged alone.
@@ -427,7 +466,7 @@ fn take_out(
             let at = i + done;
             match errno(&p.error) {
                 libc::EAGAIN => {
-                    drain(run, b, parking, start, len, out);
+                    drain(run, b, parking, out);
                     break; // runs changed: recompute
                 }
                 libc::EINVAL if !single => {
@@ -528,15 +567,13 @@ fn install(
     b: &mut Batch,
     parking: &Stage,
     dest: &Stage,
-    start: usize,
-    len: usize,
     out: &mut Outcome,
 ) -> Option<std::time::Duration> {
     let page = run.page;
     let t = Instant::now();
     let mut first = None;
     let mut retries = 0;
-    drain(run, b, parking, start, len, out);
+    drain(run, b, parking, out);
     loop {
         let runs = b.runs(State::Out);
         if runs.is_empty() {
@@ -559,7 +596,7 @@ fn install(
             let Err(p) = res else { continue };
             let at = i + done;
             if errno(&p.error) == libc::EAGAIN {
-                drain(run, b, parking, start, len, out);
+                drain(run, b, parking, out);
                 break;
             }
             // The mapping changed under the batch (mprotect, munlock) or
@@ -568,7 +605,7 @@ fn install(
                 Ok(_) => b.state[at] = State::In,
                 Err(c) => match errno(&c.error) {
                     libc::EAGAIN => {
-                        drain(run, b, parking, start, len, out);
+                        drain(run, b, parking, out);
                         break;
                     }
                     libc::ENOMEM if retries < INSTALL_RETRIES => {

@@ -161,3 +161,50 @@ impl Drop for Stage<'_> {
         unsafe { libc::munmap(self.map as *mut libc::c_void, self.map_len) };
     }
 }
+
+/// Tells whether a userfaultfd event is in flight (raised by a zap, an
+/// unmap, a remap or a fork of a registered range, and not yet read).
+///
+/// The kernel refuses `UFFDIO_MOVE` with EAGAIN exactly while one is; so
+/// one page moved back and forth between two slots of a private, never
+/// forked area is a race-free probe. Needed before a batch ends: a child
+/// being forked already holds our descriptor, so closing it would not
+/// release the forking thread, which waits for its FORK event to be read.
+pub struct Probe<'u> {
+    area: Stage<'u>,
+    page: usize,
+    /// Which slot holds the page.
+    at: usize,
+}
+
+impl<'u> Probe<'u> {
+    pub fn new(uffd: &'u Uffd, page: usize) -> io::Result<Probe<'u>> {
+        let v = Vma {
+            start: 0,
+            end: 0,
+            perms: "rw-p".into(),
+            path: String::new(),
+            inode: 0,
+            flags: Vec::new(),
+        };
+        let area = Stage::parking(0, 2 * page, &v, uffd)?;
+        let zeros = vec![0u8; page];
+        uffd.copy(area.base, zeros.as_ptr() as usize, page)
+            .map_err(|p| p.error)?;
+        Ok(Probe { area, page, at: 0 })
+    }
+
+    /// `Ok(true)` if no event was in flight at some instant of the call.
+    pub fn quiet(&mut self, uffd: &Uffd) -> io::Result<bool> {
+        let (from, to) = (self.at, 1 - self.at);
+        let slot = |i: usize| self.area.base + i * self.page;
+        match uffd.move_pages(slot(to), slot(from), self.page) {
+            Ok(_) => {
+                self.at = to;
+                Ok(true)
+            }
+            Err(p) if p.error.raw_os_error() == Some(libc::EAGAIN) => Ok(false),
+            Err(p) => Err(p.error),
+        }
+    }
+}

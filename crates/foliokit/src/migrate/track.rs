@@ -30,6 +30,8 @@ pub enum State {
 /// One batch's pages.
 #[derive(Debug)]
 pub struct Batch {
+    /// Address of page 0 when the batch began.
+    pub base: usize,
     page: usize,
     pub state: Vec<State>,
     /// Current address of each page (mremap moves them).
@@ -47,6 +49,7 @@ fn within(a: usize, start: usize, end: usize) -> bool {
 impl Batch {
     pub fn new(base: usize, page: usize, pages: &[PageState]) -> Batch {
         Batch {
+            base,
             page,
             state: pages
                 .iter()
