@@ -13,13 +13,13 @@
 //!    anything meanwhile would never read it. The prepare handler runs
 //!    before glibc takes those locks.
 //! 2. For a raw clone(2) without CLONE_VM (no atfork handlers, no glibc
-//!    locks held), UFFD_FEATURE_EVENT_FORK: the child's copy of the registered
-//! range is registered with a new userfaultfd handed to us, and the fork
-//! does not return (the child does not run) until we read that event; so
-//! we fill those entries with the parked bytes through the child's
-//! descriptor, then close it, which unregisters the child's ranges and
-//! wakes any of its threads that touched them first. Wipe-on-fork
-//! mappings are left empty: the child must see zeros there.
+//!    locks held), UFFD_FEATURE_EVENT_FORK: the child's copy of the
+//!    registered range is registered with a new userfaultfd handed to us,
+//!    and the fork does not return (the child does not run) until we read
+//!    that event; so we fill those entries with the parked bytes through
+//!    the child's descriptor, then close it, which unregisters the child's
+//!    ranges and wakes any of its threads that touched them first.
+//!    Wipe-on-fork mappings are left empty: the child must see zeros there.
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Once;
