@@ -288,8 +288,9 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 /// kernel path and says why in the report's notes.
 ///
 /// While relocation runs, other threads may keep using the range in every
-/// ordinary way: read, write, `read(2)`/`recv(2)` into it, futexes,
-/// `madvise(DONTNEED/FREE)`, `munmap`, `mremap`, `mprotect`, `mlock`,
+/// ordinary way: read, write, `read(2)`/`recv(2)` into it, futex waits
+/// (glibc's and Rust's default mutexes and condition variables),
+/// `process_vm_readv(2)`, `madvise(DONTNEED/FREE)`, `munmap`, `mremap`, `mprotect`, `mlock`,
 /// `fork`. A thread touching a page of the batch in flight waits until the
 /// page is back (at most one batch); zaps and unmaps are honoured (a zapped
 /// page reads zero, nothing is mapped where the application unmapped); a
@@ -311,6 +312,16 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 /// the old page while the application writes the new one, so do not
 /// relocate memory that is vmspliced or handed to such drivers; the kernel
 /// path refuses to move such pages instead.
+///
+/// Some kernel paths fault a page in without the right to wait, and a
+/// userfaultfd can only fail them while the page is out (measured on 6.18):
+/// priority-inheritance futexes (`FUTEX_LOCK_PI`/`UNLOCK_PI`: pthread
+/// mutexes with `PTHREAD_PRIO_INHERIT`) and `FUTEX_WAKE_OP` get `EFAULT`
+/// (glibc then aborts), the robust-futex walk at thread exit skips the
+/// entry (waiters never see `EOWNERDEAD`), and `ptrace(2)` or
+/// `/proc/<pid>/mem` reads get `EIO`. Do not relocate memory holding such
+/// futexes or read by a debugger or another process through those files
+/// while `migrate` runs: use the kernel path.
 pub unsafe fn migrate(
     ptr: *mut u8,
     len: usize,
