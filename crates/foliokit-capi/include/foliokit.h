@@ -79,9 +79,12 @@ struct fk_migrate_result {
  * and fork. FK_PATH_RELOCATE runs only on private anonymous read-write
  * memory no other userfaultfd watches, with /dev/userfaultfd access (or
  * CAP_SYS_PTRACE) and Linux 6.8+; it leaves DMA-pinned pages to the
- * kernel path, and must not be used on memory vmspliced into a pipe (see
- * foliokit::migrate::migrate for the whole contract). FK_PATH_AUTO
- * relocates only where all of that holds, else takes the kernel path.
+ * kernel path, and must not be used on memory vmspliced into a pipe or
+ * holding priority-inheritance or robust futexes (the kernel fails those
+ * futex calls with EFAULT while a page is out), nor while a debugger or
+ * /proc/<pid>/mem reads it (see foliokit::migrate::migrate for the whole
+ * contract). FK_PATH_AUTO relocates where the checkable part of that
+ * holds, else takes the kernel path; the caller vouches for the rest.
  * opts and out may be NULL. Errors: -EINVAL (misaligned/empty),
  * -EFAULT (unmapped), -ENODEV (no such node), -EPERM (FK_PATH_RELOCATE
  * refused for this memory or this process; nothing was touched). */

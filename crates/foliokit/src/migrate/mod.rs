@@ -44,8 +44,11 @@ pub enum Path {
     /// `move_pages(2)`: safe for every kind of memory.
     #[default]
     Kernel,
-    /// Relocation where every precondition holds for the range at call
-    /// time, else the kernel path (and the report's notes say why).
+    /// Relocation where every precondition it can check holds for the
+    /// range at call time, else the kernel path (and the report's notes say
+    /// why). The caller still vouches for what no check can see (the
+    /// `# Safety` section of [`migrate`]: vmsplice, PI and robust futexes,
+    /// ptrace readers).
     Auto,
     /// Relocation, or a typed refusal with the memory untouched.
     Relocate,
