@@ -130,8 +130,8 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     let mut entries: Vec<Entry> = Vec::new();
 
     // Calibrate before anything asks auto for a choice: auto reads the
-    // profile once per process, on first use.
-    let status = foliokit::tune::profile_status();
+    // profile once per process, on first use, so only peek at the file here.
+    let status = foliokit::tune::profile_status_on_disk();
     if status.loaded {
         notes.push(format!(
             "auto used the calibration profile at {}",
@@ -146,7 +146,15 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
             dry_run: false,
             format: Format::Table,
         })?;
-        notes.push("calibrated at the start of this run".into());
+        let used = foliokit::tune::profile_status();
+        notes.push(if used.loaded {
+            "calibrated at the start of this run; auto used that profile".into()
+        } else {
+            format!(
+                "calibrated at the start of this run, but auto could not use it: {}",
+                used.note
+            )
+        });
     }
     println!();
     crate::info::run(crate::info::InfoArgs {

@@ -259,6 +259,13 @@ pub fn profile_status() -> ProfileStatus {
     tuning().status.clone()
 }
 
+/// What the profile file holds now, read afresh and not cached: for a
+/// caller that may calibrate before `auto` is first used (the first call
+/// of [`profile_status`] or of `auto` fixes this process's tuning).
+pub fn profile_status_on_disk() -> ProfileStatus {
+    load_tuning().status
+}
+
 /// Writes `profile` where [`profile_path`] says. Takes effect in the next
 /// process (the running one has cached its tuning).
 pub fn save_profile(profile: &Profile) -> Result<PathBuf, ProfileError> {

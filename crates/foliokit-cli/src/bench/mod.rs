@@ -49,9 +49,39 @@ pub fn select<S: Strategy>(spec: &str) -> Result<Option<Selection<S>>, CliError>
     Ok(Some(parse_list::<S>(spec)?))
 }
 
+/// Rejects folio sizes no page-table level backs: a size must be the base
+/// page, a THP size this kernel offers (PMD or mTHP), or 1G (hugetlb).
+/// Without THP sysfs at all, powers of two up to 2M pass: the region then
+/// says what backing it obtained.
+fn check_folio_sizes(folios: &[usize], page: usize) -> Result<(), CliError> {
+    const GIB: usize = 1 << 30;
+    let thp = foliokit::mem::system::thp_state();
+    let mut offered: Vec<usize> = thp.mthp.iter().map(|m| m.size).collect();
+    offered.extend(thp.pmd_size);
+    let no_thp_info = offered.is_empty();
+    offered.extend([page, GIB]);
+    offered.sort_unstable();
+    offered.dedup();
+    for &f in folios {
+        let ok = offered.contains(&f)
+            || (no_thp_info && f.is_power_of_two() && f >= page && f <= 2 << 20);
+        if !ok {
+            let list: Vec<String> = offered.iter().map(|&s| show_size(s)).collect();
+            return Err(format!(
+                "folio size {} has no THP order on this kernel; it offers {} (base page, THP sizes from sysfs, 1G hugetlb)",
+                show_size(f),
+                list.join(" ")
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Checks the folio sizes divide the size and the memory is there.
 pub fn check_shape(size: usize, folios: &[usize], buffers: usize) -> Result<(), CliError> {
     let page = foliokit::batch::page_size();
+    check_folio_sizes(folios, page)?;
     for &f in folios {
         if f % page != 0 {
             return Err(format!(
