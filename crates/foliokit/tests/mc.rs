@@ -24,7 +24,7 @@ fn mc_strategies() -> Vec<CopyStrategy> {
     .filter(|s| match s.unavailable() {
         None => true,
         Some(why) => {
-            eprintln!("skipping mc {}: {why}", s.name());
+            common::skip(&format!("mc {}: {why}", s.name()));
             false
         }
     })
@@ -202,9 +202,9 @@ fn real_hardware_poison_when_the_kernel_allows_injection() {
     let rc = unsafe { libc::madvise(page1.cast(), PAGE, libc::MADV_HWPOISON) };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
-        eprintln!(
-            "skipping real-poison test: MADV_HWPOISON refused ({e}); it needs CONFIG_MEMORY_FAILURE and CAP_SYS_ADMIN"
-        );
+        common::skip(&format!(
+            "real-poison test: MADV_HWPOISON refused ({e}); it needs CONFIG_MEMORY_FAILURE and CAP_SYS_ADMIN"
+        ));
         return;
     }
     let s = CopyStrategy::Movsb;

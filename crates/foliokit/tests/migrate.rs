@@ -25,7 +25,7 @@ fn relocation_available() -> bool {
     // SAFETY: our own region, no other users.
     match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
         Err(e @ MigrateError::Refused { .. }) => {
-            eprintln!("skipping relocation checks: {e}");
+            common::skip(&format!("relocation checks: {e}"));
             false
         }
         other => {

@@ -154,7 +154,7 @@ fn populate_makes_every_page_resident_and_keeps_contents() {
 fn populate_keeps_thp_ranges_thp() {
     let thp = system::thp_state();
     let Some(pmd) = thp.pmd_size.filter(|&p| thp.madvise_allows(p)) else {
-        eprintln!("skipping: THP via madvise is not enabled here");
+        common::skip("THP via madvise is not enabled here");
         return;
     };
     let mut r = Region::unpopulated(8 * pmd, pmd).unwrap();

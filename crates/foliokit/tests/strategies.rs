@@ -13,7 +13,7 @@ fn available<S: Strategy>() -> Vec<S> {
         .filter(|s| match s.unavailable() {
             None => true,
             Some(why) => {
-                eprintln!("skipping {} {}: {why}", S::OP, s.name());
+                common::skip(&format!("{} {}: {why}", S::OP, s.name()));
                 false
             }
         })

@@ -302,7 +302,7 @@ pub fn in_child(name: &str, timeout: std::time::Duration, body: impl FnOnce()) {
     );
     for line in out.lines().chain(err.lines()) {
         if line.starts_with("SKIP:") || line.starts_with("NOTE:") {
-            println!("{name}: {line}");
+            say(&format!("{name}: {line}"));
         }
     }
     let tail = |s: &str| {
@@ -332,7 +332,7 @@ pub fn in_child(name: &str, timeout: std::time::Duration, body: impl FnOnce()) {
 
 /// Says why a test is skipped (in the output the parent shows).
 pub fn skip(reason: &str) {
-    println!("SKIP: {reason}");
+    say(&format!("SKIP: {reason}"));
 }
 
 /// Whether relocation can run in this process; prints why not.
@@ -360,4 +360,12 @@ pub fn relocation_available() -> bool {
         }
         Err(e) => panic!("relocation probe failed: {e}"),
     }
+}
+
+/// Writes a line to the process's stderr directly: libtest captures
+/// `print!`/`eprint!` of a passing test, and a skip must be seen in the
+/// output of a plain `cargo test`.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
