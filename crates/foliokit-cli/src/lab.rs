@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use crate::args::{show_size, BenchArgs, Format, ReuseArg};
 use crate::bench::{clear, copy, fault, init, migrate, mremap};
 use crate::html;
+use crate::labplots;
 use crate::machine::{machine, mem_available};
-use crate::plots;
 use crate::report::{Report, Row, TableRow};
+use crate::summary;
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -47,6 +48,9 @@ pub struct Entry {
     pub json: Value,
     pub csv: String,
     pub html_table: String,
+    /// The rows that matter, where the experiment names them.
+    pub key_table: Option<String>,
+    pub rows: usize,
     pub plots: Vec<String>,
 }
 
@@ -66,8 +70,25 @@ fn entry<R: TableRow>(
         json: r.to_json(),
         csv: r.render(Format::Csv),
         html_table: r.html_table(),
+        key_table: None,
+        rows: r.rows.len(),
         plots,
     }
+}
+
+/// Copy and clear: the baseline, auto and the best named strategy at each
+/// (folio size, channels) point.
+fn key_rows(r: &Report<Row>, baseline: &str) -> String {
+    let best = |x: &Row| {
+        r.rows
+            .iter()
+            .filter(|y| {
+                y.folio_size == x.folio_size && y.channels == x.channels && y.function != "auto"
+            })
+            .max_by(|a, b| a.gbps.median.total_cmp(&b.gbps.median))
+            .is_some_and(|y| std::ptr::eq(y, x))
+    };
+    r.html_table_where(|x| x.function == baseline || x.function == "auto" || best(x))
 }
 
 fn bench(size: usize, pages: &[usize], function: &str, loops: u32, channels: &[u32]) -> BenchArgs {
@@ -85,35 +106,6 @@ fn bench(size: usize, pages: &[usize], function: &str, loops: u32, channels: &[u
 const K: usize = 1 << 10;
 const M: usize = 1 << 20;
 const G: usize = 1 << 30;
-
-/// GB/s medians by folio size, one series per strategy (one channel).
-fn strategy_plot(title: &str, r: &Report<Row>) -> String {
-    let mut folios: Vec<usize> = r.rows.iter().map(|x| x.folio_size).collect();
-    folios.dedup();
-    let mut names: Vec<String> = Vec::new();
-    for x in &r.rows {
-        if !names.contains(&x.function) {
-            names.push(x.function.clone());
-        }
-    }
-    let series: Vec<(String, Vec<Option<f64>>)> = names
-        .iter()
-        .map(|n| {
-            let ys = folios
-                .iter()
-                .map(|&f| {
-                    r.rows
-                        .iter()
-                        .find(|x| &x.function == n && x.folio_size == f)
-                        .map(|x| x.gbps.median)
-                })
-                .collect();
-            (n.clone(), ys)
-        })
-        .collect();
-    let x: Vec<String> = folios.iter().map(|&f| show_size(f)).collect();
-    plots::lines(title, &x, "GB/s (median)", &series)
-}
 
 pub fn run(a: LabArgs) -> Result<(), CliError> {
     let scale = if a.smoke {
@@ -176,8 +168,17 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         mc: false,
     })?
     .ok_or("copy produced no report")?;
-    let p = strategy_plot("copy GB/s by strategy and folio size (source evicted)", &r);
-    entries.push(entry("copy", "Folio copy (seed 000)", "000", &r, vec![p]));
+    let p = labplots::strategies(
+        "copy (source evicted)",
+        &r,
+        &[
+            (2 * M, 18.65, "seed 000 (Zen 5), 2M per-page: 18.65"),
+            (2 * M, 38.03, "seed 000 (Zen 5), 2M one bulk copy: 38.03"),
+        ],
+    );
+    let mut e = entry("copy", "Folio copy (seed 000)", "000", &r, p);
+    e.key_table = Some(key_rows(&r, "per-page"));
+    entries.push(e);
 
     let r = copy::report(copy::CopyArgs {
         common: bench(copy_size, &[2 * M], "movsb,avx2,nt,auto", loops, &[1]),
@@ -201,14 +202,12 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         hint_page: 0,
     })?
     .ok_or("clear produced no report")?;
-    let p = strategy_plot("clear GB/s by strategy and folio size", &r);
-    entries.push(entry(
-        "clear",
-        "Huge-page clearing (seed 002)",
-        "002",
-        &r,
-        vec![p],
-    ));
+    // Seed 002's figures are demand faults (clearing plus the fault): they
+    // are drawn on the fault plot, not here.
+    let p = labplots::strategies("clear", &r, &[]);
+    let mut e = entry("clear", "Huge-page clearing (seed 002)", "002", &r, p);
+    e.key_table = Some(key_rows(&r, "butterfly"));
+    entries.push(e);
 
     let avail = mem_available().unwrap_or(4 * G);
     let fault_size = match scale {
@@ -240,26 +239,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         format: Format::Table,
     })?
     .ok_or("fault produced no report")?;
-    let cats: Vec<String> = r
-        .rows
-        .iter()
-        .map(|x| format!("{} {} x{}", show_size(x.folio_size), x.function, x.channels))
-        .collect();
-    let p = plots::bars(
-        "page-fault GB/s: first touch vs steady state",
-        &cats,
-        "GB/s",
-        &[
-            (
-                "first touch".into(),
-                r.rows.iter().map(|x| x.first_touch_gbps).collect(),
-            ),
-            (
-                "median".into(),
-                r.rows.iter().map(|x| x.gbps.median).collect(),
-            ),
-        ],
-    );
+    let p = labplots::fault(&r);
     entries.push(entry(
         "fault",
         "Demand faults and prefault (seed 002)",
@@ -281,22 +261,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         format: Format::Table,
     })?
     .ok_or("init produced no report")?;
-    let cats: Vec<String> = r.rows.iter().map(|x| x.function.clone()).collect();
-    let p = plots::bars(
-        "init pass time by variant",
-        &cats,
-        "ms",
-        &[
-            (
-                "first pass".into(),
-                r.rows.iter().map(|x| x.first_pass_ms).collect(),
-            ),
-            (
-                "rebind (median)".into(),
-                r.rows.iter().map(|x| x.rebind_ms.median).collect(),
-            ),
-        ],
-    );
+    let p = labplots::init(&r);
     entries.push(entry(
         "init",
         "Write-once initialisation (seed 003)",
@@ -335,31 +300,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         format: Format::Table,
     })?
     .ok_or("migrate produced no report")?;
-    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for x in r
-        .rows
-        .iter()
-        .filter(|x| x.table == 2 && x.function == "relocate")
-    {
-        let (Some(g), Some(l)) = (x.gbps, x.first_folio_us) else {
-            continue;
-        };
-        let name = format!(
-            "{} channel{}",
-            x.channels,
-            if x.channels == 1 { "" } else { "s" }
-        );
-        match curves.iter_mut().find(|c| c.0 == name) {
-            Some(c) => c.1.push((l.median, g.median)),
-            None => curves.push((name, vec![(l.median, g.median)])),
-        }
-    }
-    let p = plots::log_x_curves(
-        "migration throughput vs first-folio latency (batch size grows along each curve)",
-        "first-folio latency, µs (log)",
-        "GB/s (median)",
-        &curves,
-    );
+    let p = labplots::migrate(&r);
     entries.push(entry(
         "migrate",
         "Batched migration with copy channels (seed 001)",
@@ -380,19 +321,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         format: Format::Table,
     })?
     .ok_or("mremap produced no report")?;
-    let seed_rows: Vec<_> = r.rows.iter().filter(|x| x.alignment.is_none()).collect();
-    let p = plots::bars(
-        &format!("mremap loop time by folio size ({iters} iterations)"),
-        &seed_rows
-            .iter()
-            .map(|x| show_size(x.folio_size))
-            .collect::<Vec<_>>(),
-        "seconds",
-        &[(
-            "mean".into(),
-            seed_rows.iter().map(|x| x.secs.mean).collect(),
-        )],
-    );
+    let p = labplots::mremap(&r, iters as usize);
     entries.push(entry(
         "mremap",
         "mremap of large folios (seed 004)",
@@ -402,13 +331,16 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     ));
 
     let elapsed = t0.elapsed();
+    let experiments: Vec<Value> = entries.iter().map(|e| e.json.clone()).collect();
+    let summary = summary::lines(&experiments);
     let results = json!({
         "foliokit": env!("CARGO_PKG_VERSION"),
         "scale": format!("{scale:?}").to_lowercase(),
         "elapsed_secs": elapsed.as_secs_f64(),
         "machine": machine(),
         "notes": notes,
-        "experiments": entries.iter().map(|e| e.json.clone()).collect::<Vec<_>>(),
+        "summary": summary,
+        "experiments": experiments,
     });
     let write = |name: &str, text: &str| -> Result<(), CliError> {
         let path = a.out.join(name);
@@ -424,7 +356,14 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     }
     write(
         "index.html",
-        &html::page(&machine(), &notes, &entries, scale_name(scale), elapsed),
+        &html::page(
+            &machine(),
+            &notes,
+            &summary,
+            &entries,
+            scale_name(scale),
+            elapsed,
+        ),
     )?;
     println!(
         "# lab ({}) finished in {:.0} s: {}/results.json, {} CSVs, {}/index.html",
@@ -437,6 +376,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     for n in &notes {
         println!("# note: {n}");
     }
+    print!("{}", summary::text(&summary));
     Ok(())
 }
 

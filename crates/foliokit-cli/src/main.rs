@@ -6,10 +6,12 @@ mod calibrate;
 mod html;
 mod info;
 mod lab;
+mod labplots;
 mod machine;
 mod plots;
 mod progress;
 mod report;
+mod summary;
 
 use clap::{Parser, Subcommand};
 

@@ -23,6 +23,24 @@ pub trait TableRow: Serialize {
     fn csv(&self) -> Vec<String> {
         self.cells()
     }
+    /// The row's main measurement, whose spread flags it as noisy.
+    fn spread(&self) -> Option<&Stats> {
+        None
+    }
+}
+
+/// The coefficient of variation of `s` when it exceeds the noise threshold.
+pub fn noisy(s: &Stats) -> Option<f64> {
+    let cv = s.stdev / s.mean;
+    (s.mean > 0.0 && cv > crate::plots::NOISY_CV).then_some(cv)
+}
+
+/// The footer line that explains the noisy-row mark.
+fn noisy_legend() -> String {
+    format!(
+        "! = noisy: stdev above {:.0}% of the mean; rerun with more loops (-l) before reading a ratio from that row",
+        crate::plots::NOISY_CV * 100.0
+    )
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -74,19 +92,45 @@ impl<R: TableRow> Report<R> {
 
     /// The rows as an HTML table (class "data"), with the footer and notes.
     pub fn html_table(&self) -> String {
+        self.html(|_| true, true)
+    }
+
+    /// Only the rows `keep` selects, without the footer and notes.
+    pub fn html_table_where(&self, keep: impl Fn(&R) -> bool) -> String {
+        self.html(keep, false)
+    }
+
+    fn html(&self, keep: impl Fn(&R) -> bool, with_notes: bool) -> String {
         let mut out = String::from("<table class=\"data\"><thead><tr>");
         for c in R::columns() {
             let _ = write!(out, "<th>{}</th>", escape(c));
         }
         out += "</tr></thead><tbody>";
-        for r in &self.rows {
-            out += "<tr>";
+        let mut any_noisy = false;
+        for r in self.rows.iter().filter(|r| keep(r)) {
+            match r.spread().and_then(noisy) {
+                Some(cv) => {
+                    any_noisy = true;
+                    let _ = write!(
+                        out,
+                        "<tr class=\"noisy\" title=\"noisy: stdev {:.0}% of the mean\">",
+                        cv * 100.0
+                    );
+                }
+                None => out += "<tr>",
+            }
             for c in r.cells() {
                 let _ = write!(out, "<td>{}</td>", escape(&c));
             }
             out += "</tr>";
         }
         out += "</tbody></table>";
+        if any_noisy {
+            let _ = write!(out, "<p class=\"note\">{}</p>", escape(&noisy_legend()));
+        }
+        if !with_notes {
+            return out;
+        }
         for line in self.header.iter().chain(&self.footer) {
             let _ = write!(out, "<p class=\"note\">{}</p>", escape(line));
         }
@@ -153,8 +197,18 @@ impl<R: TableRow> Report<R> {
             padded.join("  ").trim_end().to_string() + "\n"
         };
         out += &line(cols.to_vec());
-        for r in &cells {
-            out += &line(r.iter().map(String::as_str).collect());
+        let mut any_noisy = false;
+        for (r, c) in self.rows.iter().zip(&cells) {
+            let mut l = line(c.iter().map(String::as_str).collect());
+            if let Some(cv) = r.spread().and_then(noisy) {
+                any_noisy = true;
+                l.pop();
+                let _ = writeln!(l, "  ! cv {:.0}%", cv * 100.0);
+            }
+            out += &l;
+        }
+        if any_noisy {
+            let _ = writeln!(out, "# {}", noisy_legend());
         }
         for f in &self.footer {
             let _ = writeln!(out, "# {f}");
@@ -248,6 +302,10 @@ impl TableRow for Row {
             g.runs.to_string(),
             format!("{:.3}", self.speedup),
         ]
+    }
+
+    fn spread(&self) -> Option<&Stats> {
+        Some(&self.gbps)
     }
 }
 

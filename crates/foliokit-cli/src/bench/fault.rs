@@ -65,6 +65,10 @@ impl TableRow for FaultRow {
         ]
     }
 
+    fn spread(&self) -> Option<&Stats> {
+        Some(&self.gbps)
+    }
+
     fn cells(&self) -> Vec<String> {
         vec![
             show_size(self.folio_size),

@@ -79,6 +79,10 @@ impl TableRow for InitRow {
         ]
     }
 
+    fn spread(&self) -> Option<&Stats> {
+        Some(&self.rebind_ms)
+    }
+
     fn cells(&self) -> Vec<String> {
         vec![
             show_size(self.record_size),

@@ -137,6 +137,10 @@ impl TableRow for MigrateRow {
         ]
     }
 
+    fn spread(&self) -> Option<&Stats> {
+        self.gbps.as_ref()
+    }
+
     fn cells(&self) -> Vec<String> {
         let dash = || "-".to_string();
         vec![

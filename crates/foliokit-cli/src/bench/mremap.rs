@@ -53,6 +53,10 @@ impl TableRow for MremapRow {
         &["folio", "case", "obtained", "time mean ± sd", "speedup"]
     }
 
+    fn spread(&self) -> Option<&Stats> {
+        Some(&self.secs)
+    }
+
     fn cells(&self) -> Vec<String> {
         let (case, time) = match &self.alignment {
             Some(a) => (

@@ -1,0 +1,337 @@
+//! One line per seed experiment: what the seed measured, its figure, ours
+//! on this machine in the same shape (ratio against ratio), the share of
+//! this machine's limit where the run measured one, and a verdict with the
+//! reason the data gives. Read from the experiments' JSON, so a lab run and
+//! `compare` summarise the same way.
+
+use serde::Serialize;
+use serde_json::Value;
+
+const M2: u64 = 2 << 20;
+const K64: u64 = 64 << 10;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Line {
+    pub seed: &'static str,
+    pub what: &'static str,
+    /// The seed's figure, as the seed states it.
+    pub seed_figure: &'static str,
+    pub seed_ratio: f64,
+    /// Ours in the same shape (e.g. "2.10x: auto 12.1 vs per-page 5.8 GB/s").
+    pub ours: String,
+    pub ours_ratio: Option<f64>,
+    /// The row's share of this machine's same-run limit, when measured.
+    pub of_limit: Option<f64>,
+    pub verdict: String,
+}
+
+/// The experiment's key: its name, with the mc variant of copy apart.
+pub fn key(exp: &Value) -> String {
+    let name = exp["experiment"].as_str().unwrap_or("?");
+    if name == "copy" && exp["params"]["mc"].as_bool() == Some(true) {
+        "copy-mc".into()
+    } else {
+        name.into()
+    }
+}
+
+fn find<'a>(exps: &'a [Value], k: &str) -> Option<&'a Value> {
+    exps.iter().find(|e| key(e) == k)
+}
+
+fn rows(exp: &Value) -> &[Value] {
+    exp["rows"].as_array().map_or(&[], Vec::as_slice)
+}
+
+/// The first row matching every (field, value) pair.
+fn row<'a>(exp: &'a Value, want: &[(&str, Value)]) -> Option<&'a Value> {
+    rows(exp)
+        .iter()
+        .find(|r| want.iter().all(|(f, v)| &r[*f] == v))
+}
+
+/// A Stats field: mean, stdev and the number of runs.
+#[derive(Clone, Copy)]
+struct Stat {
+    mean: f64,
+    sd: f64,
+    runs: u64,
+}
+
+fn stat(r: &Value, field: &str) -> Option<Stat> {
+    let s = &r[field];
+    Some(Stat {
+        mean: s["mean"].as_f64()?,
+        sd: s["stdev"].as_f64()?,
+        runs: s["runs"].as_u64().unwrap_or(1),
+    })
+}
+
+/// Below this many runs a row's spread says nothing about the noise.
+const MIN_RUNS: u64 = 3;
+
+/// How two measurements differ.
+#[derive(Clone, Copy, PartialEq)]
+enum Diff {
+    /// Their mean ± sd intervals do not overlap.
+    Beyond,
+    Within,
+    /// Too few runs to tell.
+    Unknown(u64),
+}
+
+/// `a / b` and how they differ.
+fn ratio(a: Stat, b: Stat) -> (f64, Diff) {
+    let diff = if a.runs.min(b.runs) < MIN_RUNS {
+        Diff::Unknown(a.runs.min(b.runs))
+    } else if (a.mean - b.mean).abs() > a.sd + b.sd {
+        Diff::Beyond
+    } else {
+        Diff::Within
+    };
+    (a.mean / b.mean, diff)
+}
+
+fn verdict(ours: f64, diff: Diff, seed: f64, why_not: impl FnOnce() -> String) -> String {
+    let same_direction = (ours > 1.0) == (seed > 1.0);
+    if let Diff::Unknown(n) = diff {
+        return format!(
+            "no verdict: {n} run{} per row, too few to tell the effect from noise",
+            if n == 1 { "" } else { "s" }
+        );
+    }
+    let clear = diff == Diff::Beyond;
+    if clear && same_direction {
+        "reproduced here (same direction, beyond the noise)".into()
+    } else if !clear {
+        format!("not reproduced here: within the noise; {}", why_not())
+    } else {
+        format!("not reproduced here: the opposite direction; {}", why_not())
+    }
+}
+
+fn of_limit(r: &Value) -> Option<f64> {
+    r["of_limit"].as_f64()
+}
+
+fn copy_line(exps: &[Value]) -> Option<Line> {
+    let e = find(exps, "copy")?;
+    let at = |f: &str| {
+        row(
+            e,
+            &[
+                ("function", f.into()),
+                ("folio_size", M2.into()),
+                ("channels", 1.into()),
+            ],
+        )
+    };
+    let (auto, base) = (at("auto")?, at("per-page")?);
+    let (a, b) = (stat(auto, "gbps")?, stat(base, "gbps")?);
+    let (r, diff) = ratio(a, b);
+    Some(Line {
+        seed: "000",
+        what: "2M folio copy, source evicted: one bulk copy vs 512 page copies",
+        seed_figure: "18.65 -> 38.03 GB/s (2.04x), EPYC 9655 Zen 5",
+        seed_ratio: 2.04,
+        ours: format!(
+            "{r:.2}x: auto ({}) {:.2} vs per-page {:.2} GB/s",
+            auto["resolved"].as_str().unwrap_or("?"),
+            a.mean,
+            b.mean
+        ),
+        ours_ratio: Some(r),
+        of_limit: of_limit(auto),
+        verdict: verdict(r, diff, 2.04, || {
+            "page-sized copies already stream as fast as one bulk copy on this CPU".into()
+        }),
+    })
+}
+
+fn zen3_line(exps: &[Value]) -> Option<Line> {
+    let e = find(exps, "copy")?;
+    let at = |f: &str| {
+        row(
+            e,
+            &[
+                ("function", f.into()),
+                ("folio_size", M2.into()),
+                ("channels", 1.into()),
+            ],
+        )
+    };
+    let (a, b) = (stat(at("unrolled")?, "gbps")?, stat(at("movsq")?, "gbps")?);
+    let (r, diff) = ratio(a, b);
+    Some(Line {
+        seed: "000",
+        what: "the Zen 3 regression: unrolled loop (memcpy_orig) vs rep movsq, 2M",
+        seed_figure: "13.03 -> 11.59 GB/s (0.89x), Zen 3",
+        seed_ratio: 0.89,
+        ours: format!(
+            "{r:.2}x: unrolled {:.2} vs movsq {:.2} GB/s",
+            a.mean, b.mean
+        ),
+        ours_ratio: Some(r),
+        of_limit: None,
+        verdict: verdict(r, diff, 0.89, || {
+            "the regression is specific to Zen 3's microcode; other CPUs need not show it".into()
+        }),
+    })
+}
+
+fn clear_line(exps: &[Value]) -> Option<Line> {
+    let e = find(exps, "clear")?;
+    let at = |f: &str| {
+        row(
+            e,
+            &[
+                ("function", f.into()),
+                ("folio_size", M2.into()),
+                ("channels", 1.into()),
+            ],
+        )
+    };
+    let (seq, bfly) = (at("per-page")?, at("butterfly")?);
+    let (a, b) = (stat(seq, "gbps")?, stat(bfly, "gbps")?);
+    let (r, diff) = ratio(a, b);
+    Some(Line {
+        seed: "002",
+        what: "clearing a 2M page: sequential vs butterfly order (4K clears each)",
+        seed_figure: "11.76 -> 23.58 GB/s (2.00x) on demand faults, EPYC Genoa",
+        seed_ratio: 2.0,
+        ours: format!(
+            "{r:.2}x: sequential {:.2} vs butterfly {:.2} GB/s",
+            a.mean, b.mean
+        ),
+        ours_ratio: Some(r),
+        of_limit: of_limit(seq),
+        verdict: verdict(r, diff, 2.0, || {
+            "this CPU's prefetcher follows the butterfly order as well as a sequential one".into()
+        }),
+    })
+}
+
+fn init_line(exps: &[Value]) -> Option<Line> {
+    let e = find(exps, "init")?;
+    let nt = row(e, &[("function", "template-nt".into())])?;
+    let mc = row(e, &[("function", "template-memcpy".into())])?;
+    // Lower is better: memcpy's time over nt's is nt's speedup.
+    let (a, b) = (stat(mc, "rebind_ms")?, stat(nt, "rebind_ms")?);
+    let (r, diff) = ratio(a, b);
+    Some(Line {
+        seed: "003",
+        what: "rebinding a memmap-like array: streaming template stores vs memcpy",
+        seed_figure: "244.28 -> 96.79 ms per rebind (2.52x), Ice Lake VM",
+        seed_ratio: 2.52,
+        ours: format!(
+            "{r:.2}x: template-nt {:.1} vs template-memcpy {:.1} ms",
+            b.mean, a.mean
+        ),
+        ours_ratio: Some(r),
+        of_limit: of_limit(nt),
+        verdict: verdict(r, diff, 2.52, || {
+            "the array fits in or near the cache, or one core cannot stream faster than it copies"
+                .into()
+        }),
+    })
+}
+
+fn migrate_line(exps: &[Value]) -> Option<Line> {
+    let e = find(exps, "migrate")?;
+    let nodes = e["params"]["nodes"].as_array().map_or(1, Vec::len);
+    let t1: Vec<&Value> = rows(e)
+        .iter()
+        .filter(|r| r["table"] == 1 && r["function"] == "relocate" && r["folio_size"] == M2)
+        .collect();
+    let best = t1.iter().max_by(|a, b| {
+        a["channels"]
+            .as_u64()
+            .unwrap_or(0)
+            .cmp(&b["channels"].as_u64().unwrap_or(0))
+    })?;
+    let base = row(
+        e,
+        &[
+            ("table", 1.into()),
+            ("function", "baseline".into()),
+            ("folio_size", M2.into()),
+        ],
+    )?;
+    let (a, b) = (stat(best, "gbps")?, stat(base, "gbps")?);
+    let (r, diff) = ratio(a, b);
+    let ch = best["channels"].as_u64().unwrap_or(1);
+    Some(Line {
+        seed: "001",
+        what: "migrating 2M folios: batch copy over N channels vs per-page baseline",
+        seed_figure: "11.02 -> 12.65 GB/s with 1 DMA channel (1.15x), 65.23 with 16 (5.92x), Zen 3",
+        seed_ratio: 1.15,
+        ours: format!(
+            "{r:.2}x: relocation on {ch} channel{} {:.2} vs baseline {:.2} GB/s",
+            if ch == 1 { "" } else { "s" },
+            a.mean,
+            b.mean
+        ),
+        ours_ratio: Some(r),
+        of_limit: of_limit(best),
+        verdict: {
+            let v = verdict(r, diff, 1.15, || {
+                "the copy is not what bounds migration here".into()
+            });
+            if nodes < 2 {
+                format!("{v} (one NUMA node: pages were copied within the node)")
+            } else {
+                v
+            }
+        },
+    })
+}
+
+fn mremap_line(exps: &[Value]) -> Option<Line> {
+    let e = find(exps, "mremap")?;
+    let r64 = rows(e)
+        .iter()
+        .find(|r| r["folio_size"] == K64 && r["alignment"].is_null())?;
+    let s = r64["speedup"].as_f64()?;
+    Some(Line {
+        seed: "004",
+        what: "mremap of 64K folios: PTE batching (a kernel change)",
+        seed_figure: "1.9 s -> 1.2 s per 10,000 iterations (1.58x), Apple M3",
+        seed_ratio: 1.58,
+        ours: format!("{s:.2}x: 64K folios against the 4K control, on this one kernel"),
+        ours_ratio: None,
+        of_limit: None,
+        verdict: "needs two kernels: run `foliokit lab` on each and `foliokit compare` the results"
+            .into(),
+    })
+}
+
+/// The summary of one run's experiments (those it has).
+pub fn lines(exps: &[Value]) -> Vec<Line> {
+    [
+        copy_line(exps),
+        zen3_line(exps),
+        clear_line(exps),
+        init_line(exps),
+        migrate_line(exps),
+        mremap_line(exps),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// The summary as terminal lines.
+pub fn text(lines: &[Line]) -> String {
+    let mut out = String::from("# summary: the seeds' figures and ours, in the same shape\n");
+    for l in lines {
+        let limit = l
+            .of_limit
+            .map(|x| format!("; {:.0}% of this machine's limit", x * 100.0))
+            .unwrap_or_default();
+        out += &format!(
+            "#  seed {}: {}\n#    seed {}\n#    ours {}{limit}\n#    -> {}\n",
+            l.seed, l.what, l.seed_figure, l.ours, l.verdict
+        );
+    }
+    out
+}
