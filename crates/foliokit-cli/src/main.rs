@@ -3,6 +3,7 @@
 mod args;
 mod bench;
 mod calibrate;
+mod compare;
 mod html;
 mod info;
 mod lab;
@@ -45,6 +46,10 @@ enum Cmd {
     /// Run an experiment; `foliokit bench <op> -f help` lists its strategies.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Match the rows of two or more runs (lab results.json or bench JSON) and show each
+    /// run's ratio to the first, called a change only beyond both rows' spread.
+    /// Example: compare before/results.json after/results.json --out cmp
+    Compare(compare::CompareArgs),
 }
 
 #[derive(Subcommand)]
@@ -67,6 +72,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Lab(a) => lab::run(a),
+        Cmd::Compare(a) => compare::run(a),
         Cmd::Info(a) => info::run(a),
         Cmd::Calibrate(a) => calibrate::run(a),
         Cmd::Bench(BenchCmd::Copy(a)) => bench::copy::run(a),

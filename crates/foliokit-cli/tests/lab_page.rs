@@ -76,6 +76,24 @@ fn the_lab_page_renders_every_plot_and_table_in_headless_chromium() {
         let text = std::fs::read_to_string(out.join(format!("{csv}.csv"))).unwrap();
         assert!(text.lines().count() >= 2, "{csv}.csv has no rows");
     }
+    // The summary: one line per seed experiment, each with a verdict.
+    let summary = results["summary"]
+        .as_array()
+        .expect("results.json has a summary");
+    assert!(summary.len() >= 5, "summary lines: {}", summary.len());
+    for l in summary {
+        for f in ["seed", "what", "seed_figure", "ours", "verdict"] {
+            assert!(
+                l[f].as_str().is_some_and(|s| !s.is_empty()),
+                "summary line without {f}: {l}"
+            );
+        }
+    }
+    let terminal = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        terminal.contains("# summary: the seeds' figures and ours"),
+        "the terminal output ends without the summary"
+    );
     let page = out.join("index.html");
     let html = std::fs::read_to_string(&page).unwrap();
     // Self-contained: nothing is loaded from anywhere (SVG's xmlns is a
@@ -121,6 +139,59 @@ fn the_lab_page_renders_every_plot_and_table_in_headless_chromium() {
         "fewer tables than expected"
     );
     assert_eq!(attr(&dom_text, "errors"), Some(0));
+    assert_eq!(
+        attr(&dom_text, "unlabelled"),
+        Some(0),
+        "a plot lacks an axis title"
+    );
+    assert_eq!(
+        attr(&dom_text, "nobars"),
+        Some(0),
+        "a point with a spread lacks its error bar"
+    );
+    assert!(
+        attr(&dom_text, "summary").unwrap_or(0) >= 5,
+        "the summary table is short"
+    );
+
+    // compare: the run against itself, page rendered the same way.
+    let cmp = out.join("compare");
+    let results_json = out.join("results.json");
+    let c = Command::new(env!("CARGO_BIN_EXE_foliokit"))
+        .arg("compare")
+        .arg(&results_json)
+        .arg(&results_json)
+        .arg("--out")
+        .arg(&cmp)
+        .output()
+        .expect("run foliokit compare");
+    assert!(
+        c.status.success(),
+        "compare failed: {}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+    let text = String::from_utf8_lossy(&c.stdout);
+    assert!(
+        text.contains("# B vs A: 0 better, 0 worse"),
+        "a run compared with itself shows a change:\n{text}"
+    );
+    let cdom = headless(&browser, &out.join("profile"))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", cmp.join("index.html").display()))
+        .output()
+        .unwrap();
+    let cdom = String::from_utf8_lossy(&cdom.stdout);
+    assert!(
+        cdom.contains("data-status=\"ok\""),
+        "the compare page's self-check did not pass: {}",
+        cdom.lines()
+            .find(|l| l.contains("selfcheck"))
+            .unwrap_or("(none)")
+    );
+    assert!(
+        attr(&cdom, "plots").unwrap_or(0) >= 5,
+        "compare drew too few plots"
+    );
 
     let shot = out.join("index.png");
     let s = headless(&browser, &out.join("profile"))

@@ -1,0 +1,582 @@
+//! `foliokit compare A B [C…]`: rows of several runs (a lab's results.json
+//! or a bench's JSON) matched by experiment, table, function, folio size,
+//! channels and the other keys a row has; each later run's ratio to the
+//! first, with a change called out only where the two rows' mean ± sd
+//! intervals do not overlap. Machine and kernel differences come first:
+//! across machines or kernels a ratio compares them, not the code.
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use crate::args::{show_size, Format};
+use crate::plots::{self, Frame, Point, Series};
+use crate::report::escape;
+use crate::summary;
+use crate::CliError;
+
+#[derive(Debug, Clone, Args)]
+pub struct CompareArgs {
+    /// Two or more results: a lab's results.json or the JSON of a bench
+    /// (`--format json`). The first is the reference.
+    #[arg(required = true, num_args = 2.., value_name = "RESULTS")]
+    pub files: Vec<PathBuf>,
+    /// Also write index.html (side-by-side plots) and compare.json here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// The fields that tell rows apart, in the order they are shown.
+const KEYS: &[&str] = &[
+    "table",
+    "function",
+    "folio_size",
+    "channels",
+    "batch_pages",
+    "record_size",
+    "alignment",
+];
+
+/// The measurement compared, by preference, and whether higher is better.
+const METRICS: &[(&str, bool, &str)] = &[
+    ("gbps", true, "GB/s"),
+    ("rebind_ms", false, "ms"),
+    ("secs", false, "s"),
+    ("total_ms", false, "ms"),
+];
+
+/// One run: where it came from, its machine and its experiments.
+struct Run {
+    name: String,
+    machine: Value,
+    experiments: Vec<Value>,
+}
+
+fn load(path: &PathBuf) -> Result<Run, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    let experiments = match (&v["experiments"], &v["experiment"]) {
+        (Value::Array(a), _) => a.clone(),
+        (_, Value::String(_)) => vec![v.clone()],
+        _ => {
+            return Err(format!(
+                "{} is neither a lab's results.json nor a bench's JSON (no \"experiments\" or \"experiment\")",
+                path.display()
+            )
+            .into())
+        }
+    };
+    let machine = match &v["machine"] {
+        Value::Null => experiments
+            .first()
+            .map_or(Value::Null, |e| e["machine"].clone()),
+        m => m.clone(),
+    };
+    Ok(Run {
+        name: path.display().to_string(),
+        machine,
+        experiments,
+    })
+}
+
+/// A row's identity inside its experiment, e.g. "t1 relocate 2M ch2".
+fn row_key(r: &Value) -> Vec<(&'static str, String)> {
+    KEYS.iter()
+        .filter_map(|&k| match &r[k] {
+            Value::Null => None,
+            Value::Number(n) if k.ends_with("_size") => {
+                Some((k, show_size(n.as_u64().unwrap_or(0) as usize)))
+            }
+            Value::String(s) => Some((k, s.clone())),
+            v => Some((k, v.to_string())),
+        })
+        .collect()
+}
+
+fn label(key: &[(&str, String)]) -> String {
+    key.iter()
+        .map(|(k, v)| match *k {
+            "table" => format!("t{v}"),
+            "channels" => format!("ch{v}"),
+            "batch_pages" => format!("batch {v}"),
+            "record_size" => format!("{v} records"),
+            _ => v.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Measure {
+    mean: f64,
+    sd: f64,
+    runs: u64,
+}
+
+fn measure(r: &Value) -> Option<(&'static str, bool, Measure)> {
+    METRICS.iter().find_map(|&(field, higher, unit)| {
+        let s = &r[field];
+        Some((
+            unit,
+            higher,
+            Measure {
+                mean: s["mean"].as_f64()?,
+                sd: s["stdev"].as_f64()?,
+                runs: s["runs"].as_u64().unwrap_or(1),
+            },
+        ))
+    })
+}
+
+/// What a later run's row says against the reference's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Change {
+    Better,
+    Worse,
+    WithinNoise,
+    /// Fewer than 3 runs on a side: the spread says nothing.
+    TooFewRuns,
+}
+
+fn judge(a: Measure, b: Measure, higher_better: bool) -> Change {
+    if a.runs.min(b.runs) < 3 {
+        return Change::TooFewRuns;
+    }
+    if (b.mean - a.mean).abs() <= a.sd + b.sd {
+        return Change::WithinNoise;
+    }
+    if (b.mean > a.mean) == higher_better {
+        Change::Better
+    } else {
+        Change::Worse
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Matched {
+    experiment: String,
+    row: String,
+    unit: &'static str,
+    higher_is_better: bool,
+    /// One per run; `None` where that run lacks the row.
+    values: Vec<Option<Measure>>,
+    /// Each later run's mean over the reference's.
+    ratios: Vec<Option<f64>>,
+    changes: Vec<Option<Change>>,
+}
+
+fn rows(e: &Value) -> &[Value] {
+    e["rows"].as_array().map_or(&[], Vec::as_slice)
+}
+
+/// Every row of the reference, matched in the other runs; then the rows
+/// only later runs have.
+fn matched(runs: &[Run]) -> Vec<Matched> {
+    let mut out: Vec<Matched> = Vec::new();
+    for run in runs {
+        for e in &run.experiments {
+            let exp = summary::key(e);
+            for r in rows(e) {
+                let Some((unit, higher, _)) = measure(r) else {
+                    continue;
+                };
+                let row = label(&row_key(r));
+                if out.iter().any(|m| m.experiment == exp && m.row == row) {
+                    continue;
+                }
+                let values: Vec<Option<Measure>> = runs
+                    .iter()
+                    .map(|other| {
+                        other
+                            .experiments
+                            .iter()
+                            .filter(|o| summary::key(o) == exp)
+                            .flat_map(rows)
+                            .find(|o| label(&row_key(o)) == row)
+                            .and_then(measure)
+                            .map(|m| m.2)
+                    })
+                    .collect();
+                let (ratios, changes) = values[1..]
+                    .iter()
+                    .map(|b| match (values[0], b) {
+                        (Some(a), Some(b)) => (Some(b.mean / a.mean), Some(judge(a, *b, higher))),
+                        _ => (None, None),
+                    })
+                    .unzip();
+                out.push(Matched {
+                    experiment: exp.clone(),
+                    row,
+                    unit,
+                    higher_is_better: higher,
+                    values,
+                    ratios,
+                    changes,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The machine facts that make a ratio compare machines rather than code.
+fn machine_diffs(runs: &[Run]) -> Vec<String> {
+    let facts: &[(&str, &[&str])] = &[
+        ("CPU", &["cpu", "model"]),
+        ("logical CPUs", &["cpu", "logical_cpus"]),
+        ("kernel", &["system", "kernel"]),
+        ("NUMA nodes", &["system", "numa_nodes"]),
+        ("THP", &["system", "thp", "enabled"]),
+        ("calibration", &["profile", "note"]),
+    ];
+    let mut out = Vec::new();
+    for (name, path) in facts {
+        let vals: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                let v = path.iter().fold(&r.machine, |v, k| &v[*k]);
+                match v {
+                    Value::String(s) => s.clone(),
+                    Value::Null => "?".into(),
+                    v => v.to_string(),
+                }
+            })
+            .collect();
+        if vals.iter().any(|v| v != &vals[0]) {
+            out.push(format!("{name}: {}", vals.join(" | ")));
+        }
+    }
+    out
+}
+
+fn show(m: &Option<Measure>) -> String {
+    m.map_or("-".into(), |m| format!("{:.2} ± {:.2}", m.mean, m.sd))
+}
+
+fn change_word(c: Option<Change>) -> &'static str {
+    match c {
+        Some(Change::Better) => "better",
+        Some(Change::Worse) => "WORSE",
+        Some(Change::WithinNoise) => "~ noise",
+        Some(Change::TooFewRuns) => "? <3 runs",
+        None => "missing",
+    }
+}
+
+fn counts(all: &[Matched], k: usize) -> (usize, usize, usize, usize, usize) {
+    let mut c = (0, 0, 0, 0, 0);
+    for m in all {
+        match m.changes[k] {
+            Some(Change::Better) => c.0 += 1,
+            Some(Change::Worse) => c.1 += 1,
+            Some(Change::WithinNoise) => c.2 += 1,
+            Some(Change::TooFewRuns) => c.3 += 1,
+            None => c.4 += 1,
+        }
+    }
+    c
+}
+
+fn text(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
+    let mut out = String::new();
+    for (i, r) in runs.iter().enumerate() {
+        let _ = writeln!(out, "# {} = {}", (b'A' + i as u8) as char, r.name);
+    }
+    if diffs.is_empty() {
+        out += "# machine and kernel: the same in every run\n";
+    } else {
+        out += "# machine or kernel differ (ratios compare them, not only the code):\n";
+        for d in diffs {
+            let _ = writeln!(out, "#   {d}");
+        }
+    }
+    let names: Vec<char> = (0..runs.len()).map(|i| (b'A' + i as u8) as char).collect();
+    let mut header = vec!["experiment".to_string(), "row".into(), "unit".into()];
+    header.extend(names.iter().map(|n| format!("{n} mean ± sd")));
+    for n in &names[1..] {
+        header.push(format!("{n}/A"));
+        header.push(format!("{n} vs A"));
+    }
+    let mut table: Vec<Vec<String>> = vec![header];
+    for m in all {
+        let mut line = vec![m.experiment.clone(), m.row.clone(), m.unit.to_string()];
+        line.extend(m.values.iter().map(show));
+        for (r, c) in m.ratios.iter().zip(&m.changes) {
+            line.push(r.map_or("-".into(), |r| format!("{r:.2}x")));
+            line.push(change_word(*c).into());
+        }
+        table.push(line);
+    }
+    let width: Vec<usize> = (0..table[0].len())
+        .map(|i| {
+            table
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for l in &table {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&width)
+            .enumerate()
+            .map(|(i, (v, &w))| {
+                if i < 2 {
+                    format!("{v:<w$}")
+                } else {
+                    format!("{v:>w$}")
+                }
+            })
+            .collect();
+        out += cells.join("  ").trim_end();
+        out += "\n";
+    }
+    for (k, n) in names[1..].iter().enumerate() {
+        let (b, w, same, few, missing) = counts(all, k);
+        let _ = writeln!(
+            out,
+            "# {n} vs A: {b} better, {w} worse beyond the noise (mean ± sd intervals apart), {same} within it, {few} with fewer than 3 runs, {missing} rows missing on one side"
+        );
+    }
+    out
+}
+
+fn csv(n: usize, all: &[Matched]) -> String {
+    let mut head = vec!["experiment".to_string(), "row".into(), "unit".into()];
+    for i in 0..n {
+        let c = (b'a' + i as u8) as char;
+        head.extend([
+            format!("{c}_mean"),
+            format!("{c}_stdev"),
+            format!("{c}_runs"),
+        ]);
+    }
+    for k in 1..n {
+        let c = (b'a' + k as u8) as char;
+        head.extend([format!("{c}_over_a"), format!("{c}_change")]);
+    }
+    let mut out = head.join(",") + "\n";
+    for m in all {
+        let mut l = vec![
+            format!("\"{}\"", m.experiment),
+            format!("\"{}\"", m.row),
+            m.unit.into(),
+        ];
+        for v in &m.values {
+            match v {
+                Some(v) => l.extend([v.mean.to_string(), v.sd.to_string(), v.runs.to_string()]),
+                None => l.extend([String::new(), String::new(), String::new()]),
+            }
+        }
+        for (r, c) in m.ratios.iter().zip(&m.changes) {
+            l.push(r.map_or(String::new(), |r| format!("{r:.4}")));
+            l.push(change_word(*c).trim().to_string());
+        }
+        out += &(l.join(",") + "\n");
+    }
+    out
+}
+
+fn page(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
+    let mut out = crate::html::head("foliokit compare");
+    out += "<h1>foliokit compare</h1>";
+    out += crate::html::SELFCHECK;
+    out += "<p>Each run's rows matched to the first run (A). A change is called out only where the two rows' mean ± sd intervals do not overlap; rows with fewer than 3 runs get no verdict.</p><ul>";
+    for (i, r) in runs.iter().enumerate() {
+        let _ = write!(
+            out,
+            "<li>{} = {}</li>",
+            (b'A' + i as u8) as char,
+            escape(&r.name)
+        );
+    }
+    out += "</ul>";
+    out += "<h2 id=\"summary\">Summary</h2><table class=\"summary data\"><thead><tr><th>run</th><th>better</th><th>worse</th><th>within noise</th><th>too few runs</th><th>missing</th></tr></thead><tbody>";
+    for k in 0..runs.len() - 1 {
+        let (b, w, same, few, missing) = counts(all, k);
+        let _ = write!(
+            out,
+            "<tr><td>{} vs A</td><td>{b}</td><td>{w}</td><td>{same}</td><td>{few}</td><td>{missing}</td></tr>",
+            (b'B' + k as u8) as char
+        );
+    }
+    out += "</tbody></table>";
+    if diffs.is_empty() {
+        out += "<p class=\"note\">Machine and kernel: the same in every run.</p>";
+    } else {
+        out += "<p>Machine or kernel differ (ratios compare them, not only the code):</p><ul>";
+        for d in diffs {
+            let _ = write!(out, "<li>{}</li>", escape(d));
+        }
+        out += "</ul>";
+    }
+    let sums: Vec<Vec<summary::Line>> = runs
+        .iter()
+        .map(|r| summary::lines(&r.experiments))
+        .collect();
+    if let Some(first) = sums.iter().find(|s| !s.is_empty()) {
+        out += "<h2 id=\"seeds\">The seeds' figures and each run's</h2><table class=\"data\"><thead><tr><th>seed</th><th>experiment</th><th>seed's figure</th>";
+        for i in 0..runs.len() {
+            let _ = write!(out, "<th>{}</th>", (b'A' + i as u8) as char);
+        }
+        out += "</tr></thead><tbody>";
+        for l in first {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td>",
+                l.seed,
+                escape(l.what),
+                escape(l.seed_figure)
+            );
+            for s in &sums {
+                let ours = s.iter().find(|x| x.what == l.what);
+                let _ = write!(
+                    out,
+                    "<td>{}</td>",
+                    ours.map_or("-".into(), |x| escape(&format!(
+                        "{} ({})",
+                        x.ours, x.verdict
+                    )))
+                );
+            }
+            out += "</tr>";
+        }
+        out += "</tbody></table>";
+    }
+    let mut exps: Vec<String> = Vec::new();
+    for m in all {
+        if !exps.contains(&m.experiment) {
+            exps.push(m.experiment.clone());
+        }
+    }
+    out += "<nav>";
+    for e in &exps {
+        let _ = write!(out, "<a href=\"#{e}\">{e}</a>");
+    }
+    out += "</nav>";
+    for e in &exps {
+        let rows: Vec<&Matched> = all.iter().filter(|m| &m.experiment == e).collect();
+        let _ = write!(out, "<h2 id=\"{e}\">{e}</h2>");
+        // Plots of at most 16 rows each, so labels stay readable.
+        for (n, chunk) in rows.chunks(16).enumerate() {
+            let cats: Vec<String> = chunk.iter().map(|m| m.row.clone()).collect();
+            let series: Vec<Series> = runs
+                .iter()
+                .enumerate()
+                .map(|(i, _)| Series {
+                    name: format!("{}", (b'A' + i as u8) as char),
+                    points: chunk
+                        .iter()
+                        .map(|m| {
+                            m.values[i].map(|v| Point {
+                                mean: v.mean,
+                                sd: v.sd,
+                            })
+                        })
+                        .collect(),
+                })
+                .collect();
+            let title = format!(
+                "{e}: each run's rows side by side{}",
+                if rows.len() > 16 {
+                    format!(" (part {})", n + 1)
+                } else {
+                    String::new()
+                }
+            );
+            let y = format!("{} (mean ± sd)", chunk[0].unit);
+            let _ = write!(
+                out,
+                "<figure>{}</figure>",
+                plots::bars(
+                    &Frame {
+                        title: &title,
+                        x_desc: "row",
+                        x: &cats,
+                        y_desc: &y,
+                    },
+                    &series,
+                    &[],
+                )
+            );
+        }
+        out += "<table class=\"data\"><thead><tr><th>experiment</th><th>row</th>";
+        for i in 0..runs.len() {
+            let _ = write!(out, "<th>{} mean ± sd</th>", (b'A' + i as u8) as char);
+        }
+        for k in 1..runs.len() {
+            let c = (b'A' + k as u8) as char;
+            let _ = write!(out, "<th>{c}/A</th><th>{c} vs A</th>");
+        }
+        out += "</tr></thead><tbody>";
+        for m in rows {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{} ({})</td>",
+                escape(&m.experiment),
+                escape(&m.row),
+                m.unit
+            );
+            for v in &m.values {
+                let _ = write!(out, "<td>{}</td>", show(v));
+            }
+            for (r, c) in m.ratios.iter().zip(&m.changes) {
+                let _ = write!(
+                    out,
+                    "<td>{}</td><td>{}</td>",
+                    r.map_or("-".into(), |r| format!("{r:.2}x")),
+                    change_word(*c)
+                );
+            }
+            out += "</tr>";
+        }
+        out += "</tbody></table>";
+    }
+    out += "</body></html>\n";
+    out
+}
+
+pub fn run(a: CompareArgs) -> Result<(), CliError> {
+    let runs: Vec<Run> = a.files.iter().map(load).collect::<Result<_, _>>()?;
+    let all = matched(&runs);
+    if all.is_empty() {
+        return Err("no rows with a measurement in these results".into());
+    }
+    let diffs = machine_diffs(&runs);
+    let json = json!({
+        "runs": runs.iter().map(|r| &r.name).collect::<Vec<_>>(),
+        "machine_differences": diffs,
+        "rows": all,
+        "summaries": runs.iter().map(|r| summary::lines(&r.experiments)).collect::<Vec<_>>(),
+    });
+    match a.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&json)?),
+        Format::Csv => print!("{}", csv(runs.len(), &all)),
+        Format::Table => print!("{}", text(&runs, &all, &diffs)),
+    }
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let write = |name: &str, body: String| -> Result<(), CliError> {
+            let p = dir.join(name);
+            std::fs::write(&p, body)
+                .map_err(|e| format!("cannot write {}: {e}", p.display()).into())
+        };
+        write("compare.json", serde_json::to_string_pretty(&json)? + "\n")?;
+        write("index.html", page(&runs, &all, &diffs))?;
+        eprintln!(
+            "# compare: {}/index.html, {}/compare.json",
+            dir.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}

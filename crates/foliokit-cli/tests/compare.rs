@@ -1,0 +1,124 @@
+//! `foliokit compare` on hand-made results whose verdicts are known: a
+//! change beyond both spreads either way, one inside them, too few runs,
+//! a lower-is-better metric, rows on one side only, a kernel difference.
+
+use serde_json::{json, Value};
+use std::process::Command;
+
+fn stats(mean: f64, sd: f64, runs: u64) -> Value {
+    json!({"mean": mean, "stdev": sd, "median": mean, "min": mean - sd, "max": mean + sd, "runs": runs})
+}
+
+fn copy_row(f: &str, mean: f64, sd: f64, runs: u64) -> Value {
+    json!({"function": f, "resolved": f, "folio_size": 2097152, "channels": 1,
+           "gbps": stats(mean, sd, runs), "speedup": 1.0})
+}
+
+fn machine(kernel: &str) -> Value {
+    json!({"cpu": {"model": "test CPU", "logical_cpus": 2},
+           "system": {"kernel": kernel, "numa_nodes": [0], "thp": {"enabled": "madvise"}}})
+}
+
+fn lab(kernel: &str, copy: Vec<Value>, init: Vec<Value>) -> Value {
+    json!({
+        "machine": machine(kernel),
+        "experiments": [
+            {"experiment": "copy", "params": {"mc": false}, "machine": machine(kernel), "rows": copy},
+            {"experiment": "init", "params": {}, "machine": machine(kernel), "rows": init},
+        ]
+    })
+}
+
+#[test]
+fn compare_calls_changes_only_beyond_the_spread() {
+    let dir = std::env::temp_dir().join(format!("foliokit-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let a = lab(
+        "6.1.0",
+        vec![
+            copy_row("up", 10.0, 0.5, 5),
+            copy_row("down", 10.0, 0.5, 5),
+            copy_row("noisy", 10.0, 2.0, 5),
+            copy_row("once", 10.0, 0.0, 1),
+            copy_row("only-a", 10.0, 0.5, 5),
+        ],
+        vec![
+            json!({"function": "template-nt", "record_size": 64, "rebind_ms": stats(100.0, 5.0, 5)}),
+        ],
+    );
+    let b = lab(
+        "6.12.0",
+        vec![
+            copy_row("up", 12.0, 0.5, 5),
+            copy_row("down", 8.0, 0.5, 5),
+            copy_row("noisy", 11.0, 2.0, 5),
+            copy_row("once", 20.0, 0.0, 1),
+            copy_row("only-b", 10.0, 0.5, 5),
+        ],
+        vec![
+            json!({"function": "template-nt", "record_size": 64, "rebind_ms": stats(80.0, 5.0, 5)}),
+        ],
+    );
+    let (pa, pb) = (dir.join("a.json"), dir.join("b.json"));
+    std::fs::write(&pa, a.to_string()).unwrap();
+    std::fs::write(&pb, b.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_foliokit"))
+        .args(["compare", "--format", "json"])
+        .arg(&pa)
+        .arg(&pb)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let change = |row: &str| -> Value {
+        let r = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["row"].as_str().unwrap().starts_with(row))
+            .unwrap_or_else(|| panic!("no row {row}: {v}"));
+        r["changes"][0].clone()
+    };
+    assert_eq!(change("up "), "better");
+    assert_eq!(change("down "), "worse");
+    assert_eq!(change("noisy "), "within_noise");
+    assert_eq!(change("once "), "too_few_runs");
+    assert_eq!(change("only-a "), Value::Null);
+    assert_eq!(change("only-b "), Value::Null);
+    // Lower is better for a time: 100 ms -> 80 ms is better.
+    assert_eq!(change("template-nt "), "better");
+    let ratio = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["row"].as_str().unwrap().starts_with("up "))
+        .unwrap()["ratios"][0]
+        .as_f64()
+        .unwrap();
+    assert!((ratio - 1.2).abs() < 1e-9, "ratio {ratio}");
+    let diffs = v["machine_differences"].to_string();
+    assert!(
+        diffs.contains("kernel: 6.1.0 | 6.12.0"),
+        "kernel difference not reported: {diffs}"
+    );
+
+    // Bad input is one clear line, not a panic.
+    std::fs::write(dir.join("bad.json"), "{\"x\": 1}").unwrap();
+    let bad = Command::new(env!("CARGO_BIN_EXE_foliokit"))
+        .arg("compare")
+        .arg(&pa)
+        .arg(dir.join("bad.json"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("neither a lab's results.json nor a bench's JSON"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
