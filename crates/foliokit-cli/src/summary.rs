@@ -50,6 +50,18 @@ fn row<'a>(exp: &'a Value, want: &[(&str, Value)]) -> Option<&'a Value> {
         .find(|r| want.iter().all(|(f, v)| &r[*f] == v))
 }
 
+/// Function `f`'s row at 2M folios on one channel: the seeds' shape.
+fn at_2m<'a>(e: &'a Value, f: &str) -> Option<&'a Value> {
+    row(
+        e,
+        &[
+            ("function", f.into()),
+            ("folio_size", M2.into()),
+            ("channels", 1.into()),
+        ],
+    )
+}
+
 /// A Stats field: mean, stdev and the number of runs.
 #[derive(Clone, Copy)]
 struct Stat {
@@ -116,16 +128,7 @@ fn of_limit(r: &Value) -> Option<f64> {
 
 fn copy_line(exps: &[Value]) -> Option<Line> {
     let e = find(exps, "copy")?;
-    let at = |f: &str| {
-        row(
-            e,
-            &[
-                ("function", f.into()),
-                ("folio_size", M2.into()),
-                ("channels", 1.into()),
-            ],
-        )
-    };
+    let at = |f: &str| at_2m(e, f);
     let (auto, base) = (at("auto")?, at("per-page")?);
     let (a, b) = (stat(auto, "gbps")?, stat(base, "gbps")?);
     let (r, diff) = ratio(a, b);
@@ -150,16 +153,7 @@ fn copy_line(exps: &[Value]) -> Option<Line> {
 
 fn zen3_line(exps: &[Value]) -> Option<Line> {
     let e = find(exps, "copy")?;
-    let at = |f: &str| {
-        row(
-            e,
-            &[
-                ("function", f.into()),
-                ("folio_size", M2.into()),
-                ("channels", 1.into()),
-            ],
-        )
-    };
+    let at = |f: &str| at_2m(e, f);
     let (a, b) = (stat(at("unrolled")?, "gbps")?, stat(at("movsq")?, "gbps")?);
     let (r, diff) = ratio(a, b);
     Some(Line {
@@ -181,16 +175,7 @@ fn zen3_line(exps: &[Value]) -> Option<Line> {
 
 fn clear_line(exps: &[Value]) -> Option<Line> {
     let e = find(exps, "clear")?;
-    let at = |f: &str| {
-        row(
-            e,
-            &[
-                ("function", f.into()),
-                ("folio_size", M2.into()),
-                ("channels", 1.into()),
-            ],
-        )
-    };
+    let at = |f: &str| at_2m(e, f);
     let (seq, bfly) = (at("per-page")?, at("butterfly")?);
     let (a, b) = (stat(seq, "gbps")?, stat(bfly, "gbps")?);
     let (r, diff) = ratio(a, b);
