@@ -272,11 +272,12 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
 
     let (mig_size, mig_pages, batches, mig_loops) = match scale {
         Scale::Smoke => (16 * M, vec![2 * M], vec![512, 2048], 1),
+        // Three runs: the fewest from which the summary judges noise.
         Scale::Quick => (
             256 * M,
             vec![4 * K, 64 * K, 2 * M],
             vec![512, 2048, 8192, 65536],
-            2,
+            3,
         ),
         Scale::Full => (
             G,

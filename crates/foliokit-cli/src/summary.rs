@@ -113,8 +113,16 @@ fn verdict(ours: f64, diff: Diff, seed: f64, why_not: impl FnOnce() -> String) -
         );
     }
     let clear = diff == Diff::Beyond;
-    if clear && same_direction {
-        "reproduced here (same direction, beyond the noise)".into()
+    // Half the seed's effect or more (on a log scale, so 2x and 0.5x weigh
+    // alike) counts as reproduced; less is the same direction, smaller.
+    let share = ours.ln() / seed.ln();
+    if clear && same_direction && share >= 0.5 {
+        "reproduced here (same direction, beyond the noise, at least half the seed's effect)".into()
+    } else if clear && same_direction {
+        format!(
+            "partly: the seed's direction beyond the noise, but {ours:.2}x against its {seed:.2}x; {}",
+            why_not()
+        )
     } else if !clear {
         format!("not reproduced here: within the noise; {}", why_not())
     } else {
