@@ -256,8 +256,39 @@ fn machine_diffs(runs: &[Run]) -> Vec<String> {
     out
 }
 
+/// A figure with about three significant digits, whatever its scale (a
+/// 1 GiB mremap takes microseconds, a loop seconds).
+fn num(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 || a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else if a >= 0.001 {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
 fn show(m: &Option<Measure>) -> String {
-    m.map_or("-".into(), |m| format!("{:.2} ± {:.2}", m.mean, m.sd))
+    m.map_or("-".into(), |m| format!("{} ± {}", num(m.mean), num(m.sd)))
+}
+
+/// The median over rows of run `k`'s change, oriented so that above 1 is
+/// better: when the code is the same, a shift of the whole run is the
+/// machine's load, which per-row spreads do not capture.
+fn median_shift(all: &[Matched], k: usize) -> Option<f64> {
+    let mut v: Vec<f64> = all
+        .iter()
+        .filter_map(|m| m.ratios[k].map(|r| if m.higher_is_better { r } else { 1.0 / r }))
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
 }
 
 fn change_word(c: Option<Change>) -> &'static str {
@@ -345,6 +376,12 @@ fn text(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
             out,
             "# {n} vs A: {b} better, {w} worse beyond the noise (mean ± sd intervals apart), {same} within it, {few} with fewer than 3 runs, {missing} rows missing on one side"
         );
+        if let Some(m) = median_shift(all, k) {
+            let _ = writeln!(
+                out,
+                "# {n} vs A: the median row is {m:.2}x as good; a shift of the whole run with the same code is the machine's load at that time, not a change"
+            );
+        }
     }
     out
 }
@@ -399,16 +436,17 @@ fn page(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
         );
     }
     out += "</ul>";
-    out += "<h2 id=\"summary\">Summary</h2><table class=\"summary data\"><thead><tr><th>run</th><th>better</th><th>worse</th><th>within noise</th><th>too few runs</th><th>missing</th></tr></thead><tbody>";
+    out += "<h2 id=\"summary\">Summary</h2><table class=\"summary data\"><thead><tr><th>run</th><th>better</th><th>worse</th><th>within noise</th><th>too few runs</th><th>missing</th><th>median row</th></tr></thead><tbody>";
     for k in 0..runs.len() - 1 {
         let (b, w, same, few, missing) = counts(all, k);
         let _ = write!(
             out,
-            "<tr><td>{} vs A</td><td>{b}</td><td>{w}</td><td>{same}</td><td>{few}</td><td>{missing}</td></tr>",
-            (b'B' + k as u8) as char
+            "<tr><td>{} vs A</td><td>{b}</td><td>{w}</td><td>{same}</td><td>{few}</td><td>{missing}</td><td>{}</td></tr>",
+            (b'B' + k as u8) as char,
+            median_shift(all, k).map_or("-".into(), |m| format!("{m:.2}x as good"))
         );
     }
-    out += "</tbody></table>";
+    out += "</tbody></table><p class=\"note\">median row: the middle of every row's change, oriented so that above 1 is better. With the same code, a shift of the whole run is the machine's load at that time, not a change.</p>";
     if diffs.is_empty() {
         out += "<p class=\"note\">Machine and kernel: the same in every run.</p>";
     } else {
@@ -554,6 +592,7 @@ pub fn run(a: CompareArgs) -> Result<(), CliError> {
     let json = json!({
         "runs": runs.iter().map(|r| &r.name).collect::<Vec<_>>(),
         "machine_differences": diffs,
+        "median_shift": (1..runs.len()).map(|k| median_shift(&all, k - 1)).collect::<Vec<_>>(),
         "rows": all,
         "summaries": runs.iter().map(|r| summary::lines(&r.experiments)).collect::<Vec<_>>(),
     });
