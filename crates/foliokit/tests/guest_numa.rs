@@ -1,0 +1,225 @@
+//! Migration across real NUMA nodes: the kernel path and relocation move
+//! every page to the target node (verified with a `move_pages` status
+//! query, not with what the call reported), keep the contents and keep THP;
+//! to and from a memory-only node (a CXL-like tier). This machine has one
+//! node: these run in the multi-node guests of `cargo xtask vm-test` and
+//! say why they skip elsewhere.
+
+mod common;
+
+use common::{in_child, pattern, relocation_available, skip};
+use foliokit::mem::{system, Region};
+use foliokit::migrate::{migrate, MigrateOptions, MigratePath, Path};
+use std::time::Duration;
+
+const PAGE: usize = 4096;
+const THP: usize = 2 << 20;
+const T: Duration = Duration::from_secs(180);
+
+/// Online nodes, or `None` (skip printed) with fewer than two.
+fn nodes() -> Option<Vec<u32>> {
+    let n = system::numa_nodes();
+    if n.len() < 2 {
+        skip(&format!(
+            "one NUMA node here ({n:?}): cross-node moves run in the multi-node guests of `cargo xtask vm-test`"
+        ));
+        return None;
+    }
+    Some(n)
+}
+
+/// Nodes with memory and no CPUs (a memory-only tier).
+fn memory_only(nodes: &[u32]) -> Vec<u32> {
+    nodes
+        .iter()
+        .copied()
+        .filter(|n| {
+            std::fs::read_to_string(format!("/sys/devices/system/node/node{n}/cpulist"))
+                .map(|s| s.trim().is_empty())
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Where each page of `[at, at + len)` is, from the kernel (`move_pages`
+/// with no target: a status query).
+fn placement(at: usize, len: usize) -> Vec<i32> {
+    let pages: Vec<usize> = (0..len / PAGE).map(|i| at + i * PAGE).collect();
+    let mut status = vec![0i32; pages.len()];
+    // SAFETY: move_pages(2) with a null node array only reads the status of
+    // our own pages into `status`, which has one slot per page.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            pages.len(),
+            pages.as_ptr(),
+            std::ptr::null::<i32>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "move_pages query: {}",
+        std::io::Error::last_os_error()
+    );
+    status
+}
+
+/// AnonHugePages (kB) of the mapping holding `at`, from smaps.
+fn thp_kb(at: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for l in smaps.lines() {
+        if let Some((range, _)) = l.split_once(' ') {
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&at);
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(v) = l.strip_prefix("AnonHugePages:") {
+                return v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    0
+}
+
+/// Moves a 16 MiB THP range from node `from` to `to` and back along
+/// `path`, checking placement, contents and THP at each step.
+fn round_trip(path: Path, from: u32, to: u32) {
+    let len = 16 << 20;
+    let mut r = Region::new(len, THP).expect("region");
+    let at = r.as_mut_ptr() as usize;
+    let want = pattern(len, 77);
+    r.as_mut_slice().copy_from_slice(&want);
+    let opts = MigrateOptions {
+        path,
+        channels: 2,
+        ..Default::default()
+    };
+    let thp_before = thp_kb(at);
+    for node in [from, to, from] {
+        // SAFETY: our own private anonymous region, used by no one else.
+        let rep = unsafe { migrate(at as *mut u8, len, node, &opts) }
+            .unwrap_or_else(|e| panic!("{path:?} to node {node}: {e}"));
+        if path == Path::Relocate {
+            assert_eq!(rep.path, MigratePath::Relocate);
+        }
+        let st = placement(at, len);
+        let off: Vec<(usize, i32)> = st
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| s != node as i32)
+            .map(|(i, &s)| (i, s))
+            .take(5)
+            .collect();
+        assert!(
+            off.is_empty(),
+            "{path:?} to node {node}: pages elsewhere (page, status): {off:?} of {}",
+            st.len()
+        );
+        assert!(
+            r.as_slice() == &want[..],
+            "{path:?} to node {node}: contents changed"
+        );
+        let thp = thp_kb(at);
+        assert!(
+            thp >= thp_before,
+            "{path:?} to node {node}: AnonHugePages {thp_before} kB -> {thp} kB"
+        );
+        println!(
+            "NOTE: {path:?} -> node {node}: {} pages there, AnonHugePages {thp} kB",
+            st.len()
+        );
+    }
+}
+
+#[test]
+fn kernel_path_moves_every_page_across_nodes() {
+    in_child("kernel_path_moves_every_page_across_nodes", T, || {
+        let Some(n) = nodes() else { return };
+        round_trip(Path::Kernel, n[0], n[1]);
+    })
+}
+
+#[test]
+fn relocation_moves_every_page_across_nodes() {
+    in_child("relocation_moves_every_page_across_nodes", T, || {
+        let Some(n) = nodes() else { return };
+        if !relocation_available() {
+            return;
+        }
+        round_trip(Path::Relocate, n[0], n[1]);
+    })
+}
+
+#[test]
+fn to_and_from_a_memory_only_node() {
+    in_child("to_and_from_a_memory_only_node", T, || {
+        let Some(n) = nodes() else { return };
+        let Some(&tier) = memory_only(&n).first() else {
+            skip(&format!("no memory-only node among {n:?}"));
+            return;
+        };
+        round_trip(Path::Kernel, n[0], tier);
+        if relocation_available() {
+            round_trip(Path::Relocate, n[0], tier);
+        }
+    })
+}
+
+#[test]
+fn a_sparse_range_moves_only_its_pages() {
+    in_child("a_sparse_range_moves_only_its_pages", T, || {
+        let Some(n) = nodes() else { return };
+        let len = 8 << 20;
+        let mut r = Region::unpopulated(len, PAGE).expect("region");
+        let at = r.as_mut_ptr() as usize;
+        // 4 KiB pages even where THP is "always" (as in Debian's kernels):
+        // a huge page would fill the holes before migrate ever runs.
+        // SAFETY: advice on our own mapping.
+        let rc = unsafe { libc::madvise(at as *mut libc::c_void, len, libc::MADV_NOHUGEPAGE) };
+        assert_eq!(rc, 0);
+        // Every fourth page written; the rest never touched.
+        for p in (0..len / PAGE).step_by(4) {
+            r.as_mut_slice()[p * PAGE] = p as u8 | 1;
+        }
+        let before = placement(at, len);
+        assert!(
+            before
+                .iter()
+                .enumerate()
+                .all(|(p, &s)| (p % 4 == 0) == (s >= 0)),
+            "the range is not sparse before the move"
+        );
+        for path in [Path::Kernel, Path::Relocate] {
+            if path == Path::Relocate && !relocation_available() {
+                continue;
+            }
+            let opts = MigrateOptions {
+                path,
+                ..Default::default()
+            };
+            // SAFETY: our own private anonymous region.
+            unsafe { migrate(at as *mut u8, len, n[1], &opts) }.unwrap();
+            let st = placement(at, len);
+            for (p, &s) in st.iter().enumerate() {
+                if p % 4 == 0 {
+                    assert_eq!(s, n[1] as i32, "{path:?}: page {p} not moved");
+                    assert_eq!(r.as_slice()[p * PAGE], p as u8 | 1);
+                } else {
+                    assert_eq!(s, -libc::ENOENT, "{path:?}: hole {p} was filled");
+                }
+            }
+            // SAFETY: as above.
+            unsafe { migrate(at as *mut u8, len, n[0], &opts) }.unwrap();
+        }
+    })
+}
