@@ -190,27 +190,3 @@ fn strategies_without_an_mc_variant_are_refused() {
     }
     assert_eq!(d, [0u8; 64]);
 }
-
-#[test]
-fn real_hardware_poison_when_the_kernel_allows_injection() {
-    let mut r = Region::new(2 * PAGE, PAGE).unwrap();
-    let want = pattern(2 * PAGE, 3);
-    r.as_mut_slice().copy_from_slice(&want);
-    let page1 = r.as_mut_ptr().wrapping_add(PAGE);
-    // SAFETY: page1 is a page of our own region; poisoning takes it away
-    // from us (and from the system) for good, which is what we test.
-    let rc = unsafe { libc::madvise(page1.cast(), PAGE, libc::MADV_HWPOISON) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        common::skip(&format!(
-            "real-poison test: MADV_HWPOISON refused ({e}); it needs CONFIG_MEMORY_FAILURE and CAP_SYS_ADMIN"
-        ));
-        return;
-    }
-    let s = CopyStrategy::Movsb;
-    let mut dst = vec![0u8; 2 * PAGE];
-    let f = fault(copy_mc(&mut dst, r.as_slice(), s).unwrap_err());
-    assert_eq!(f.kind, FaultKind::Poison);
-    assert_eq!((f.not_copied, f.bad_page), (PAGE, 1));
-    assert!(dst[..PAGE] == want[..PAGE]);
-}

@@ -1,0 +1,282 @@
+//! The guests, the test binaries they run, and the tally.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::setup;
+use crate::Error;
+
+struct Guest {
+    name: &'static str,
+    /// Debian package series (`linux-image-<series>…`).
+    series: &'static str,
+    /// virtme-ng `--numa` arguments: size and CPUs per node; a node
+    /// without CPUs is a memory-only tier.
+    numa: &'static [&'static str],
+    what: &'static str,
+}
+
+const GUESTS: &[Guest] = &[
+    Guest {
+        name: "6.12",
+        series: "6.12",
+        numa: &["1536M,cpus=0", "1536M,cpus=1", "1G"],
+        what:
+            "three nodes (two with a CPU each, one memory-only), MEMORY_FAILURE, mTHP, UFFDIO_MOVE",
+    },
+    Guest {
+        name: "6.1",
+        series: "6.1.0",
+        numa: &["2G,cpus=0", "2G,cpus=1"],
+        what: "two nodes; no mTHP, no UFFDIO_MOVE (relocation must refuse), MEMORY_FAILURE",
+    },
+];
+
+/// Test binaries of the foliokit crate that exercise the kernel: NUMA,
+/// userfaultfd, poison, THP. The CPU sweeps (strategies, mc's fault
+/// injection by truncated files) run on the host only: under emulation
+/// they take many minutes and test nothing the guest kernel changes.
+const BINARIES: &[&str] = &[
+    "guest_numa",
+    "guest_poison",
+    "migrate",
+    "migrate_attributes",
+    "migrate_concurrent",
+    "nt_populate",
+];
+
+/// A guest run longer than this has hung.
+const GUEST_LIMIT: Duration = Duration::from_secs(30 * 60);
+
+/// Builds the test binaries, returning (name, path) for [`BINARIES`].
+fn build(ws: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
+    println!("# building the test binaries on the host");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "test",
+            "--no-run",
+            "--locked",
+            "-p",
+            "foliokit",
+            "--message-format=json",
+        ])
+        .current_dir(ws)
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err("cargo test --no-run failed".into());
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str())
+        else {
+            continue;
+        };
+        let is_test = v["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|x| x == "test"));
+        if is_test && BINARIES.contains(&name) {
+            found.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The script the guest runs: its kernel and node layout, then each test
+/// binary, one test at a time, with markers the tally reads.
+fn script(ws: &Path, bins: &[(String, PathBuf)]) -> String {
+    let mut s = String::from("#!/bin/sh\necho \"@@kernel $(uname -r)\"\n");
+    s += "for n in /sys/devices/system/node/node[0-9]*; do echo \"@@node $(basename $n): cpus [$(cat $n/cpulist)], $(awk '/MemTotal/ {print $4\" kB\"}' $n/meminfo)\"; done\n";
+    s += "echo \"@@thp $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo none); mTHP sizes: $(ls /sys/kernel/mm/transparent_hugepage 2>/dev/null | grep -c hugepages-)\"\n";
+    s += &format!("cd '{}'\n", ws.display());
+    for (name, exe) in bins {
+        s += &format!(
+            "echo \"@@binary {name}\"\n'{}' --test-threads=1 2>&1\necho \"@@exit $?\"\n",
+            exe.display()
+        );
+    }
+    s
+}
+
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    failures: Vec<String>,
+}
+
+/// Reads one `test result:` line: (passed, failed).
+fn result_line(l: &str) -> Option<(usize, usize)> {
+    let rest = l.trim().strip_prefix("test result: ")?;
+    let num = |word: &str| {
+        rest.split(';')
+            .find(|p| p.trim().ends_with(word))
+            .and_then(|p| p.split_whitespace().rev().nth(1))
+            .and_then(|n| n.parse::<usize>().ok())
+    };
+    Some((num("passed")?, num("failed")?))
+}
+
+fn boot(
+    bin: &Path,
+    kernel: &setup::Kernel,
+    g: &Guest,
+    script: &Path,
+    t: &mut Tally,
+) -> Result<(), Error> {
+    let mut cmd = Command::new(bin.join("vng"));
+    cmd.arg("--run").arg(kernel.image()).args([
+        "--disable-kvm",
+        "--force-9p",
+        "-m",
+        "4G",
+        "--cpus",
+        "2",
+    ]);
+    for n in g.numa {
+        cmd.args(["--numa", n]);
+    }
+    cmd.arg("--exec")
+        .arg(script)
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("vng: {e}"))?;
+    let pid = child.id();
+    // A watchdog: a guest that hangs is killed and counted as a failure.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = done.clone();
+    std::thread::spawn(move || {
+        while start.elapsed() < GUEST_LIMIT {
+            if d.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        // SAFETY: kill(2) on the vng process we spawned.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    });
+    let out = child.stdout.take().ok_or("no guest output")?;
+    let mut binary = String::new();
+    let mut saw_result = false;
+    for line in BufReader::new(out).lines() {
+        let raw = line?;
+        // virtme-ng's console can prefix lines with padding and carriage
+        // returns; the markers are what follows.
+        let line = raw.trim_start_matches([' ', '\r']).trim_end();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(k) = line.strip_prefix("@@kernel ") {
+            println!("  guest kernel {k}");
+        } else if let Some(n) = line.strip_prefix("@@node ") {
+            println!("  {n}");
+        } else if let Some(x) = line.strip_prefix("@@thp ") {
+            println!("  THP {x}");
+        } else if let Some(b) = line.strip_prefix("@@binary ") {
+            binary = b.to_string();
+            saw_result = false;
+            println!("  -- {binary}");
+        } else if let Some(code) = line.strip_prefix("@@exit ") {
+            if code.trim() != "0" && !saw_result {
+                t.failed += 1;
+                t.failures.push(format!(
+                    "{} {binary}: exited {code} without a result",
+                    g.name
+                ));
+                println!("  !! {binary} exited {code} without a test result");
+            }
+        } else if let Some((p, f)) = result_line(line) {
+            saw_result = true;
+            t.passed += p;
+            t.failed += f;
+            println!("     {binary}: {p} passed, {f} failed");
+        } else if line.starts_with("test ")
+            || line.contains("SKIP:")
+            || line.contains("NOTE:")
+            || line.contains("panicked")
+            || raw.starts_with("    ")
+        {
+            if line.contains("FAILED") && line.starts_with("test ") {
+                t.failures.push(format!("{} {binary}: {line}", g.name));
+            }
+            println!("     {line}");
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let status = child.wait()?;
+    println!(
+        "  guest {} finished in {:.0} s ({status})",
+        g.name,
+        start.elapsed().as_secs_f64()
+    );
+    if start.elapsed() >= GUEST_LIMIT {
+        t.failed += 1;
+        t.failures
+            .push(format!("{}: the guest hung and was killed", g.name));
+    }
+    Ok(())
+}
+
+/// Runs the tests in each selected guest; `Ok(true)` when all passed.
+pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool, Error> {
+    let t0 = Instant::now();
+    let cache = ws.join("target/vm-cache");
+    std::fs::create_dir_all(&cache)?;
+    setup::host_packages()?;
+    let bin = setup::virtme_ng(&cache)?;
+    let bins: Vec<(String, PathBuf)> = build(ws)?
+        .into_iter()
+        .filter(|(n, _)| filter.is_none_or(|f| n.contains(f)))
+        .collect();
+    if bins.is_empty() {
+        return Err("no test binary matches".into());
+    }
+    let script_path = cache.join("guest-tests.sh");
+    std::fs::write(&script_path, script(ws, &bins))?;
+    executable(&script_path)?;
+    let mut t = Tally::default();
+    for g in GUESTS
+        .iter()
+        .filter(|g| only.is_empty() || only.iter().any(|o| o == g.name))
+    {
+        let kernel = setup::kernel(&cache, g.series)?;
+        println!(
+            "# guest {} ({}): {}; QEMU software emulation (TCG): timings here mean nothing",
+            g.name, kernel.version, g.what
+        );
+        boot(&bin, &kernel, g, &script_path, &mut t)?;
+    }
+    for f in &t.failures {
+        println!("# failed: {f}");
+    }
+    println!(
+        "# vm-test: {} passed, {} failed ({:.0} s)",
+        t.passed,
+        t.failed,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(t.failed == 0 && t.passed > 0)
+}
+
+fn executable(p: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut perm = std::fs::metadata(p)?.permissions();
+    perm.set_mode(0o755);
+    std::fs::set_permissions(p, perm)?;
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! `cargo xtask vm-test`: foliokit's tests inside guest kernels, for what
+//! this host cannot show (several NUMA nodes, a memory-only tier, real
+//! hardware poison, an older kernel). QEMU's software emulation boots each
+//! guest with virtme-ng, which shares the host's filesystem read-only with
+//! it, so the test binaries built here run there unchanged. Timings in a
+//! guest mean nothing: the guests are for correctness only.
+
+mod guest;
+mod setup;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::Command;
+
+pub type Error = Box<dyn std::error::Error>;
+
+#[derive(Parser)]
+#[command(about = "foliokit project automation")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the test binaries and run them in guest kernels: 6.12 with
+    /// three NUMA nodes (two with CPUs, one memory-only) and 6.1 with two.
+    /// Installs QEMU, busybox, kmod and virtme-ng when missing; caches the
+    /// kernels under target/vm-cache.
+    VmTest {
+        /// Only these guests (6.12, 6.1).
+        #[arg(long, value_delimiter = ',')]
+        guest: Vec<String>,
+        /// Only test binaries whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+    },
+}
+
+/// Runs `c`, failing with its command line when it does not succeed.
+pub fn run(c: &mut Command) -> Result<(), Error> {
+    let s = c.status().map_err(|e| format!("{c:?}: {e}"))?;
+    if s.success() {
+        Ok(())
+    } else {
+        Err(format!("{c:?} failed: {s}").into())
+    }
+}
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::VmTest { guest, filter } => guest::vm_test(&workspace(), &guest, filter.as_deref()),
+    };
+    match result {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            std::process::exit(2);
+        }
+    }
+}
