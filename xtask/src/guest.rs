@@ -172,7 +172,7 @@ fn boot(
     });
     let out = child.stdout.take().ok_or("no guest output")?;
     let mut binary = String::new();
-    let mut saw_result = false;
+    let mut last: Option<(usize, usize)> = None;
     for line in BufReader::new(out).lines() {
         let raw = line?;
         // virtme-ng's console can prefix lines with padding and carriage
@@ -189,10 +189,14 @@ fn boot(
             println!("  THP {x}");
         } else if let Some(b) = line.strip_prefix("@@binary ") {
             binary = b.to_string();
-            saw_result = false;
+            last = None;
             println!("  -- {binary}");
         } else if let Some(code) = line.strip_prefix("@@exit ") {
-            if code.trim() != "0" && !saw_result {
+            if let Some((p, f)) = last.take() {
+                t.passed += p;
+                t.failed += f;
+                println!("     {binary}: {p} passed, {f} failed");
+            } else if code.trim() != "0" {
                 t.failed += 1;
                 t.failures.push(format!(
                     "{} {binary}: exited {code} without a result",
@@ -200,17 +204,13 @@ fn boot(
                 ));
                 println!("  !! {binary} exited {code} without a test result");
             }
-        } else if let Some((p, f)) = result_line(line) {
-            saw_result = true;
-            t.passed += p;
-            t.failed += f;
-            println!("     {binary}: {p} passed, {f} failed");
-        } else if line.starts_with("test ")
-            || line.contains("SKIP:")
-            || line.contains("NOTE:")
-            || line.contains("panicked")
-            || raw.starts_with("    ")
-        {
+        } else if let Some(r) = result_line(line) {
+            // A failing in_child test quotes its child's result line too:
+            // the binary's own summary is the last one before @@exit.
+            last = Some(r);
+        } else if !line.starts_with("running ") {
+            // Everything else the tests print: results, skips, notes and a
+            // failure's whole story.
             if line.contains("FAILED") && line.starts_with("test ") {
                 t.failures.push(format!("{} {binary}: {line}", g.name));
             }
