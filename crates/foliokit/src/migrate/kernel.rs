@@ -35,13 +35,21 @@ fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, Migra
         // The kernel does not say when the first folio of a call finished;
         // the call's return is when it certainly had.
         let lat = t.elapsed();
-        failed.extend(
-            status
-                .iter()
-                .enumerate()
-                .filter(|(_, &s)| s < 0)
-                .map(|(i, &s)| (chunk[i], -s)),
-        );
+        let bad: Vec<usize> = (0..n).filter(|&i| status[i] < 0).collect();
+        if !bad.is_empty() {
+            // Moving a THP, the kernel can report -EBUSY for one subpage
+            // although the whole folio moved (seen on 6.12): a page counts
+            // as failed only if a status query still finds it elsewhere.
+            let addrs: Vec<usize> = bad.iter().map(|&i| chunk[i]).collect();
+            let mut now = vec![0i32; addrs.len()];
+            numa::page_nodes(&addrs, &mut now).map_err(sys("move_pages (status query)"))?;
+            failed.extend(
+                bad.iter()
+                    .zip(&now)
+                    .filter(|(_, &q)| q != node as i32)
+                    .map(|(&i, _)| (chunk[i], -status[i])),
+            );
+        }
         stats.push(BatchStat {
             pages: n,
             first_folio_us: lat.as_secs_f64() * 1e6,
