@@ -153,7 +153,9 @@ fn boot(
             ),
         )
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        // Piped, not inherited: virtme-ng reopens /dev/stderr for writing,
+        // which truncates a log file that our stderr may be.
+        .stderr(Stdio::piped());
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(|e| format!("vng: {e}"))?;
     let pid = child.id();
@@ -171,6 +173,16 @@ fn boot(
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
     });
     let out = child.stdout.take().ok_or("no guest output")?;
+    if let Some(err) = child.stderr.take() {
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                let l = l.trim();
+                if !l.is_empty() {
+                    eprintln!("  vng: {l}");
+                }
+            }
+        });
+    }
     let mut binary = String::new();
     let mut last: Option<(usize, usize)> = None;
     for line in BufReader::new(out).lines() {
