@@ -140,6 +140,13 @@ pub fn page(
         elapsed.as_secs_f64(),
         crate::plots::NOISY_CV * 100.0
     );
+    if let Some(e) = &m.emulated {
+        let _ = write!(
+            out,
+            "<p class=\"note\"><strong>Warning: {}</strong></p>",
+            escape(e)
+        );
+    }
     out += "<nav><a href=\"#summary\">Summary</a><a href=\"#machine\">Machine</a>";
     for e in entries {
         let _ = write!(out, "<a href=\"#{}\">{}</a>", e.key, escape(&e.heading));

@@ -10,14 +10,29 @@ pub struct Machine {
     pub cpu: CpuInfo,
     pub system: SystemInfo,
     pub profile: ProfileStatus,
+    /// Set when the CPU is emulated (QEMU TCG): then timings mean nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub emulated: Option<String>,
 }
 
 pub fn machine() -> Machine {
+    let cpu = cpu().clone();
     Machine {
-        cpu: cpu().clone(),
+        emulated: emulation(&cpu.model),
+        cpu,
         system: system(),
         profile: profile_status(),
     }
+}
+
+/// The warning every report carries when its CPU is QEMU's software
+/// emulation (as in `cargo xtask vm-test`'s guests): correctness only.
+pub fn emulation(model: &str) -> Option<String> {
+    model.contains("QEMU TCG").then(|| {
+        format!(
+            "measured under CPU emulation ({model}): timings and ratios are not meaningful; use this run for correctness only"
+        )
+    })
 }
 
 /// "erms avx2 ... (no fsrm clzero)": the flags that matter, present first.
@@ -47,4 +62,16 @@ pub fn mem_available() -> Option<usize> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb << 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::emulation;
+
+    #[test]
+    fn qemu_software_emulation_is_flagged_and_real_cpus_are_not() {
+        assert!(emulation("QEMU TCG CPU version 2.5+").is_some());
+        assert!(emulation("AMD EPYC").is_none());
+        assert!(emulation("Intel(R) Xeon(R) Processor @ 2.50GHz").is_none());
+    }
 }

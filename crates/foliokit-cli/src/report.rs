@@ -165,6 +165,9 @@ impl<R: TableRow> Report<R> {
             flags_line(c),
             show_size(c.caches.llc)
         );
+        if let Some(e) = &self.machine.emulated {
+            let _ = writeln!(out, "# WARNING: {e}");
+        }
         for h in &self.header {
             let _ = writeln!(out, "# {h}");
         }

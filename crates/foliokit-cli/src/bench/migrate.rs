@@ -252,8 +252,13 @@ fn row(
             .unavailable
             .clone()
             .or_else(|| {
-                r.nothing_to_move
-                    .then(|| "nothing to move (one node)".into())
+                r.nothing_to_move.then(|| {
+                    if numa_nodes().len() > 1 {
+                        "nothing to move (already on the target node)".into()
+                    } else {
+                        "nothing to move (one node)".into()
+                    }
+                })
             })
             .or_else(|| r.notes.first().cloned()),
     }
