@@ -17,7 +17,7 @@ pub mod x86_64;
 #[cfg(target_arch = "x86_64")]
 pub use self::x86_64::{
     clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, stream_nodrain,
-    CAN_FLUSH, HAS_STREAMING,
+    stream_record_nodrain, stream_words_nodrain, CAN_FLUSH, HAS_STREAMING,
 };
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -25,5 +25,5 @@ pub mod generic;
 #[cfg(not(target_arch = "x86_64"))]
 pub use self::generic::{
     clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, stream_nodrain,
-    CAN_FLUSH, HAS_STREAMING,
+    stream_record_nodrain, stream_words_nodrain, CAN_FLUSH, HAS_STREAMING,
 };

@@ -61,4 +61,24 @@ pub unsafe fn stream_nodrain(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
+/// Ordinary stores stand in for the record streams of the template fills.
+///
+/// # Safety
+/// Both ranges valid for `len` bytes and disjoint.
+#[inline(always)]
+pub unsafe fn stream_words_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+/// As [`stream_words_nodrain`], for any length and alignment.
+///
+/// # Safety
+/// Both ranges valid for `len` bytes and disjoint.
+#[inline(always)]
+pub unsafe fn stream_record_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
 pub const HAS_STREAMING: bool = false;

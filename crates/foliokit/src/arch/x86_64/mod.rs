@@ -139,5 +139,7 @@ pub unsafe fn stream_nodrain(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
+pub use copy::{stream_record_nodrain, stream_words_nodrain};
+
 /// Whether this build has real streaming stores (else they are ordinary).
 pub const HAS_STREAMING: bool = true;
