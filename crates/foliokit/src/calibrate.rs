@@ -122,6 +122,7 @@ pub fn calibrate(
                 reuse: Reuse::Reread,
                 hint_page: 0,
                 channels: 1,
+                limits: false,
             };
             let mut src = Region::new(bytes, folio)?;
             src.as_mut_slice().fill(0x5A);
@@ -134,7 +135,7 @@ pub fn calibrate(
                 class,
                 folio_size: folio,
                 bytes,
-                results: m.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
+                results: m.rows.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
             });
             drop(src);
             let label = format!("clear {regime:?} {}K", folio >> 10);
@@ -145,7 +146,7 @@ pub fn calibrate(
                 class,
                 folio_size: folio,
                 bytes,
-                results: m.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
+                results: m.rows.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
             });
         }
     }

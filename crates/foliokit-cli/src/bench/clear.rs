@@ -85,6 +85,7 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
                 reuse: c.reuse.into(),
                 hint_page: a.hint_page,
                 channels: t,
+                limits: !c.no_limits,
             };
             let run: Vec<ClearStrategy> = sel
                 .run
@@ -93,7 +94,10 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
                 .filter(|&s| t == 1 || s != ClearStrategy::Butterfly)
                 .collect();
             let label = format!("clear {} x{t}", show_size(folio));
-            let pb = bar(run.len() * (plan.loops + 1), &label);
+            let pb = bar(
+                (run.len() + 3 * usize::from(plan.limits)) * (plan.loops + 1),
+                &label,
+            );
             let m = measure_clear(&mut dst, &run, &plan, || pb.inc(1))?;
             pb.finish_and_clear();
             tables.add(&mut report, &m, folio, t);

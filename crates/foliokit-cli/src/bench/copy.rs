@@ -95,6 +95,7 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
                 reuse: c.reuse.into(),
                 hint_page: 0,
                 channels: t,
+                limits: !c.no_limits,
             };
             let cands: Vec<CopyCandidate> = candidates
                 .iter()
@@ -102,7 +103,10 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
                 .filter(|x| t == 1 || !x.mc)
                 .collect();
             let label = format!("copy {} x{t}", show_size(folio));
-            let pb = bar(cands.len() * (plan.loops + 1), &label);
+            let pb = bar(
+                (cands.len() + 3 * usize::from(plan.limits)) * (plan.loops + 1),
+                &label,
+            );
             let m = measure_copy(&src, &mut dst, &cands, &plan, || pb.inc(1))?;
             pb.finish_and_clear();
             tables.add(&mut report, &m, folio, t);

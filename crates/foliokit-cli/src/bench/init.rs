@@ -6,7 +6,7 @@
 
 use clap::Args;
 use foliokit::cpu::cpu;
-use foliokit::measure::Stats;
+use foliokit::measure::{probe, LimitOp, Limits, Probe, Stats};
 use foliokit::mem::Region;
 use foliokit::nt::{
     fill_from_template, fill_from_template_cached, fill_records, fill_records_cached,
@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use crate::args::{parse_size, show_size, Format};
 use crate::progress::bar;
-use crate::report::{pm, BackingNote, Report, TableRow};
+use crate::report::{pct, pm, BackingNote, Report, TableRow};
 use crate::CliError;
 
 const VARIANTS: &[(&str, &str)] = &[
@@ -62,6 +62,10 @@ pub struct InitArgs {
     /// first bind) and the rest (rebinds).
     #[arg(short, long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub loops: u32,
+    /// Skip the same-run limit probes (streaming write of non-zero bytes
+    /// etc. over the array) that give every row its `% limit`.
+    #[arg(long)]
+    pub no_limits: bool,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
@@ -79,6 +83,10 @@ pub struct InitRow {
     pub victim_reread_us: Stats,
     /// template-memcpy's median rebind time over this variant's.
     pub speedup: f64,
+    /// The same-run write limit of the array (GB/s, median).
+    pub limit_gbps: Option<f64>,
+    /// `rebind_gbps` over `limit_gbps`.
+    pub of_limit: Option<f64>,
 }
 
 impl TableRow for InitRow {
@@ -91,6 +99,7 @@ impl TableRow for InitRow {
             "GB/s",
             "victim re-read µs",
             "speedup",
+            "% limit",
         ]
     }
 
@@ -107,6 +116,7 @@ impl TableRow for InitRow {
             format!("{:.2}", self.rebind_gbps),
             format!("{:.0}", self.victim_reread_us.median),
             format!("{:.2}x", self.speedup),
+            pct(self.of_limit),
         ]
     }
 }
@@ -296,6 +306,7 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
         ));
     }
     let pb = bar(chosen.len() * a.loops as usize, "init");
+
     // First binds: each variant on its own fresh array (faults included),
     // verified against the first variant's array.
     let mut first_ms = Vec::new();
@@ -331,13 +342,22 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
     // interleaved loop by loop in a rotated order (as measure's runner does),
     // so a noisy minute slows them all alike.
     let mut shared = Region::new(len, 2 << 20)?;
-    let mut rebind_ms: Vec<Vec<f64>> = vec![Vec::new(); chosen.len()];
+    let nv = chosen.len();
+    let probes = if a.no_limits { 0 } else { Probe::ALL.len() };
+    let mut rebind_ms: Vec<Vec<f64>> = vec![Vec::new(); nv];
+    let mut probe_secs: Vec<Vec<f64>> = vec![Vec::new(); probes];
     for l in 0..(a.loops as usize - 1) {
-        for k in 0..chosen.len() {
-            let c = (l + k) % chosen.len();
+        for k in 0..nv + probes {
+            let c = (l + k) % (nv + probes);
             std::hint::black_box(read_sum(&victim));
             let array = &mut shared.as_mut_slice()[..len];
             let t0 = Instant::now();
+            if c >= nv {
+                // The limit probes: the same array, one thread, as the fills.
+                probe(Probe::ALL[c - nv], array, 1, len)?;
+                probe_secs[c - nv].push(t0.elapsed().as_secs_f64());
+                continue;
+            }
             run_variant(chosen[c], array, &template)?;
             rebind_ms[c].push(t0.elapsed().as_secs_f64() * 1e3);
             let t1 = Instant::now();
@@ -346,6 +366,11 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
             victim[0] = victim[0].wrapping_add(1);
             pb.inc(1);
         }
+    }
+    // The probes overwrote the array: one more pass of the first variant
+    // leaves what every variant must leave, checked below.
+    if probes > 0 {
+        run_variant(chosen[0], &mut shared.as_mut_slice()[..len], &template)?;
     }
     pb.finish_and_clear();
     if let Some((first, want)) = reference {
@@ -361,18 +386,35 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
             .map(|c| stats(&rebind_ms[c]).median)
     };
     let memcpy_median = median_of("template-memcpy");
+    let limits = Limits::from_secs(LimitOp::Init, len, &probe_secs);
+    let limit = limits.as_ref().map(Limits::gbps);
     for (c, &name) in chosen.iter().enumerate() {
         let rb = stats(&rebind_ms[c]);
+        let rebind_gbps = foliokit::measure::gbps(len, rb.median / 1e3);
         report.rows.push(InitRow {
             function: name.to_string(),
             record_size: a.record,
             records: len / a.record,
             first_pass_ms: first_ms[c],
             rebind_ms: rb,
-            rebind_gbps: foliokit::measure::gbps(len, rb.median / 1e3),
+            rebind_gbps,
             victim_reread_us: Stats::of(&victim_us[c]).expect("passes ran"),
             speedup: memcpy_median.map_or(f64::NAN, |m| m / rb.median),
+            limit_gbps: limit,
+            of_limit: limit.map(|l| rebind_gbps / l),
         });
+    }
+    if let Some(l) = &limits {
+        report.footer.push(format!(
+            "limit: read {:.2}, write 0s {:.2}, write {:.2} GB/s (medians, one thread, this array) -> init limit {:.2} GB/s ({})",
+            l.read.median,
+            l.write_zero.median,
+            l.write.median,
+            l.gbps(),
+            l.formula
+        ));
+        report.section("limit_gbps", l.gbps());
+        report.section("limits", l);
     }
     report
         .footer
@@ -383,8 +425,14 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
         ("typed-nt", "typed-memcpy"),
     ] {
         if let (Some(r), Some(m)) = (ratio(nt, cached), ratio(nt, "template-memcpy")) {
+            let of = report
+                .rows
+                .iter()
+                .find(|x| x.function == nt)
+                .and_then(|x| x.of_limit);
             report.footer.push(format!(
-                "{nt}: {r:.2}x {cached}, {m:.2}x template-memcpy (median rebinds, same run)"
+                "{nt}: {} of the write limit, {r:.2}x {cached}, {m:.2}x template-memcpy (median rebinds, same run)",
+                pct(of)
             ));
         }
     }

@@ -7,13 +7,13 @@ pub mod init;
 pub mod migrate;
 pub mod mremap;
 
-use foliokit::measure::Measured;
+use foliokit::measure::Measurement;
 use foliokit::strategy::{parse_list, Selection, Strategy};
 use std::fmt::Write as _;
 
 use crate::args::{approx_size, show_size};
 use crate::machine::mem_available;
-use crate::report::{AutoSummary, BackingNote, McRatio, Report, Row, Skipped};
+use crate::report::{pct, AutoSummary, BackingNote, LimitNote, McRatio, Report, Row, Skipped};
 use crate::CliError;
 
 /// Prints a report in `format`; nothing when the options only asked for help.
@@ -128,6 +128,7 @@ pub struct StrategyTables {
     mc: Vec<McRatio>,
     backing: Vec<BackingNote>,
     skipped: Vec<Skipped>,
+    limits: Vec<LimitNote>,
 }
 
 impl StrategyTables {
@@ -159,6 +160,7 @@ impl StrategyTables {
                     reason: (*why).into(),
                 })
                 .collect(),
+            limits: Vec::new(),
         }
     }
 
@@ -168,7 +170,22 @@ impl StrategyTables {
 
     /// Adds one folio size's measurements as rows, with speedups against
     /// the baseline, the auto summary and each `-mc` variant's ratio.
-    pub fn add(&mut self, report: &mut Report<Row>, m: &[Measured], folio: usize, channels: usize) {
+    pub fn add(
+        &mut self,
+        report: &mut Report<Row>,
+        measured: &Measurement,
+        folio: usize,
+        channels: usize,
+    ) {
+        let m = &measured.rows;
+        let limit = measured.limits.as_ref().map(|l| l.gbps());
+        if let Some(l) = &measured.limits {
+            self.limits.push(LimitNote {
+                folio_size: folio,
+                channels,
+                limits: l.clone(),
+            });
+        }
         let median = |name: &str| m.iter().find(|x| x.function == name).map(|x| x.gbps.median);
         let stored = self
             .base_by_folio
@@ -191,6 +208,8 @@ impl StrategyTables {
             channels,
             gbps: x.gbps,
             speedup: x.gbps.median / base,
+            limit_gbps: limit,
+            of_limit: limit.map(|l| x.gbps.median / l),
         }));
         let best = m
             .iter()
@@ -204,6 +223,9 @@ impl StrategyTables {
                 auto_vs_libc: median("libc").map(|l| auto.gbps.median / l),
                 best_named: best.function.clone(),
                 auto_vs_best_named: auto.gbps.median / best.gbps.median,
+                channels,
+                auto_of_limit: limit.map(|l| auto.gbps.median / l),
+                limit_gbps: limit,
             });
         }
         self.mc.extend(m.iter().filter_map(|x| {
@@ -229,11 +251,22 @@ impl StrategyTables {
             "speedup: median over the median of '{}' on {on} at the same folio size",
             self.baseline
         ));
+        for l in &self.limits {
+            report.footer.push(l.line());
+        }
+        if let Some(l) = self.limits.first() {
+            report.footer.push(format!(
+                "% limit: median over the limit; {}",
+                l.limits.formula
+            ));
+        }
         for a in &self.auto {
             report.footer.push(format!(
-                "auto at {} ran {}: {:.2}x {}{}, {:.2}x the best named ({})",
+                "auto at {} x{} ran {}: {} of the limit, {:.2}x {}{}, {:.2}x the best named ({})",
                 show_size(a.folio_size),
+                a.channels,
                 a.auto_resolved,
+                pct(a.auto_of_limit),
                 a.auto_vs_baseline,
                 self.baseline,
                 a.auto_vs_libc
@@ -263,6 +296,9 @@ impl StrategyTables {
         }
         report.section("backing", &self.backing);
         report.section("skipped", &self.skipped);
+        if !self.limits.is_empty() {
+            report.section("limits", &self.limits);
+        }
     }
 }
 
