@@ -74,8 +74,9 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
     let mut report = Report::<Row>::new("clear", title, params);
     let mut tables = StrategyTables::new(&sel, ClearStrategy::Butterfly, &mut report);
     for &folio in &c.page {
-        let mut dst = Region::new(c.size, folio)?;
-        tables.backing(folio, "dst", dst.backing());
+        let (mut dst, note) = super::with_mthp(folio, || Ok(Region::new(c.size, folio)?))?;
+        report.notes.extend(note);
+        tables.backing(folio, "dst", &super::counted_backing(&dst, folio));
         for &t in &c.channels {
             let t = t as usize;
             let plan = Plan {

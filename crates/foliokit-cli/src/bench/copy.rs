@@ -81,11 +81,13 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
         }
     }
     for &folio in &c.page {
-        let mut src = Region::new(c.size, folio)?;
+        let ((mut src, mut dst), note) = super::with_mthp(folio, || {
+            Ok((Region::new(c.size, folio)?, Region::new(c.size, folio)?))
+        })?;
         src.as_mut_slice().fill(0x5A);
-        let mut dst = Region::new(c.size, folio)?;
-        tables.backing(folio, "src", src.backing());
-        tables.backing(folio, "dst", dst.backing());
+        report.notes.extend(note);
+        tables.backing(folio, "src", &super::counted_backing(&src, folio));
+        tables.backing(folio, "dst", &super::counted_backing(&dst, folio));
         for &t in &c.channels {
             let t = t as usize;
             let plan = Plan {

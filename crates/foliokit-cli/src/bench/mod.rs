@@ -302,6 +302,129 @@ impl StrategyTables {
     }
 }
 
+/// Faults in the regions `alloc` makes for `folio`-sized rows with real mTHP
+/// backing where that takes a sysfs change. For an mTHP size (above the base
+/// page, below the PMD size) that sysfs does not already allow via madvise,
+/// a root run sets that size's knob to `madvise` — so only ranges that ask
+/// for huge pages, as our regions do, get it — while `alloc` faults the
+/// regions in, then puts the knob back, also on error (the guard's drop)
+/// and on Ctrl-C (the same handler as the mremap bench). Returns the
+/// regions and a note saying what was done, or why not.
+pub fn with_mthp<T>(
+    folio: usize,
+    alloc: impl FnOnce() -> Result<T, CliError>,
+) -> Result<(T, Option<String>), CliError> {
+    use foliokit::mem::mthp::MthpSettings;
+    use foliokit::mem::system::{is_root, thp_state};
+    let thp = thp_state();
+    let pmd = thp.pmd_size.unwrap_or(2 << 20);
+    let is_mthp = folio > foliokit::batch::page_size() && folio < pmd;
+    if !is_mthp {
+        return Ok((alloc()?, None));
+    }
+    let mut settings = MthpSettings::system();
+    let sizes = settings.snapshot();
+    if !sizes.contains_key(&folio) {
+        let why = format!(
+            "{}: this kernel offers no {} mTHP size; 4K pages used",
+            show_size(folio),
+            show_size(folio)
+        );
+        return Ok((alloc()?, Some(why)));
+    }
+    // The kernel gives a range the largest allowed size that fits, so
+    // larger sizes must be off while our buffers fault in.
+    let larger: Vec<usize> = sizes
+        .keys()
+        .copied()
+        .filter(|&s| s > folio && thp.madvise_allows(s))
+        .collect();
+    let allowed = thp.madvise_allows(folio);
+    if allowed && larger.is_empty() {
+        return Ok((alloc()?, None));
+    }
+    let names = |v: &[usize]| {
+        v.iter()
+            .map(|&s| show_size(s))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if !is_root() {
+        let why = if allowed {
+            format!(
+                "{}: sysfs also allows larger sizes ({}) and turning them off needs root: the buffers may hold those instead",
+                show_size(folio),
+                names(&larger)
+            )
+        } else {
+            format!(
+                "{}: sysfs does not allow {} mTHP via madvise and enabling it needs root; 4K pages used",
+                show_size(folio),
+                show_size(folio)
+            )
+        };
+        return Ok((alloc()?, Some(why)));
+    }
+    let changed = (|| {
+        if !allowed {
+            settings.set(folio, "madvise")?;
+            arm_interrupt_restore(&settings);
+        }
+        for &s in &larger {
+            settings.set(s, "never")?;
+            arm_interrupt_restore(&settings);
+        }
+        Ok::<_, foliokit::mem::mthp::MthpError>(())
+    })();
+    let made = match changed {
+        Ok(()) => alloc(),
+        Err(e) => Err(e.into()),
+    };
+    let restored = settings.restore();
+    arm_interrupt_restore(&settings);
+    let made = made?;
+    restored?;
+    let mut did = Vec::new();
+    if !allowed {
+        did.push(format!("{} set to madvise", show_size(folio)));
+    }
+    if !larger.is_empty() {
+        did.push(format!("{} set to never", names(&larger)));
+    }
+    let note = format!(
+        "{}: mTHP {} in sysfs while the buffers were faulted in, then restored",
+        show_size(folio),
+        did.join(", ")
+    );
+    Ok((made, Some(note)))
+}
+
+/// The backing of a region, with the folios counted from the kernel's page
+/// flags when they can be (root; the first 32 MiB, which is enough to tell
+/// mTHP from 4 KiB pages and fast to read).
+pub fn counted_backing(region: &foliokit::mem::Region, folio: usize) -> foliokit::mem::Backing {
+    let mut b = region.backing().clone();
+    let pmd = foliokit::mem::system::thp_state()
+        .pmd_size
+        .unwrap_or(2 << 20);
+    if folio > foliokit::batch::page_size() && folio < pmd {
+        let sample = region.len().min(32 << 20);
+        if let Some(c) = foliokit::mem::mthp::census(region.as_ptr(), sample) {
+            b.obtained = format!(
+                "{} (census of the first {}: {})",
+                if c.folios.keys().any(|&s| s == folio) {
+                    format!("mTHP {}", show_size(folio))
+                } else {
+                    "no mTHP".to_string()
+                },
+                show_size(sample),
+                c.summary()
+            );
+        }
+    }
+    b
+}
+
 /// The mTHP knobs to put back if the user interrupts a run that changed
 /// them (read by the Ctrl-C handler).
 static RESTORE_ON_INTERRUPT: std::sync::Mutex<Vec<(std::path::PathBuf, String)>> =
