@@ -242,6 +242,59 @@ fn channels_get_contiguous_runs_with_the_first_folio_on_its_own() {
     assert_eq!(recs[2].0.lock().unwrap().len(), 2, "6 alone, then 7..10");
 }
 
+/// A claiming channel that starts late: it sleeps before running what it
+/// was offered, and counts the pieces it got to claim.
+struct Late(Arc<AtomicUsize>);
+
+impl Channel for Late {
+    fn name(&self) -> &str {
+        "late"
+    }
+
+    fn claims_pieces(&self) -> bool {
+        true
+    }
+
+    unsafe fn submit(
+        &self,
+        pieces: Vec<Piece>,
+        op: Op,
+        done: Arc<Completion>,
+    ) -> Result<(), ChannelError> {
+        let ran = self.0.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            for p in &pieces {
+                if !done.claim(p) {
+                    continue;
+                }
+                // SAFETY: forwarded submit contract; claimed, so ours alone.
+                unsafe { op.run(p) };
+                foliokit::nt::drain();
+                ran.fetch_add(1, Ordering::Relaxed);
+                done.piece_done(p);
+            }
+        });
+        Ok(())
+    }
+}
+
+#[test]
+fn an_idle_channel_takes_over_a_late_ones_share() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let pool = ChannelPool::of(vec![
+        Box::new(foliokit::channels::CpuChannel::new(0)),
+        Box::new(Late(ran.clone())),
+    ])
+    .unwrap();
+    // 64 folios paired in reverse, so none merge: 32 pieces per share.
+    check(&pool, 64, PAGE, CopyStrategy::Movsb);
+    assert!(
+        ran.load(Ordering::Relaxed) < 32,
+        "the CPU channel took none of the late channel's share"
+    );
+}
+
 /// A channel that counts the batches it is offered and refuses them (so a
 /// pool that reached it would still finish the work on the CPU).
 struct Counting(Arc<AtomicUsize>);

@@ -167,6 +167,8 @@ pub struct Completion {
     start: Instant,
     remaining: AtomicUsize,
     per_folio: Vec<AtomicUsize>,
+    /// One flag per piece: taken by a channel already.
+    claimed: Vec<AtomicBool>,
     /// One flag per piece: reported already.
     reported: Vec<AtomicBool>,
     first_ns: AtomicU64,
@@ -183,11 +185,25 @@ impl Completion {
             start: Instant::now(),
             remaining: AtomicUsize::new(pieces),
             per_folio: per_folio.into_iter().map(AtomicUsize::new).collect(),
+            claimed: (0..pieces).map(|_| AtomicBool::new(false)).collect(),
             reported: (0..pieces).map(|_| AtomicBool::new(false)).collect(),
             first_ns: AtomicU64::new(0),
             done: Mutex::new(pieces == 0),
             cv: Condvar::new(),
         }
+    }
+
+    /// Takes `piece` for running: `true` for exactly one caller per piece of
+    /// this batch, `false` for every later one and for pieces of other
+    /// batches. A channel that [`Channel::claims_pieces`] runs a piece only
+    /// after claiming it, which is what lets several channels be offered
+    /// the same piece.
+    pub fn claim(&self, piece: &Piece) -> bool {
+        piece.batch == self.id
+            && self
+                .claimed
+                .get(piece.seq)
+                .is_some_and(|f| !f.load(Ordering::Relaxed) && !f.swap(true, Ordering::AcqRel))
     }
 
     /// Called by a channel after a piece's bytes are visible (drained);
@@ -247,8 +263,21 @@ impl Completion {
 pub trait Channel: Send + Sync {
     fn name(&self) -> &str;
 
+    /// Whether this channel runs a piece only after [`Completion::claim`]
+    /// returned `true` for it (and skips it otherwise). The pool then also
+    /// offers it the pieces of other claiming channels, after its own, so
+    /// an idle channel takes over work a busy one has not started.
+    /// Returning `true` is a promise the channel's `submit` must keep.
+    fn claims_pieces(&self) -> bool {
+        false
+    }
+
     /// Starts running `op` on `pieces` in order, making each piece's bytes
     /// visible (drained) before calling `done.piece_done` for it.
+    ///
+    /// A channel that [`Channel::claims_pieces`] must run a piece only if
+    /// its `done.claim` returned `true`, and must not touch the ranges of
+    /// any other piece.
     ///
     /// # Safety
     /// Every piece's ranges must be valid for `op` (`dst` for writes and,
@@ -567,7 +596,11 @@ impl ChannelPool {
             // its true time (the earliest folio to finish is some channel's
             // first). The rest of the share goes in as few pieces as the
             // memory allows: folios adjacent in both source and
-            // destination are merged into one run.
+            // destination are merged into runs of up to CHANNEL_PIECE_BYTES.
+            // Channels that claim pieces are offered the others' shares too,
+            // after their own (from the far end), so one whose CPU is busy
+            // elsewhere holds the batch up by one piece at most.
+            let most = (crate::tune::CHANNEL_PIECE_BYTES / folio_size).max(1);
             let mut pieces = Vec::new();
             for c in 0..ch {
                 let (lo, hi) = (c * n / ch, (c + 1) * n / ch);
@@ -576,7 +609,7 @@ impl ChannelPool {
                     let (dst, src) = folio(f);
                     let mut end = f + 1;
                     if f != lo {
-                        while end < hi {
+                        while end < hi && end - f < most {
                             let (d, s) = folio(end);
                             let step = (end - f) * folio_size;
                             let adjacent = d == dst.wrapping_add(step)
@@ -641,23 +674,42 @@ impl ChannelPool {
             }
             done
         };
+        let claims: Vec<bool> = self.channels.iter().map(|c| c.claims_pieces()).collect();
+        let offered: Vec<Vec<Piece>> = (0..ch)
+            .map(|c| {
+                let mut list = work[c].clone();
+                if claims[c] {
+                    for o in (0..ch).filter(|&o| o != c && claims[o]) {
+                        list.extend(work[o].iter().rev());
+                    }
+                }
+                list
+            })
+            .collect();
         // From the first submission until every piece is reported, leaving
         // this function by a panic would free memory under the channels.
         let in_flight = AbortOnUnwind;
-        for (c, pieces) in self.channels.iter().zip(work) {
-            if pieces.is_empty() {
+        for ((c, own), list) in self.channels.iter().zip(work).zip(offered) {
+            if own.is_empty() {
                 continue;
             }
             // SAFETY: the caller's contract covers every piece until this
             // function returns, and it returns only after `done.wait()`,
-            // i.e. after every piece was reported done.
-            let submitted = unsafe { c.submit(pieces.clone(), op, done.clone()) };
+            // i.e. after every piece was reported done. A piece offered to
+            // several channels is run only by the one that claims it.
+            let submitted = unsafe { c.submit(list, op, done.clone()) };
             // A channel that cannot take work means "finish on the CPU",
-            // never "give up with pieces still in flight elsewhere".
+            // never "give up with pieces still in flight elsewhere". Its
+            // own pieces are claimed first: another channel may have taken
+            // some already.
             if submitted.is_err() {
-                for p in &pieces {
-                    // SAFETY: the caller's contract covers every piece, and
-                    // a refusing channel touches none of them.
+                for p in &own {
+                    if !done.claim(p) {
+                        continue;
+                    }
+                    // SAFETY: the caller's contract covers every piece, a
+                    // refusing channel touches none of them, and the claim
+                    // makes this the only run of this piece.
                     unsafe { op.run(p) };
                     crate::arch::sfence();
                     done.piece_done(p);

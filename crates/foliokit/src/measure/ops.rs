@@ -155,9 +155,9 @@ pub fn measure_copy(
         };
         let (d, s) = (&mut dst.as_mut_slice()[..len], &src.as_slice()[..len]);
         if let Some(pool) = &pool {
-            let resolved =
-                cand.strategy
-                    .resolve(Shape::batch(plan.folio_size, dsts.len(), plan.reuse));
+            let resolved = cand.strategy.resolve(
+                Shape::batch(plan.folio_size, dsts.len(), plan.reuse).on_channels(plan.channels),
+            );
             let f = resolved.function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside two live, disjoint regions that
             // nothing else touches until the pool returns.
@@ -267,8 +267,9 @@ pub fn measure_clear(
     };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
         if let Some(pool) = &pool {
-            let resolved =
-                strategies[c].resolve(Shape::batch(plan.folio_size, dsts.len(), plan.reuse));
+            let resolved = strategies[c].resolve(
+                Shape::batch(plan.folio_size, dsts.len(), plan.reuse).on_channels(plan.channels),
+            );
             let f = resolved.range_function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside the live region, which nothing
             // else touches until the pool returns.
