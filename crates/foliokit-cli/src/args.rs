@@ -96,6 +96,10 @@ pub struct BenchArgs {
     /// Whether auto should expect the data to be re-read.
     #[arg(long, value_enum, default_value = "reread")]
     pub reuse: ReuseArg,
+    /// Skip the same-run limit probes (streaming read, write of zeros and
+    /// of other bytes) that give every row its `% limit`.
+    #[arg(long)]
+    pub no_limits: bool,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,

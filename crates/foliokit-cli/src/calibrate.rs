@@ -52,11 +52,12 @@ pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
             .collect();
         let _ = writeln!(
             out,
-            "{:<5} {:<8} {:>4} folios, {:>5}: {}",
+            "{:<5} {:<8} {:>4} folios, {:>5}, {} ch: {}",
             c.op,
             format!("{:?}", c.regime).to_lowercase(),
             show_size(c.folio_size),
             show_size(c.bytes),
+            c.channels,
             figures.join(", ")
         );
     }

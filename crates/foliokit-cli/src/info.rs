@@ -23,6 +23,7 @@ struct AutoPick {
     folio_size: usize,
     folios: usize,
     reuse: Reuse,
+    channels: usize,
     copy: &'static str,
     clear: &'static str,
 }
@@ -34,6 +35,7 @@ struct Info {
 }
 
 fn picks() -> Vec<AutoPick> {
+    let n = foliokit::cpu::cpu().logical_cpus.max(2);
     let cases = [
         ("one 4K folio", 4 << 10, 1, Reuse::Reread),
         ("one 2M folio", 2 << 20, 1, Reuse::Reread),
@@ -42,18 +44,23 @@ fn picks() -> Vec<AutoPick> {
         ("large batch, 262144 x 4K", 4 << 10, 262_144, Reuse::Reread),
         ("one 2M folio, write-once", 2 << 20, 1, Reuse::Stream),
     ];
-    cases
+    // Each case on one channel and spread across one channel per CPU: the
+    // profile has a cell per channel count.
+    [1, n]
         .into_iter()
-        .map(|(case, folio, n, reuse)| {
-            let shape = Shape::batch(folio, n, reuse);
-            AutoPick {
-                case: case.into(),
-                folio_size: folio,
-                folios: n,
-                reuse,
-                copy: choose_copy(shape).name(),
-                clear: choose_clear(shape).name(),
-            }
+        .flat_map(|channels| {
+            cases.into_iter().map(move |(case, folio, count, reuse)| {
+                let shape = Shape::batch(folio, count, reuse).on_channels(channels);
+                AutoPick {
+                    case: case.into(),
+                    folio_size: folio,
+                    folios: count,
+                    reuse,
+                    channels,
+                    copy: choose_copy(shape).name(),
+                    clear: choose_clear(shape).name(),
+                }
+            })
         })
         .collect()
 }
@@ -124,9 +131,17 @@ pub fn run(a: InfoArgs) -> Result<(), CliError> {
         m.profile.note
     );
     let _ = writeln!(out, "\nauto picks");
-    let _ = writeln!(out, "  {:<28} {:<9} {:<9}", "case", "copy", "clear");
+    let _ = writeln!(
+        out,
+        "  {:<28} {:>3} {:<9} {:<9}",
+        "case", "ch", "copy", "clear"
+    );
     for p in &info.auto {
-        let _ = writeln!(out, "  {:<28} {:<9} {:<9}", p.case, p.copy, p.clear);
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>3} {:<9} {:<9}",
+            p.case, p.channels, p.copy, p.clear
+        );
     }
     print!("{out}");
     Ok(())

@@ -99,6 +99,7 @@ fn bench(size: usize, pages: &[usize], function: &str, loops: u32, channels: &[u
         loops,
         channels: channels.to_vec(),
         reuse: ReuseArg::Reread,
+        no_limits: false,
         format: Format::Table,
     }
 }
@@ -236,6 +237,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         loops,
         random: false,
         threads: vec![1, 2],
+        no_limits: false,
         format: Format::Table,
     })?
     .ok_or("fault produced no report")?;
@@ -258,6 +260,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         record: 64,
         function: "all".into(),
         loops: init_loops,
+        no_limits: false,
         format: Format::Table,
     })?
     .ok_or("init produced no report")?;

@@ -247,6 +247,16 @@ pub struct Row {
     pub gbps: Stats,
     /// Median GB/s over the baseline's median GB/s for this folio size.
     pub speedup: f64,
+    /// The same-run limit at this folio size and channel count (GB/s,
+    /// median), when the run measured one.
+    pub limit_gbps: Option<f64>,
+    /// The row's median over `limit_gbps`.
+    pub of_limit: Option<f64>,
+}
+
+/// "62%" of a limit, or "-" without one.
+pub fn pct(of: Option<f64>) -> String {
+    of.map_or_else(|| "-".into(), |x| format!("{:.0}%", x * 100.0))
 }
 
 impl TableRow for Row {
@@ -259,6 +269,7 @@ impl TableRow for Row {
             "GB/s mean ± sd",
             "median",
             "speedup",
+            "% limit",
         ]
     }
 
@@ -275,6 +286,7 @@ impl TableRow for Row {
             pm(&self.gbps, 2),
             format!("{:.2}", self.gbps.median),
             format!("{:.2}x", self.speedup),
+            pct(self.of_limit),
         ]
     }
 
@@ -289,6 +301,8 @@ impl TableRow for Row {
             "gbps_median",
             "runs",
             "speedup",
+            "limit_gbps",
+            "of_limit",
         ]
     }
 
@@ -304,6 +318,10 @@ impl TableRow for Row {
             format!("{:.3}", g.median),
             g.runs.to_string(),
             format!("{:.3}", self.speedup),
+            self.limit_gbps
+                .map_or_else(String::new, |x| format!("{x:.3}")),
+            self.of_limit
+                .map_or_else(String::new, |x| format!("{x:.3}")),
         ]
     }
 
@@ -321,6 +339,41 @@ pub struct AutoSummary {
     pub auto_vs_libc: Option<f64>,
     pub best_named: String,
     pub auto_vs_best_named: f64,
+    pub channels: usize,
+    /// auto's median over the same-run limit, when measured.
+    pub auto_of_limit: Option<f64>,
+    pub limit_gbps: Option<f64>,
+}
+
+/// The same-run limit of one (folio size, channels) group.
+#[derive(Debug, Clone, Serialize)]
+pub struct LimitNote {
+    pub folio_size: usize,
+    pub channels: usize,
+    #[serde(flatten)]
+    pub limits: foliokit::measure::Limits,
+}
+
+impl LimitNote {
+    /// The table's footer line.
+    pub fn line(&self) -> String {
+        let l = &self.limits;
+        format!(
+            "limit {} x{}: read {:.2}, write 0s {:.2}, write {:.2} -> {} limit {:.2} GB/s (medians)",
+            show_size(self.folio_size),
+            self.channels,
+            l.read.median,
+            l.write_zero.median,
+            l.write.median,
+            match l.op {
+                foliokit::measure::LimitOp::Copy => "copy",
+                foliokit::measure::LimitOp::Clear => "clear",
+                foliokit::measure::LimitOp::Init => "init",
+                foliokit::measure::LimitOp::Fault => "fault",
+            },
+            l.gbps()
+        )
+    }
 }
 
 /// A machine-check-safe variant's median over its plain twin's, same run.

@@ -3,7 +3,9 @@
 //!
 //! Cells are measured exactly as `foliokit bench` measures, with the same
 //! code: `Resident` with a 2 MiB batch left hot in cache, `Stream` with a
-//! batch several times the LLC and the source evicted before every loop.
+//! batch several times the LLC and the source evicted before every loop;
+//! each on one channel and, where the machine has more CPUs, spread across
+//! one channel per CPU (a cell per channel count).
 
 use serde::Serialize;
 
@@ -21,12 +23,14 @@ use crate::tune::{
 use crate::{ClearStrategy, CopyStrategy};
 
 /// Batch bytes and loops per regime.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CalibrateOptions {
     pub resident_bytes: usize,
     pub resident_loops: usize,
     pub stream_bytes: usize,
     pub stream_loops: usize,
+    /// Channel counts to measure (1 and the CPU count by default).
+    pub channels: Vec<usize>,
 }
 
 impl Default for CalibrateOptions {
@@ -39,6 +43,11 @@ impl Default for CalibrateOptions {
                 .max(256 << 20)
                 .next_multiple_of(2 << 20),
             stream_loops: 9,
+            channels: if cpu().logical_cpus > 1 {
+                vec![1, cpu().logical_cpus]
+            } else {
+                vec![1]
+            },
         }
     }
 }
@@ -49,6 +58,7 @@ pub struct Cell {
     pub op: &'static str,
     pub regime: Regime,
     pub class: FolioClass,
+    pub channels: usize,
     pub folio_size: usize,
     pub bytes: usize,
     pub results: Vec<(String, Stats)>,
@@ -83,7 +93,7 @@ fn named<S: Strategy>() -> Vec<S> {
 pub fn total_ticks(o: &CalibrateOptions) -> usize {
     let per_class = (named::<CopyStrategy>().len() + named::<ClearStrategy>().len())
         * (o.resident_loops + 1 + o.stream_loops + 1);
-    per_class * 3
+    per_class * 3 * o.channels.len()
 }
 
 /// Measures every cell and returns the profile with the cells behind it.
@@ -115,38 +125,48 @@ pub fn calibrate(
             ),
         ] {
             let bytes = bytes.next_multiple_of(folio);
-            let plan = Plan {
-                folio_size: folio,
-                loops,
-                cache,
-                reuse: Reuse::Reread,
-                hint_page: 0,
-                channels: 1,
-            };
             let mut src = Region::new(bytes, folio)?;
             src.as_mut_slice().fill(0x5A);
             let mut dst = Region::new(bytes, folio)?;
-            let label = format!("copy {regime:?} {}K", folio >> 10);
-            let m = measure_copy(&src, &mut dst, &copies, &plan, || tick(&label))?;
-            cells.push(Cell {
-                op: "copy",
-                regime,
-                class,
-                folio_size: folio,
-                bytes,
-                results: m.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
-            });
-            drop(src);
-            let label = format!("clear {regime:?} {}K", folio >> 10);
-            let m = measure_clear(&mut dst, &clears, &plan, || tick(&label))?;
-            cells.push(Cell {
-                op: "clear",
-                regime,
-                class,
-                folio_size: folio,
-                bytes,
-                results: m.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
-            });
+            for &channels in &o.channels {
+                let plan = Plan {
+                    folio_size: folio,
+                    loops,
+                    cache,
+                    reuse: Reuse::Reread,
+                    hint_page: 0,
+                    channels,
+                    limits: false,
+                };
+                let label = format!("copy {regime:?} {}K x{channels}", folio >> 10);
+                let m = measure_copy(&src, &mut dst, &copies, &plan, || tick(&label))?;
+                cells.push(Cell {
+                    op: "copy",
+                    regime,
+                    class,
+                    channels,
+                    folio_size: folio,
+                    bytes,
+                    results: m.rows.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
+                });
+                // Butterfly clears page by page around a hint: one channel.
+                let run: Vec<ClearStrategy> = clears
+                    .iter()
+                    .copied()
+                    .filter(|&c| channels == 1 || c != ClearStrategy::Butterfly)
+                    .collect();
+                let label = format!("clear {regime:?} {}K x{channels}", folio >> 10);
+                let m = measure_clear(&mut dst, &run, &plan, || tick(&label))?;
+                cells.push(Cell {
+                    op: "clear",
+                    regime,
+                    class,
+                    channels,
+                    folio_size: folio,
+                    bytes,
+                    results: m.rows.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
+                });
+            }
         }
     }
     let choices = cells
@@ -161,6 +181,7 @@ pub fn calibrate(
                 op: c.op.into(),
                 regime: c.regime,
                 class: c.class,
+                channels: c.channels,
                 strategy,
                 gbps,
             })
@@ -183,6 +204,7 @@ mod tests {
             op: "clear",
             regime: Regime::Stream,
             class: FolioClass::Large,
+            channels: 1,
             folio_size: 2 << 20,
             bytes: 1 << 30,
             results: results

@@ -9,8 +9,13 @@
 //!   finished or dropped (also on unwind), so nothing can read lines still in
 //!   flight; it is `!Send`, because a fence on another thread would not order
 //!   this thread's stores;
-//! - [`fill_from_template`], seed 003's pattern: update the element-specific
-//!   fields of a template, stream it out, repeat; drain once at the end.
+//! - [`fill_records`], seed 003's pattern on a typed array: copy the
+//!   template, update the element-specific fields, stream the whole record,
+//!   repeat; drain once at the end. The record is a local the compiler keeps
+//!   in registers, so nothing is stored and re-loaded between records;
+//! - [`fill_from_template`], the same on a byte array with a byte template
+//!   (the template lives in memory; the shared core loads it 8 bytes at a
+//!   time, so loads are forwarded from 8-byte field updates).
 
 use std::marker::PhantomData;
 use thiserror::Error;
@@ -128,6 +133,141 @@ impl Drop for NtWriter<'_> {
     }
 }
 
+/// Drains when dropped: the fills stream through raw pointers and must drain
+/// on every way out, unwinding from the caller's `update` included.
+struct DrainOnDrop;
+
+impl Drop for DrainOnDrop {
+    fn drop(&mut self) {
+        drain();
+    }
+}
+
+/// A type whose every byte is initialised in every value: no padding, no
+/// `MaybeUninit`, no unions with uninitialised parts. [`fill_records`] reads
+/// records as integers (8 bytes at a time) to stream them, which is only
+/// defined for such types.
+///
+/// Implemented for the integer and float primitives and arrays of
+/// `Record`s. For a `#[repr(C)]` struct of such fields with no padding
+/// (check `size_of` against the sum of the fields), implement it yourself:
+///
+/// ```
+/// #[derive(Clone, Copy)]
+/// #[repr(C, align(64))]
+/// struct Page { flags: u64, index: u64, rest: [u64; 6] }
+/// // SAFETY: eight u64 fields, 64 bytes, no padding.
+/// unsafe impl foliokit::nt::Record for Page {}
+/// ```
+///
+/// # Safety
+/// Every byte of every value of the type must be initialised.
+pub unsafe trait Record: Copy {}
+
+macro_rules! plain_records {
+    ($($t:ty),*) => { $(
+        // SAFETY: primitive integers and floats have no padding or
+        // uninitialised bytes.
+        unsafe impl Record for $t {}
+    )* };
+}
+plain_records!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64);
+
+// SAFETY: an array has no padding between elements (size is a multiple of
+// the alignment), so its bytes are exactly its elements' bytes.
+unsafe impl<T: Record, const N: usize> Record for [T; N] {}
+
+/// Seed 003's write-once initialisation of a typed array: record `i` becomes
+/// `template` after `update(i, &mut record)`, written with streaming stores.
+/// Drains once, before returning (or when `update` unwinds), so every record
+/// is visible when this returns.
+///
+/// The record being built is a local: with `update` inlined, the compiler
+/// keeps it in registers and streams whole records without touching the
+/// cache. Any record size and array alignment work: when records are a
+/// multiple of 16 bytes on a 16-byte-aligned array every byte is streamed;
+/// otherwise the 16-byte-aligned chunks of each record are streamed and its
+/// unaligned head and tail written with ordinary stores.
+///
+/// ```
+/// let mut pages = vec![[0u64; 8]; 1000];
+/// foliokit::nt::fill_records(&mut pages, [7u64; 8], |i, r| r[0] = i as u64);
+/// assert_eq!(pages[999], [999, 7, 7, 7, 7, 7, 7, 7]);
+/// ```
+pub fn fill_records<T: Record>(
+    array: &mut [T],
+    template: T,
+    mut update: impl FnMut(usize, &mut T),
+) {
+    if std::mem::size_of::<T>() == 0 {
+        // Nothing to store; `update` still sees every index.
+        for i in 0..array.len() {
+            let mut rec = template;
+            update(i, &mut rec);
+        }
+        return;
+    }
+    let _drain = DrainOnDrop;
+    // SAFETY: the array is borrowed exclusively until we return, after
+    // `_drain` has drained; it holds `len` records of `T`.
+    unsafe {
+        stream_records(array.as_mut_ptr().cast(), array.len(), |i| {
+            let mut rec = template;
+            update(i, &mut rec);
+            rec
+        })
+    }
+}
+
+/// The core of both template fills: streams `n` records, record `i` being
+/// `next(i)`, to `base`, without draining. The record is a local value, so
+/// with `next` inlined it lives in registers between records. Records that
+/// are a multiple of 16 bytes on a 16-byte-aligned `base` are streamed
+/// whole; otherwise each record's 16-byte-aligned chunks are streamed and
+/// its unaligned head and tail stored normally.
+///
+/// # Safety
+/// `base` must be valid for writes of `n * size_of::<T>()` bytes that
+/// nothing else accesses, and nothing may read them before this thread
+/// drains.
+#[inline(always)]
+unsafe fn stream_records<T: Record>(base: *mut u8, n: usize, mut next: impl FnMut(usize) -> T) {
+    let size = std::mem::size_of::<T>();
+    if size % 16 == 0 && base as usize % 16 == 0 {
+        for i in 0..n {
+            let rec = next(i);
+            // SAFETY: record i lies inside the caller's range (i < n) and
+            // starts 16-byte aligned (base aligned, size a multiple of 16);
+            // `rec` is a live local, every byte initialised (`Record`).
+            unsafe {
+                arch::stream_words_nodrain(base.add(i * size), (&raw const rec).cast(), size)
+            };
+        }
+    } else {
+        for i in 0..n {
+            let rec = next(i);
+            // SAFETY: as above; this routine needs no alignment.
+            unsafe {
+                arch::stream_record_nodrain(base.add(i * size), (&raw const rec).cast(), size)
+            };
+        }
+    }
+}
+
+/// [`fill_records`] with ordinary cached stores: the baseline it replaces,
+/// and its reference.
+pub fn fill_records_cached<T: Copy>(
+    array: &mut [T],
+    template: T,
+    mut update: impl FnMut(usize, &mut T),
+) {
+    for (i, r) in array.iter_mut().enumerate() {
+        let mut rec = template;
+        update(i, &mut rec);
+        *r = rec;
+    }
+}
+
 /// Checks that `template` records can be streamed onto `array`.
 fn check_records(array: &[u8], record: usize) -> Result<usize, NtError> {
     if record == 0 || record % 16 != 0 || array.as_ptr() as usize % 16 != 0 {
@@ -149,7 +289,8 @@ fn check_records(array: &[u8], record: usize) -> Result<usize, NtError> {
 /// `update(i, template)` sets the element-specific fields, then the template
 /// is streamed to record `i`. Drains before returning, so every record is
 /// visible when this returns. Records are `template.len()` bytes, a multiple
-/// of 16 on a 16-byte-aligned array.
+/// of 16 on a 16-byte-aligned array. The template stays in memory (`update`
+/// gets it as bytes); prefer [`fill_records`], which keeps it in registers.
 pub fn fill_from_template(
     array: &mut [u8],
     template: &mut [u8],
@@ -157,12 +298,43 @@ pub fn fill_from_template(
 ) -> Result<(), NtError> {
     let record = template.len();
     let n = check_records(array, record)?;
-    let mut w = NtWriter::new(array);
+    let base = array.as_mut_ptr();
+    let _drain = DrainOnDrop;
+    // Records up to 256 bytes go through the typed core with a local copy of
+    // the template (kept in registers when `update` is inlined) carried from
+    // record to record, exactly as the template itself would be; it is
+    // copied back at the end.
+    macro_rules! by_size {
+        ($($n:literal)*) => {
+            match record {
+                $($n => {
+                    let mut cur = [0u8; $n];
+                    cur.copy_from_slice(template);
+                    // SAFETY: `array` holds n records of $n bytes (checked),
+                    // is borrowed exclusively until we return, after
+                    // `_drain` has drained.
+                    unsafe {
+                        stream_records(base, n, |i| {
+                            update(i, &mut cur[..]);
+                            cur
+                        })
+                    };
+                    template.copy_from_slice(&cur);
+                    return Ok(());
+                })*
+                _ => {}
+            }
+        };
+    }
+    by_size!(16 32 48 64 80 96 112 128 144 160 176 192 208 224 240 256);
     for i in 0..n {
         update(i, template);
-        w.write_at(i * record, template)?;
+        // SAFETY: record i lies inside `array` (n records checked above),
+        // starts 16-byte aligned and is a multiple of 16 bytes long
+        // (check_records); the template is a distinct, initialised byte
+        // slice. The array stays borrowed until `_drain` has drained.
+        unsafe { arch::stream_words_nodrain(base.add(i * record), template.as_ptr(), record) };
     }
-    w.finish();
     Ok(())
 }
 

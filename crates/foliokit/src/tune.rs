@@ -45,6 +45,13 @@ pub const MEDIUM_FOLIO_MAX: usize = 1 << 20;
 /// chunk is one PMD and THP stays THP.
 pub const POPULATE_CHUNK: usize = 2 << 20;
 
+/// Copy channels take a batch in pieces of about this many bytes (adjacent
+/// folios merged up to it; a bigger folio stays whole). Each channel starts
+/// on its own contiguous share, then takes the pieces others have not
+/// started: a channel whose CPU is busy with something else then holds up
+/// the batch by at most one piece, instead of by its whole share.
+pub const CHANNEL_PIECE_BYTES: usize = 4 << 20;
+
 /// Set to make per-page loops yield at their yield points (the analogue of
 /// the kernel's need_resched flag). Nothing in foliokit sets it.
 pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -66,6 +73,8 @@ pub struct Shape {
     pub reuse: Reuse,
     /// Destination not 64-byte aligned (string ops are slow there on AMD).
     pub misaligned: bool,
+    /// Copy channels the batch is spread across (1: the calling thread).
+    pub channels: usize,
 }
 
 impl Shape {
@@ -76,6 +85,17 @@ impl Shape {
             total: folio_size.saturating_mul(n),
             reuse,
             misaligned: false,
+            channels: 1,
+        }
+    }
+
+    /// The same batch spread across `channels` copy channels: the profile
+    /// has a cell per channel count, since what wins on one core need not
+    /// win when several share the memory.
+    pub fn on_channels(self, channels: usize) -> Shape {
+        Shape {
+            channels: channels.max(1),
+            ..self
         }
     }
 
@@ -86,6 +106,7 @@ impl Shape {
             total: len,
             reuse: Reuse::Reread,
             misaligned: dst % 64 != 0,
+            channels: 1,
         }
     }
 }
@@ -140,15 +161,24 @@ pub fn regime(working_set: usize, total: usize, reuse: Reuse) -> Regime {
     }
 }
 
-/// One measured decision: the best strategy for an (op, regime, class) cell.
+/// One measured decision: the best strategy for an (op, regime, class,
+/// channels) cell.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Choice {
     pub op: String,
     pub regime: Regime,
     pub class: FolioClass,
+    /// Channels the cell was measured on (profiles written before channel
+    /// counts were measured hold one-channel cells).
+    #[serde(default = "one_channel")]
+    pub channels: usize,
     pub strategy: String,
     /// The best strategy's median GB/s in calibration, for `info`.
     pub gbps: f64,
+}
+
+fn one_channel() -> usize {
+    1
 }
 
 /// A calibration profile, stored as JSON in the user's cache directory.
@@ -171,11 +201,13 @@ pub enum ProfileError {
 }
 
 impl Profile {
-    fn lookup<S: Strategy>(&self, regime: Regime, class: FolioClass) -> Option<S> {
-        let c = self
-            .choices
-            .iter()
-            .find(|c| c.op == S::OP && c.regime == regime && c.class == class)?;
+    /// The measured choice for the cell, if calibration measured it. A
+    /// channel count calibration did not measure has no cell: `auto` then
+    /// follows the built-in rules rather than another count's winner.
+    fn lookup<S: Strategy>(&self, regime: Regime, class: FolioClass, channels: usize) -> Option<S> {
+        let c = self.choices.iter().find(|c| {
+            c.op == S::OP && c.regime == regime && c.class == class && c.channels == channels
+        })?;
         // A profile from another machine (or an older build) may name a
         // strategy this CPU lacks: ignore that cell rather than fail.
         S::from_name(&c.strategy).filter(|s| s.unavailable().is_none() && s.name() != "auto")
@@ -293,7 +325,7 @@ pub fn choose_copy(shape: Shape) -> CopyStrategy {
     let r = regime(shape.total.saturating_mul(2), shape.total, shape.reuse);
     if !shape.misaligned {
         if let Some(p) = &tuning().profile {
-            if let Some(s) = p.lookup(r, FolioClass::of(shape.folio_size)) {
+            if let Some(s) = p.lookup(r, FolioClass::of(shape.folio_size), shape.channels) {
                 return s;
             }
         }
@@ -338,7 +370,7 @@ pub fn builtin_copy(r: Regime, misaligned: bool) -> CopyStrategy {
 pub fn choose_clear(shape: Shape) -> ClearStrategy {
     let r = regime(shape.total, shape.total, shape.reuse);
     if let Some(p) = &tuning().profile {
-        if let Some(s) = p.lookup(r, FolioClass::of(shape.folio_size)) {
+        if let Some(s) = p.lookup(r, FolioClass::of(shape.folio_size), shape.channels) {
             return s;
         }
     }
@@ -404,13 +436,45 @@ mod tests {
                 op: "copy".into(),
                 regime: Regime::Stream,
                 class: FolioClass::Large,
+                channels: 1,
                 strategy: "no-such".into(),
                 gbps: 1.0,
             }],
         };
         assert_eq!(
-            p.lookup::<CopyStrategy>(Regime::Stream, FolioClass::Large),
+            p.lookup::<CopyStrategy>(Regime::Stream, FolioClass::Large, 1),
             None
+        );
+    }
+
+    #[test]
+    fn profile_cells_are_per_channel_count() {
+        let cell = |channels, strategy: &str| Choice {
+            op: "copy".into(),
+            regime: Regime::Stream,
+            class: FolioClass::Large,
+            channels,
+            strategy: strategy.into(),
+            gbps: 1.0,
+        };
+        let p = Profile {
+            version: PROFILE_VERSION,
+            cpu_model: "x".into(),
+            choices: vec![cell(1, "nt"), cell(2, "movsq")],
+        };
+        let at = |n| p.lookup::<CopyStrategy>(Regime::Stream, FolioClass::Large, n);
+        assert_eq!(at(1), Some(CopyStrategy::Nt));
+        assert_eq!(at(2), Some(CopyStrategy::Movsq));
+        assert_eq!(at(3), None, "an unmeasured count falls back to the rules");
+        // A profile written before channel counts reads as one-channel cells.
+        let old: Choice = serde_json::from_str(
+            r#"{"op":"copy","regime":"stream","class":"large","strategy":"nt","gbps":1.0}"#,
+        )
+        .unwrap();
+        assert_eq!(old.channels, 1);
+        assert_eq!(
+            Shape::batch(4096, 4, Reuse::Reread).on_channels(0).channels,
+            1
         );
     }
 }

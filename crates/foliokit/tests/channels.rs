@@ -136,6 +136,165 @@ fn refused_work_is_finished_on_the_calling_thread() {
     assert_ne!(pattern(64, 1), pattern(64, 2));
 }
 
+/// A channel that runs its pieces on the submitting thread and records
+/// them: (dst, len, first folio, folios covered).
+struct Recording(Mutex<Vec<(usize, usize, usize, usize)>>);
+
+impl Channel for Recording {
+    fn name(&self) -> &str {
+        "recording"
+    }
+
+    unsafe fn submit(
+        &self,
+        pieces: Vec<Piece>,
+        op: Op,
+        done: Arc<Completion>,
+    ) -> Result<(), ChannelError> {
+        for p in &pieces {
+            // SAFETY: forwarded submit contract.
+            unsafe { op.run(p) };
+            foliokit::nt::drain();
+            self.0
+                .lock()
+                .unwrap()
+                .push((p.dst() as usize, p.len(), p.folio(), p.folios()));
+            done.piece_done(p);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn channels_get_contiguous_runs_with_the_first_folio_on_its_own() {
+    let recs: Vec<Arc<Recording>> = (0..3)
+        .map(|_| Arc::new(Recording(Mutex::new(Vec::new()))))
+        .collect();
+    struct Shared(Arc<Recording>);
+    impl Channel for Shared {
+        fn name(&self) -> &str {
+            "shared-recording"
+        }
+        unsafe fn submit(
+            &self,
+            p: Vec<Piece>,
+            op: Op,
+            d: Arc<Completion>,
+        ) -> Result<(), ChannelError> {
+            // SAFETY: forwarded submit contract.
+            unsafe { self.0.submit(p, op, d) }
+        }
+    }
+    let pool = ChannelPool::of(
+        recs.iter()
+            .map(|r| Box::new(Shared(r.clone())) as Box<dyn Channel>)
+            .collect(),
+    )
+    .unwrap();
+    let (folios, folio) = (10, PAGE);
+    let src = filled_region(folio, folios, 77);
+    let mut dst = Region::new(folio * folios, PAGE).unwrap();
+    let d = dst.as_mut_ptr();
+    // Adjacent in both source and destination, except that folio 7's
+    // destination is swapped with folio 8's: runs must break there.
+    let mut order: Vec<usize> = (0..folios).collect();
+    order.swap(7, 8);
+    let dsts: Vec<*mut u8> = order.iter().map(|&i| d.wrapping_add(i * folio)).collect();
+    let srcs: Vec<*const u8> = (0..folios)
+        .map(|i| src.as_ptr().wrapping_add(i * folio))
+        .collect();
+    // SAFETY: every folio lies in a live region that nothing else touches.
+    let t = unsafe { pool.copy_folios(&dsts, &srcs, folio, copy_fn(CopyStrategy::Movsb)) }.unwrap();
+    assert!(t.first_folio <= t.done);
+    for (f, &i) in order.iter().enumerate() {
+        assert!(
+            dst.as_slice()[i * folio..][..folio] == src.as_slice()[f * folio..][..folio],
+            "folio {f}"
+        );
+    }
+    // Shares 0..3, 3..6, 6..10: a single first folio, then merged runs.
+    let got: Vec<Vec<(usize, usize)>> = recs
+        .iter()
+        .map(|r| {
+            r.0.lock()
+                .unwrap()
+                .iter()
+                .map(|&(_, _, f, n)| (f, n))
+                .collect()
+        })
+        .collect();
+    assert_eq!(got[0], [(0, 1), (1, 2)]);
+    assert_eq!(got[1], [(3, 1), (4, 2)]);
+    assert_eq!(got[2], [(6, 1), (7, 1), (8, 1), (9, 1)]);
+    for r in &recs {
+        for &(_, len, _, n) in r.0.lock().unwrap().iter() {
+            assert_eq!(len, n * folio);
+        }
+    }
+    // Clears merge too (their sources are null).
+    let dsts: Vec<*mut u8> = (0..folios).map(|i| d.wrapping_add(i * folio)).collect();
+    for r in &recs {
+        r.0.lock().unwrap().clear();
+    }
+    // SAFETY: as above.
+    unsafe { pool.clear_folios(&dsts, folio, unsafe_zero) }.unwrap();
+    assert!(dst.as_slice().iter().all(|&b| b == 0));
+    assert_eq!(recs[2].0.lock().unwrap().len(), 2, "6 alone, then 7..10");
+}
+
+/// A claiming channel that starts late: it sleeps before running what it
+/// was offered, and counts the pieces it got to claim.
+struct Late(Arc<AtomicUsize>);
+
+impl Channel for Late {
+    fn name(&self) -> &str {
+        "late"
+    }
+
+    fn claims_pieces(&self) -> bool {
+        true
+    }
+
+    unsafe fn submit(
+        &self,
+        pieces: Vec<Piece>,
+        op: Op,
+        done: Arc<Completion>,
+    ) -> Result<(), ChannelError> {
+        let ran = self.0.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            for p in &pieces {
+                if !done.claim(p) {
+                    continue;
+                }
+                // SAFETY: forwarded submit contract; claimed, so ours alone.
+                unsafe { op.run(p) };
+                foliokit::nt::drain();
+                ran.fetch_add(1, Ordering::Relaxed);
+                done.piece_done(p);
+            }
+        });
+        Ok(())
+    }
+}
+
+#[test]
+fn an_idle_channel_takes_over_a_late_ones_share() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let pool = ChannelPool::of(vec![
+        Box::new(foliokit::channels::CpuChannel::new(0)),
+        Box::new(Late(ran.clone())),
+    ])
+    .unwrap();
+    // 64 folios paired in reverse, so none merge: 32 pieces per share.
+    check(&pool, 64, PAGE, CopyStrategy::Movsb);
+    assert!(
+        ran.load(Ordering::Relaxed) < 32,
+        "the CPU channel took none of the late channel's share"
+    );
+}
+
 /// A channel that counts the batches it is offered and refuses them (so a
 /// pool that reached it would still finish the work on the CPU).
 struct Counting(Arc<AtomicUsize>);

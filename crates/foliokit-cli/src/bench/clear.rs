@@ -74,8 +74,9 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
     let mut report = Report::<Row>::new("clear", title, params);
     let mut tables = StrategyTables::new(&sel, ClearStrategy::Butterfly, &mut report);
     for &folio in &c.page {
-        let mut dst = Region::new(c.size, folio)?;
-        tables.backing(folio, "dst", dst.backing());
+        let (mut dst, note) = super::with_mthp(folio, || Ok(Region::new(c.size, folio)?))?;
+        report.notes.extend(note);
+        tables.backing(folio, "dst", &super::counted_backing(&dst, folio));
         for &t in &c.channels {
             let t = t as usize;
             let plan = Plan {
@@ -85,6 +86,7 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
                 reuse: c.reuse.into(),
                 hint_page: a.hint_page,
                 channels: t,
+                limits: !c.no_limits,
             };
             let run: Vec<ClearStrategy> = sel
                 .run
@@ -93,7 +95,10 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
                 .filter(|&s| t == 1 || s != ClearStrategy::Butterfly)
                 .collect();
             let label = format!("clear {} x{t}", show_size(folio));
-            let pb = bar(run.len() * (plan.loops + 1), &label);
+            let pb = bar(
+                (run.len() + 3 * usize::from(plan.limits)) * (plan.loops + 1),
+                &label,
+            );
             let m = measure_clear(&mut dst, &run, &plan, || pb.inc(1))?;
             pb.finish_and_clear();
             tables.add(&mut report, &m, folio, t);

@@ -81,11 +81,13 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
         }
     }
     for &folio in &c.page {
-        let mut src = Region::new(c.size, folio)?;
+        let ((mut src, mut dst), note) = super::with_mthp(folio, || {
+            Ok((Region::new(c.size, folio)?, Region::new(c.size, folio)?))
+        })?;
         src.as_mut_slice().fill(0x5A);
-        let mut dst = Region::new(c.size, folio)?;
-        tables.backing(folio, "src", src.backing());
-        tables.backing(folio, "dst", dst.backing());
+        report.notes.extend(note);
+        tables.backing(folio, "src", &super::counted_backing(&src, folio));
+        tables.backing(folio, "dst", &super::counted_backing(&dst, folio));
         for &t in &c.channels {
             let t = t as usize;
             let plan = Plan {
@@ -95,6 +97,7 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
                 reuse: c.reuse.into(),
                 hint_page: 0,
                 channels: t,
+                limits: !c.no_limits,
             };
             let cands: Vec<CopyCandidate> = candidates
                 .iter()
@@ -102,7 +105,10 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
                 .filter(|x| t == 1 || !x.mc)
                 .collect();
             let label = format!("copy {} x{t}", show_size(folio));
-            let pb = bar(cands.len() * (plan.loops + 1), &label);
+            let pb = bar(
+                (cands.len() + 3 * usize::from(plan.limits)) * (plan.loops + 1),
+                &label,
+            );
             let m = measure_copy(&src, &mut dst, &cands, &plan, || pb.inc(1))?;
             pb.finish_and_clear();
             tables.add(&mut report, &m, folio, t);

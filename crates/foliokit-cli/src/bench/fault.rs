@@ -3,7 +3,7 @@
 //! fault method and thread count.
 
 use clap::Args;
-use foliokit::measure::{gbps, Stats};
+use foliokit::measure::{gbps, probe, LimitOp, Limits, Probe, Stats};
 use foliokit::mem::{populate_chunked, HugetlbGrant, Region};
 use serde::Serialize;
 use serde_json::json;
@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::args::{parse_size, show_size, Format};
 use crate::progress::bar;
-use crate::report::{pm, BackingNote, Report, TableRow};
+use crate::report::{pct, pm, BackingNote, LimitNote, Report, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -35,6 +35,10 @@ pub struct FaultArgs {
     /// Thread counts (channels), comma-separated.
     #[arg(short, long, default_value = "1", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Vec<u32>,
+    /// Skip the same-run limit probes (streaming write of zeros etc. over a
+    /// faulted buffer of the same size, on the same thread count).
+    #[arg(long)]
+    pub no_limits: bool,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
@@ -50,6 +54,10 @@ pub struct FaultRow {
     pub gbps: Stats,
     /// Median over the median of the same function and page with 1 thread.
     pub speedup: f64,
+    /// The same-run limit (streaming write of zeros, same size and threads).
+    pub limit_gbps: Option<f64>,
+    /// The median over `limit_gbps`.
+    pub of_limit: Option<f64>,
 }
 
 impl TableRow for FaultRow {
@@ -62,6 +70,7 @@ impl TableRow for FaultRow {
             "GB/s mean ± sd",
             "median",
             "speedup",
+            "% limit",
         ]
     }
 
@@ -82,6 +91,7 @@ impl TableRow for FaultRow {
             } else {
                 format!("{:.2}x", self.speedup)
             },
+            pct(self.of_limit),
         ]
     }
 }
@@ -153,9 +163,11 @@ pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
             return Err(format!("unknown fault function '{f}' (known: demand, populate)").into());
         }
     }
-    super::check_shape(a.size, &a.page, 1)?;
+    let limits_on = !a.no_limits;
+    // The probes need a faulted buffer of the same size beside the passes.
+    super::check_shape(a.size, &a.page, 1 + usize::from(limits_on))?;
     let title = format!(
-        "fault: map {} and fault every page in ({}), then unmap untimed; {} loops after a first-touch pass",
+        "fault: map {} and fault every page in ({}), then unmap untimed; {} loops after a first-touch pass, methods interleaved",
         show_size(a.size),
         if a.random { "random offset per page" } else { "first byte of each page" },
         a.loops
@@ -164,7 +176,10 @@ pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
                         "random": a.random, "threads": a.threads});
     let mut report = Report::<FaultRow>::new("fault", title, params);
     let mut backing = Vec::new();
-    let total = a.page.len() * a.function.len() * a.threads.len() * (a.loops as usize + 1);
+    let mut limit_notes = Vec::new();
+    let probes = if limits_on { Probe::ALL.len() } else { 0 };
+    let nf = a.function.len();
+    let total = a.page.len() * a.threads.len() * (nf + (nf + probes) * a.loops as usize);
     let pb = bar(total, "fault");
     for &page in &a.page {
         // 1G pages come from the hugetlb pool: grow it once for the whole
@@ -190,33 +205,69 @@ pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
         } else {
             None
         };
-        for f in &a.function {
-            let mut single = f64::NAN;
-            for &t in &a.threads {
-                let t = t as usize;
-                let (first, mut r) = one_pass(&a, page, f, t, 1)?;
+        // Probes write a faulted buffer of the same size, in pieces of at
+        // least 2 MiB spread over the same number of threads.
+        let mut probe_buf = if limits_on {
+            Some(Region::new(a.size, page.min(2 << 20))?)
+        } else {
+            None
+        };
+        let piece = page.max(2 << 20);
+        let mut single: Vec<f64> = vec![f64::NAN; nf];
+        for &t in &a.threads {
+            let t = t as usize;
+            let mut first = Vec::new();
+            for f in &a.function {
+                let (g, mut r) = one_pass(&a, page, f, t, 1)?;
                 r.observe_backing();
                 backing.push(BackingNote::of(page, &format!("{f} x{t}"), r.backing()));
                 drop(r);
+                first.push(g);
                 pb.inc(1);
-                let mut rates = Vec::new();
-                for l in 0..a.loops {
-                    let (g, r) = one_pass(&a, page, f, t, 2 + l as u64)?;
-                    drop(r);
-                    rates.push(g);
+            }
+            // Timed loops: methods and probes interleaved, rotated each loop.
+            let mut rates: Vec<Vec<f64>> = vec![Vec::new(); nf];
+            let mut probe_secs: Vec<Vec<f64>> = vec![Vec::new(); probes];
+            for l in 0..a.loops as usize {
+                for k in 0..nf + probes {
+                    let c = (l + k) % (nf + probes);
+                    if c < nf {
+                        let (g, r) = one_pass(&a, page, &a.function[c], t, 2 + l as u64)?;
+                        drop(r);
+                        rates[c].push(g);
+                    } else if let Some(buf) = probe_buf.as_mut() {
+                        let t0 = Instant::now();
+                        probe(Probe::ALL[c - nf], buf.as_mut_slice(), t, piece)?;
+                        probe_secs[c - nf].push(t0.elapsed().as_secs_f64());
+                    }
                     pb.inc(1);
                 }
-                let gbps = Stats::of(&rates).expect("loops >= 1");
+            }
+            let lim = limits_on
+                .then(|| Limits::from_secs(LimitOp::Fault, a.size, &probe_secs))
+                .flatten();
+            let limit = lim.as_ref().map(Limits::gbps);
+            if let Some(l) = lim {
+                limit_notes.push(LimitNote {
+                    folio_size: page,
+                    channels: t,
+                    limits: l,
+                });
+            }
+            for (c, f) in a.function.iter().enumerate() {
+                let gbps = Stats::of(&rates[c]).expect("loops >= 1");
                 if t == 1 {
-                    single = gbps.median;
+                    single[c] = gbps.median;
                 }
                 report.rows.push(FaultRow {
                     function: f.clone(),
                     folio_size: page,
                     channels: t,
-                    first_touch_gbps: first,
+                    first_touch_gbps: first[c],
                     gbps,
-                    speedup: gbps.median / single,
+                    speedup: gbps.median / single[c],
+                    limit_gbps: limit,
+                    of_limit: limit.map(|l| gbps.median / l),
                 });
             }
         }
@@ -230,6 +281,18 @@ pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
         }
     }
     report.section("backing", &backing);
+    for l in &limit_notes {
+        report
+            .footer
+            .push(format!("{} (threads = channels)", l.line()));
+    }
+    if let Some(l) = limit_notes.first() {
+        report.footer.push(format!(
+            "% limit: median over the limit; {}: what is left is the kernel's fault path",
+            l.limits.formula
+        ));
+        report.section("limits", &limit_notes);
+    }
     report
         .footer
         .push("speedup: median over the 1-thread median of the same function and page size".into());

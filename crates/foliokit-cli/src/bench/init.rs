@@ -1,20 +1,23 @@
 //! `foliokit bench init`: seed 003's write-once initialisation of a
 //! memmap-like array — field by field, template + memcpy, template +
-//! streaming stores + one drain — first pass vs rebinds, and what each
-//! variant costs whatever else was in the cache.
+//! streaming stores + one drain, each template form on a byte array and on
+//! a typed one — first pass vs rebinds, and what each variant costs whatever
+//! else was in the cache.
 
 use clap::Args;
 use foliokit::cpu::cpu;
-use foliokit::measure::Stats;
+use foliokit::measure::{probe, LimitOp, Limits, Probe, Stats};
 use foliokit::mem::Region;
-use foliokit::nt::{fill_from_template, fill_from_template_cached};
+use foliokit::nt::{
+    fill_from_template, fill_from_template_cached, fill_records, fill_records_cached,
+};
 use serde::Serialize;
 use serde_json::json;
 use std::time::Instant;
 
 use crate::args::{parse_size, show_size, Format};
 use crate::progress::bar;
-use crate::report::{pm, BackingNote, Report, TableRow};
+use crate::report::{pct, pm, BackingNote, Report, TableRow};
 use crate::CliError;
 
 const VARIANTS: &[(&str, &str)] = &[
@@ -28,16 +31,28 @@ const VARIANTS: &[(&str, &str)] = &[
     ),
     (
         "template-nt",
-        "update the template, stream it with movntdq, one sfence at the end (seed 003)",
+        "update the template, stream it with movntdq, one sfence at the end (seed 003; nt::fill_from_template, byte array)",
+    ),
+    (
+        "typed-memcpy",
+        "typed records ([u64; N]): copy the template, update, assign (cached stores; nt::fill_records_cached)",
+    ),
+    (
+        "typed-nt",
+        "typed records: the template kept in registers, whole records streamed, one sfence (nt::fill_records)",
     ),
 ];
+
+/// Largest record the typed variants are built for (`[u64; 32]`).
+const TYPED_MAX: usize = 256;
 
 #[derive(Debug, Clone, Args)]
 pub struct InitArgs {
     /// Bytes of records initialised per pass.
     #[arg(short, long, default_value = "1G", value_parser = parse_size)]
     pub size: usize,
-    /// Bytes per record: a multiple of 16 (64 is a struct page).
+    /// Bytes per record: a multiple of 16 (64 is a struct page); the typed
+    /// variants run for 16 to 256.
     #[arg(short = 'S', long, default_value = "64", value_parser = parse_size)]
     pub record: usize,
     /// Variants: field, template-memcpy, template-nt (comma-separated), all, or help.
@@ -47,6 +62,10 @@ pub struct InitArgs {
     /// first bind) and the rest (rebinds).
     #[arg(short, long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub loops: u32,
+    /// Skip the same-run limit probes (streaming write of non-zero bytes
+    /// etc. over the array) that give every row its `% limit`.
+    #[arg(long)]
+    pub no_limits: bool,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
@@ -64,6 +83,10 @@ pub struct InitRow {
     pub victim_reread_us: Stats,
     /// template-memcpy's median rebind time over this variant's.
     pub speedup: f64,
+    /// The same-run write limit of the array (GB/s, median).
+    pub limit_gbps: Option<f64>,
+    /// `rebind_gbps` over `limit_gbps`.
+    pub of_limit: Option<f64>,
 }
 
 impl TableRow for InitRow {
@@ -76,6 +99,7 @@ impl TableRow for InitRow {
             "GB/s",
             "victim re-read µs",
             "speedup",
+            "% limit",
         ]
     }
 
@@ -92,6 +116,7 @@ impl TableRow for InitRow {
             format!("{:.2}", self.rebind_gbps),
             format!("{:.0}", self.victim_reread_us.median),
             format!("{:.2}x", self.speedup),
+            pct(self.of_limit),
         ]
     }
 }
@@ -100,6 +125,67 @@ impl TableRow for InitRow {
 fn update(i: usize, t: &mut [u8]) {
     t[..8].copy_from_slice(&(i as u64).to_le_bytes());
     t[8..16].copy_from_slice(&(((i as u64) << 8) | 0x5).to_le_bytes());
+}
+
+/// The typed variants' per-record fields: the same bytes as [`update`].
+#[inline(always)]
+fn update_typed<const W: usize>(i: usize, r: &mut [u64; W]) {
+    r[0] = i as u64;
+    r[1] = ((i as u64) << 8) | 0x5;
+}
+
+/// Runs a typed variant on `array` viewed as `[u64; W]` records.
+fn typed<const W: usize>(array: &mut [u8], template: &[u8], nt: bool) -> Result<(), CliError> {
+    let size = 8 * W;
+    if template.len() != size
+        || array.len() % size != 0
+        || array.as_ptr() as usize % std::mem::align_of::<u64>() != 0
+    {
+        return Err(format!("typed records of {size} B do not fit this array").into());
+    }
+    let mut t = [0u64; W];
+    for (w, b) in t.iter_mut().zip(template.chunks_exact(8)) {
+        *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    }
+    // SAFETY: the array is 8-byte aligned and a whole number of `[u64; W]`
+    // records (checked above); every bit pattern is a valid u64; the slice
+    // borrows `array` exclusively for its lifetime.
+    let recs = unsafe {
+        std::slice::from_raw_parts_mut(array.as_mut_ptr().cast::<[u64; W]>(), array.len() / size)
+    };
+    if nt {
+        fill_records(recs, t, update_typed::<W>);
+    } else {
+        fill_records_cached(recs, t, update_typed::<W>);
+    }
+    Ok(())
+}
+
+/// The typed variant for `record`-byte records (a multiple of 8, 16..=256).
+fn typed_fill(array: &mut [u8], template: &[u8], nt: bool) -> Result<(), CliError> {
+    macro_rules! by_words {
+        ($($w:literal)*) => {
+            match template.len() / 8 {
+                $($w => typed::<$w>(array, template, nt),)*
+                _ => Err(format!("no typed variant for {}-byte records", template.len()).into()),
+            }
+        };
+    }
+    by_words!(2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32)
+}
+
+/// Runs variant `name` over `array` once.
+fn run_variant(name: &str, array: &mut [u8], template: &[u8]) -> Result<(), CliError> {
+    let mut t = template.to_vec();
+    match name {
+        "field" => init_fields(array, template),
+        "template-memcpy" => fill_from_template_cached(array, &mut t, update)?,
+        "template-nt" => fill_from_template(array, &mut t, update)?,
+        "typed-memcpy" => typed_fill(array, template, false)?,
+        "typed-nt" => typed_fill(array, template, true)?,
+        other => return Err(format!("unknown init variant '{other}'").into()),
+    }
+    Ok(())
 }
 
 /// Field-by-field: every 8-byte field a separate store, as the kernel's
@@ -153,16 +239,31 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
         }
         return Ok(None);
     }
-    let chosen: Vec<&str> = if a.function.trim() == "all" {
-        VARIANTS.iter().map(|v| v.0).collect()
+    let typed_ok = a.record <= TYPED_MAX;
+    let all = a.function.trim() == "all";
+    let chosen: Vec<&str> = if all {
+        VARIANTS
+            .iter()
+            .map(|v| v.0)
+            .filter(|n| typed_ok || !n.starts_with("typed"))
+            .collect()
     } else {
         let mut v = Vec::new();
         for name in a.function.split(',').map(str::trim) {
             let known = VARIANTS.iter().find(|x| x.0 == name).ok_or_else(|| {
+                let names: Vec<&str> = VARIANTS.iter().map(|v| v.0).collect();
                 format!(
-                    "unknown init variant '{name}' (known: field, template-memcpy, template-nt)"
+                    "unknown init variant '{name}' (known: {})",
+                    names.join(", ")
                 )
             })?;
+            if known.0.starts_with("typed") && !typed_ok {
+                return Err(format!(
+                    "{}: typed records are built for 16 to {TYPED_MAX} bytes, not {}",
+                    known.0, a.record
+                )
+                .into());
+            }
             v.push(known.0);
         }
         v
@@ -183,12 +284,13 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
         )
         .into());
     }
-    super::check_shape(a.size, &[], 1)?;
+    // A shared array for the rebinds plus one fresh array at a time.
+    super::check_shape(a.size, &[], 2)?;
     let victim_len = (cpu().caches.llc / 2).max(1 << 20);
     let mut victim = vec![1u8; victim_len];
     let template: Vec<u8> = (0..a.record).map(|i| (i * 7 + 3) as u8).collect();
     let title = format!(
-        "init: {} records of {} B ({}), first pass on fresh memory then {} rebinds; victim set {}",
+        "init: {} records of {} B ({}), first pass on fresh memory then {} rebinds interleaved; victim set {}",
         len / a.record,
         a.record,
         show_size(len),
@@ -198,64 +300,142 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
     let params = json!({"size": len, "record_size": a.record, "loops": a.loops, "victim_bytes": victim_len,
                         "functions": chosen});
     let mut report = Report::<InitRow>::new("init", title, params);
-    let mut fingerprints = Vec::new();
-    let mut results = Vec::new();
-    for &name in &chosen {
+    if all && !typed_ok {
+        report.notes.push(format!(
+            "typed-memcpy and typed-nt skipped: typed records are built for 16 to {TYPED_MAX} bytes"
+        ));
+    }
+    let pb = bar(chosen.len() * a.loops as usize, "init");
+
+    // First binds: each variant on its own fresh array (faults included),
+    // verified against the first variant's array.
+    let mut first_ms = Vec::new();
+    let mut victim_us: Vec<Vec<f64>> = vec![Vec::new(); chosen.len()];
+    let mut reference: Option<(&str, u64)> = None;
+    for (c, &name) in chosen.iter().enumerate() {
         // 2 MiB backing, as the kernel's vmemmap is PMD-mapped.
         let mut region = Region::unpopulated(len, 2 << 20)?;
-        let pb = bar(a.loops as usize, &format!("init {name}"));
-        let (mut pass_ms, mut victim_us) = (Vec::new(), Vec::new());
-        for _ in 0..a.loops {
-            std::hint::black_box(read_sum(&victim));
-            let array = &mut region.as_mut_slice()[..len];
-            let mut t = template.clone();
-            let t0 = Instant::now();
-            match name {
-                "field" => init_fields(array, &template),
-                "template-memcpy" => fill_from_template_cached(array, &mut t, update)?,
-                _ => fill_from_template(array, &mut t, update)?,
-            }
-            pass_ms.push(t0.elapsed().as_secs_f64() * 1e3);
-            let t1 = Instant::now();
-            std::hint::black_box(read_sum(&victim));
-            victim_us.push(t1.elapsed().as_secs_f64() * 1e6);
-            pb.inc(1);
-        }
-        pb.finish_and_clear();
+        std::hint::black_box(read_sum(&victim));
+        let array = &mut region.as_mut_slice()[..len];
+        let t0 = Instant::now();
+        run_variant(name, array, &template)?;
+        first_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        let t1 = Instant::now();
+        std::hint::black_box(read_sum(&victim));
+        victim_us[c].push(t1.elapsed().as_secs_f64() * 1e6);
         region.observe_backing();
         report
             .header
             .push(BackingNote::of(2 << 20, name, region.backing()).line());
-        fingerprints.push((name, fingerprint(&region.as_slice()[..len])));
-        results.push((name, pass_ms, victim_us));
+        let fp = fingerprint(&region.as_slice()[..len]);
+        match reference {
+            None => reference = Some((name, fp)),
+            Some((first, want)) if want != fp => {
+                return Err(format!("{name} produced a different array than {first}").into())
+            }
+            Some(_) => {}
+        }
         victim[0] = victim[0].wrapping_add(1);
+        pb.inc(1);
     }
-    if let Some((first, fp)) = fingerprints.first() {
-        if let Some((other, _)) = fingerprints.iter().find(|(_, f)| f != fp) {
-            return Err(format!("{other} produced a different array than {first}").into());
+    // Rebinds: every variant on one shared, already-faulted array,
+    // interleaved loop by loop in a rotated order (as measure's runner does),
+    // so a noisy minute slows them all alike.
+    let mut shared = Region::new(len, 2 << 20)?;
+    let nv = chosen.len();
+    let probes = if a.no_limits { 0 } else { Probe::ALL.len() };
+    let mut rebind_ms: Vec<Vec<f64>> = vec![Vec::new(); nv];
+    let mut probe_secs: Vec<Vec<f64>> = vec![Vec::new(); probes];
+    for l in 0..(a.loops as usize - 1) {
+        for k in 0..nv + probes {
+            let c = (l + k) % (nv + probes);
+            std::hint::black_box(read_sum(&victim));
+            let array = &mut shared.as_mut_slice()[..len];
+            let t0 = Instant::now();
+            if c >= nv {
+                // The limit probes: the same array, one thread, as the fills.
+                probe(Probe::ALL[c - nv], array, 1, len)?;
+                probe_secs[c - nv].push(t0.elapsed().as_secs_f64());
+                continue;
+            }
+            run_variant(chosen[c], array, &template)?;
+            rebind_ms[c].push(t0.elapsed().as_secs_f64() * 1e3);
+            let t1 = Instant::now();
+            std::hint::black_box(read_sum(&victim));
+            victim_us[c].push(t1.elapsed().as_secs_f64() * 1e6);
+            victim[0] = victim[0].wrapping_add(1);
+            pb.inc(1);
         }
     }
-    let rebind = |ms: &[f64]| Stats::of(&ms[1..]).expect("at least two passes");
-    let memcpy_median = results
-        .iter()
-        .find(|r| r.0 == "template-memcpy")
-        .map(|r| rebind(&r.1).median);
-    for (name, ms, vus) in &results {
-        let rb = rebind(ms);
+    // The probes overwrote the array: one more pass of the first variant
+    // leaves what every variant must leave, checked below.
+    if probes > 0 {
+        run_variant(chosen[0], &mut shared.as_mut_slice()[..len], &template)?;
+    }
+    pb.finish_and_clear();
+    if let Some((first, want)) = reference {
+        if fingerprint(&shared.as_slice()[..len]) != want {
+            return Err(format!("the rebinds left a different array than {first}'s").into());
+        }
+    }
+    let stats = |ms: &[f64]| Stats::of(ms).expect("at least one rebind");
+    let median_of = |name: &str| {
+        chosen
+            .iter()
+            .position(|&n| n == name)
+            .map(|c| stats(&rebind_ms[c]).median)
+    };
+    let memcpy_median = median_of("template-memcpy");
+    let limits = Limits::from_secs(LimitOp::Init, len, &probe_secs);
+    let limit = limits.as_ref().map(Limits::gbps);
+    for (c, &name) in chosen.iter().enumerate() {
+        let rb = stats(&rebind_ms[c]);
+        let rebind_gbps = foliokit::measure::gbps(len, rb.median / 1e3);
         report.rows.push(InitRow {
             function: name.to_string(),
             record_size: a.record,
             records: len / a.record,
-            first_pass_ms: ms[0],
+            first_pass_ms: first_ms[c],
             rebind_ms: rb,
-            rebind_gbps: foliokit::measure::gbps(len, rb.median / 1e3),
-            victim_reread_us: Stats::of(vus).expect("passes ran"),
+            rebind_gbps,
+            victim_reread_us: Stats::of(&victim_us[c]).expect("passes ran"),
             speedup: memcpy_median.map_or(f64::NAN, |m| m / rb.median),
+            limit_gbps: limit,
+            of_limit: limit.map(|l| rebind_gbps / l),
         });
+    }
+    if let Some(l) = &limits {
+        report.footer.push(format!(
+            "limit: read {:.2}, write 0s {:.2}, write {:.2} GB/s (medians, one thread, this array) -> init limit {:.2} GB/s ({})",
+            l.read.median,
+            l.write_zero.median,
+            l.write.median,
+            l.gbps(),
+            l.formula
+        ));
+        report.section("limit_gbps", l.gbps());
+        report.section("limits", l);
     }
     report
         .footer
         .push("speedup: template-memcpy's median rebind time over the variant's".into());
+    let ratio = |a: &str, b: &str| Some(median_of(b)? / median_of(a)?);
+    for (nt, cached) in [
+        ("template-nt", "template-memcpy"),
+        ("typed-nt", "typed-memcpy"),
+    ] {
+        if let (Some(r), Some(m)) = (ratio(nt, cached), ratio(nt, "template-memcpy")) {
+            let of = report
+                .rows
+                .iter()
+                .find(|x| x.function == nt)
+                .and_then(|x| x.of_limit);
+            report.footer.push(format!(
+                "{nt}: {} of the write limit, {r:.2}x {cached}, {m:.2}x template-memcpy (median rebinds, same run)",
+                pct(of)
+            ));
+        }
+    }
     report.footer.push(
         "seed 003 (Ice Lake VM, 100 GB nd_pmem): first bind 1456 -> 1272 ms, rebinds 244.28 -> 96.79 ms (2.52x) with memcpy_nt"
             .into(),

@@ -7,13 +7,13 @@ pub mod init;
 pub mod migrate;
 pub mod mremap;
 
-use foliokit::measure::Measured;
+use foliokit::measure::Measurement;
 use foliokit::strategy::{parse_list, Selection, Strategy};
 use std::fmt::Write as _;
 
 use crate::args::{approx_size, show_size};
 use crate::machine::mem_available;
-use crate::report::{AutoSummary, BackingNote, McRatio, Report, Row, Skipped};
+use crate::report::{pct, AutoSummary, BackingNote, LimitNote, McRatio, Report, Row, Skipped};
 use crate::CliError;
 
 /// Prints a report in `format`; nothing when the options only asked for help.
@@ -128,6 +128,7 @@ pub struct StrategyTables {
     mc: Vec<McRatio>,
     backing: Vec<BackingNote>,
     skipped: Vec<Skipped>,
+    limits: Vec<LimitNote>,
 }
 
 impl StrategyTables {
@@ -159,6 +160,7 @@ impl StrategyTables {
                     reason: (*why).into(),
                 })
                 .collect(),
+            limits: Vec::new(),
         }
     }
 
@@ -168,7 +170,22 @@ impl StrategyTables {
 
     /// Adds one folio size's measurements as rows, with speedups against
     /// the baseline, the auto summary and each `-mc` variant's ratio.
-    pub fn add(&mut self, report: &mut Report<Row>, m: &[Measured], folio: usize, channels: usize) {
+    pub fn add(
+        &mut self,
+        report: &mut Report<Row>,
+        measured: &Measurement,
+        folio: usize,
+        channels: usize,
+    ) {
+        let m = &measured.rows;
+        let limit = measured.limits.as_ref().map(|l| l.gbps());
+        if let Some(l) = &measured.limits {
+            self.limits.push(LimitNote {
+                folio_size: folio,
+                channels,
+                limits: l.clone(),
+            });
+        }
         let median = |name: &str| m.iter().find(|x| x.function == name).map(|x| x.gbps.median);
         let stored = self
             .base_by_folio
@@ -191,6 +208,8 @@ impl StrategyTables {
             channels,
             gbps: x.gbps,
             speedup: x.gbps.median / base,
+            limit_gbps: limit,
+            of_limit: limit.map(|l| x.gbps.median / l),
         }));
         let best = m
             .iter()
@@ -204,6 +223,9 @@ impl StrategyTables {
                 auto_vs_libc: median("libc").map(|l| auto.gbps.median / l),
                 best_named: best.function.clone(),
                 auto_vs_best_named: auto.gbps.median / best.gbps.median,
+                channels,
+                auto_of_limit: limit.map(|l| auto.gbps.median / l),
+                limit_gbps: limit,
             });
         }
         self.mc.extend(m.iter().filter_map(|x| {
@@ -229,11 +251,22 @@ impl StrategyTables {
             "speedup: median over the median of '{}' on {on} at the same folio size",
             self.baseline
         ));
+        for l in &self.limits {
+            report.footer.push(l.line());
+        }
+        if let Some(l) = self.limits.first() {
+            report.footer.push(format!(
+                "% limit: median over the limit; {}",
+                l.limits.formula
+            ));
+        }
         for a in &self.auto {
             report.footer.push(format!(
-                "auto at {} ran {}: {:.2}x {}{}, {:.2}x the best named ({})",
+                "auto at {} x{} ran {}: {} of the limit, {:.2}x {}{}, {:.2}x the best named ({})",
                 show_size(a.folio_size),
+                a.channels,
                 a.auto_resolved,
+                pct(a.auto_of_limit),
                 a.auto_vs_baseline,
                 self.baseline,
                 a.auto_vs_libc
@@ -263,7 +296,133 @@ impl StrategyTables {
         }
         report.section("backing", &self.backing);
         report.section("skipped", &self.skipped);
+        if !self.limits.is_empty() {
+            report.section("limits", &self.limits);
+        }
     }
+}
+
+/// Faults in the regions `alloc` makes for `folio`-sized rows with real mTHP
+/// backing where that takes a sysfs change. For an mTHP size (above the base
+/// page, below the PMD size) that sysfs does not already allow via madvise,
+/// a root run sets that size's knob to `madvise` — so only ranges that ask
+/// for huge pages, as our regions do, get it — while `alloc` faults the
+/// regions in, then puts the knob back, also on error (the guard's drop)
+/// and on Ctrl-C (the same handler as the mremap bench). Returns the
+/// regions and a note saying what was done, or why not.
+pub fn with_mthp<T>(
+    folio: usize,
+    alloc: impl FnOnce() -> Result<T, CliError>,
+) -> Result<(T, Option<String>), CliError> {
+    use foliokit::mem::mthp::MthpSettings;
+    use foliokit::mem::system::{is_root, thp_state};
+    let thp = thp_state();
+    let pmd = thp.pmd_size.unwrap_or(2 << 20);
+    let is_mthp = folio > foliokit::batch::page_size() && folio < pmd;
+    if !is_mthp {
+        return Ok((alloc()?, None));
+    }
+    let mut settings = MthpSettings::system();
+    let sizes = settings.snapshot();
+    if !sizes.contains_key(&folio) {
+        let why = format!(
+            "{}: this kernel offers no {} mTHP size; 4K pages used",
+            show_size(folio),
+            show_size(folio)
+        );
+        return Ok((alloc()?, Some(why)));
+    }
+    // The kernel gives a range the largest allowed size that fits, so
+    // larger sizes must be off while our buffers fault in.
+    let larger: Vec<usize> = sizes
+        .keys()
+        .copied()
+        .filter(|&s| s > folio && thp.madvise_allows(s))
+        .collect();
+    let allowed = thp.madvise_allows(folio);
+    if allowed && larger.is_empty() {
+        return Ok((alloc()?, None));
+    }
+    let names = |v: &[usize]| {
+        v.iter()
+            .map(|&s| show_size(s))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if !is_root() {
+        let why = if allowed {
+            format!(
+                "{}: sysfs also allows larger sizes ({}) and turning them off needs root: the buffers may hold those instead",
+                show_size(folio),
+                names(&larger)
+            )
+        } else {
+            format!(
+                "{}: sysfs does not allow {} mTHP via madvise and enabling it needs root; 4K pages used",
+                show_size(folio),
+                show_size(folio)
+            )
+        };
+        return Ok((alloc()?, Some(why)));
+    }
+    let changed = (|| {
+        if !allowed {
+            settings.set(folio, "madvise")?;
+            arm_interrupt_restore(&settings);
+        }
+        for &s in &larger {
+            settings.set(s, "never")?;
+            arm_interrupt_restore(&settings);
+        }
+        Ok::<_, foliokit::mem::mthp::MthpError>(())
+    })();
+    let made = match changed {
+        Ok(()) => alloc(),
+        Err(e) => Err(e.into()),
+    };
+    let restored = settings.restore();
+    arm_interrupt_restore(&settings);
+    let made = made?;
+    restored?;
+    let mut did = Vec::new();
+    if !allowed {
+        did.push(format!("{} set to madvise", show_size(folio)));
+    }
+    if !larger.is_empty() {
+        did.push(format!("{} set to never", names(&larger)));
+    }
+    let note = format!(
+        "{}: mTHP {} in sysfs while the buffers were faulted in, then restored",
+        show_size(folio),
+        did.join(", ")
+    );
+    Ok((made, Some(note)))
+}
+
+/// The backing of a region, with the folios counted from the kernel's page
+/// flags when they can be (root; the first 32 MiB, which is enough to tell
+/// mTHP from 4 KiB pages and fast to read).
+pub fn counted_backing(region: &foliokit::mem::Region, folio: usize) -> foliokit::mem::Backing {
+    let mut b = region.backing().clone();
+    let pmd = foliokit::mem::system::thp_state()
+        .pmd_size
+        .unwrap_or(2 << 20);
+    if folio > foliokit::batch::page_size() && folio < pmd {
+        let sample = region.len().min(32 << 20);
+        if let Some(c) = foliokit::mem::mthp::census(region.as_ptr(), sample) {
+            b.obtained = format!(
+                "{} (census of the first {}: {})",
+                if c.folios.keys().any(|&s| s == folio) {
+                    format!("mTHP {}", show_size(folio))
+                } else {
+                    "no mTHP".to_string()
+                },
+                show_size(sample),
+                c.summary()
+            );
+        }
+    }
+    b
 }
 
 /// The mTHP knobs to put back if the user interrupts a run that changed

@@ -57,9 +57,15 @@ impl CpuChannel {
                 pin(index);
                 while let Ok(w) = rx.recv() {
                     for p in &w.pieces {
+                        // Offered pieces may be other channels' too: run
+                        // only those this worker takes.
+                        if !w.done.claim(p) {
+                            continue;
+                        }
                         // SAFETY: the submitter guarantees the piece's ranges
                         // stay valid and unaliased until it is reported done
-                        // just below; it is run once and not touched after.
+                        // just below; the claim makes this its only run, and
+                        // it is not touched after.
                         unsafe { w.op.run(p) };
                         // Streaming stores are only ordered by a fence on the
                         // thread that issued them: drain before reporting.
@@ -86,6 +92,11 @@ impl CpuChannel {
 impl Channel for CpuChannel {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Workers claim each piece before running it (see the loop in `new`).
+    fn claims_pieces(&self) -> bool {
+        true
     }
 
     /// # Safety

@@ -79,7 +79,8 @@ impl Op {
 /// The batch id of pieces made by [`Piece::new`]: no [`Completion`] has it.
 const NO_BATCH: u64 = 0;
 
-/// A piece of a batch: `len` bytes of folio `folio`.
+/// A piece of a batch: `len` bytes of folio `folio`, or, for a run of
+/// `folios` folios contiguous in memory, the whole run.
 ///
 /// The fields are private so that only `unsafe` code can point a piece at
 /// memory; the getters let a channel look at what it was given.
@@ -89,6 +90,9 @@ pub struct Piece {
     src: *const u8,
     len: usize,
     folio: usize,
+    /// How many folios, from `folio` on, the piece covers whole (1 for a
+    /// folio or a part of one).
+    folios: usize,
     /// The [`Completion`] this piece counts towards ([`NO_BATCH`]: none).
     batch: u64,
     /// Its number within that batch.
@@ -118,6 +122,7 @@ impl Piece {
             src,
             len,
             folio,
+            folios: 1,
             batch: NO_BATCH,
             seq: 0,
         }
@@ -141,9 +146,14 @@ impl Piece {
         self.len == 0
     }
 
-    /// The index of the folio within its batch.
+    /// The index of the (first) folio within its batch.
     pub fn folio(&self) -> usize {
         self.folio
+    }
+
+    /// How many folios the piece covers (1 for a folio or part of one).
+    pub fn folios(&self) -> usize {
+        self.folios
     }
 }
 
@@ -157,6 +167,8 @@ pub struct Completion {
     start: Instant,
     remaining: AtomicUsize,
     per_folio: Vec<AtomicUsize>,
+    /// One flag per piece: taken by a channel already.
+    claimed: Vec<AtomicBool>,
     /// One flag per piece: reported already.
     reported: Vec<AtomicBool>,
     first_ns: AtomicU64,
@@ -165,20 +177,33 @@ pub struct Completion {
 }
 
 impl Completion {
-    fn new(folios: usize, pieces_per_folio: usize) -> Self {
-        let pieces = folios * pieces_per_folio;
+    /// A batch of `pieces` pieces where folio `f` is finished after
+    /// `per_folio[f]` of them.
+    fn new(per_folio: Vec<usize>, pieces: usize) -> Self {
         Completion {
             id: NEXT_BATCH.fetch_add(1, Ordering::Relaxed),
             start: Instant::now(),
             remaining: AtomicUsize::new(pieces),
-            per_folio: (0..folios)
-                .map(|_| AtomicUsize::new(pieces_per_folio))
-                .collect(),
+            per_folio: per_folio.into_iter().map(AtomicUsize::new).collect(),
+            claimed: (0..pieces).map(|_| AtomicBool::new(false)).collect(),
             reported: (0..pieces).map(|_| AtomicBool::new(false)).collect(),
             first_ns: AtomicU64::new(0),
             done: Mutex::new(pieces == 0),
             cv: Condvar::new(),
         }
+    }
+
+    /// Takes `piece` for running: `true` for exactly one caller per piece of
+    /// this batch, `false` for every later one and for pieces of other
+    /// batches. A channel that [`Channel::claims_pieces`] runs a piece only
+    /// after claiming it, which is what lets several channels be offered
+    /// the same piece.
+    pub fn claim(&self, piece: &Piece) -> bool {
+        piece.batch == self.id
+            && self
+                .claimed
+                .get(piece.seq)
+                .is_some_and(|f| !f.load(Ordering::Relaxed) && !f.swap(true, Ordering::AcqRel))
     }
 
     /// Called by a channel after a piece's bytes are visible (drained);
@@ -197,13 +222,16 @@ impl Completion {
             return false;
         }
         // Pieces with this batch's id were made by `ChannelPool::run` with
-        // a folio index below `per_folio.len()`; `get` only avoids a panic.
-        if let Some(left) = self.per_folio.get(piece.folio) {
-            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let ns = self.start.elapsed().as_nanos().max(1) as u64;
-                let _ = self
-                    .first_ns
-                    .compare_exchange(0, ns, Ordering::AcqRel, Ordering::Acquire);
+        // folio indices below `per_folio.len()`; `get` only avoids a panic.
+        // A run's folios all finish when the run does.
+        for f in piece.folio..piece.folio.saturating_add(piece.folios) {
+            if let Some(left) = self.per_folio.get(f) {
+                if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let ns = self.start.elapsed().as_nanos().max(1) as u64;
+                    let _ =
+                        self.first_ns
+                            .compare_exchange(0, ns, Ordering::AcqRel, Ordering::Acquire);
+                }
             }
         }
         // AcqRel: the last report acquires every earlier channel's release,
@@ -235,8 +263,21 @@ impl Completion {
 pub trait Channel: Send + Sync {
     fn name(&self) -> &str;
 
+    /// Whether this channel runs a piece only after [`Completion::claim`]
+    /// returned `true` for it (and skips it otherwise). The pool then also
+    /// offers it the pieces of other claiming channels, after its own, so
+    /// an idle channel takes over work a busy one has not started.
+    /// Returning `true` is a promise the channel's `submit` must keep.
+    fn claims_pieces(&self) -> bool {
+        false
+    }
+
     /// Starts running `op` on `pieces` in order, making each piece's bytes
     /// visible (drained) before calling `done.piece_done` for it.
+    ///
+    /// A channel that [`Channel::claims_pieces`] must run a piece only if
+    /// its `done.claim` returned `true`, and must not touch the ranges of
+    /// any other piece.
     ///
     /// # Safety
     /// Every piece's ranges must be valid for `op` (`dst` for writes and,
@@ -463,8 +504,12 @@ impl ChannelPool {
     }
 
     /// Copies folio `i` from `srcs[i]` to `dsts[i]` for every `i`, spread
-    /// across the channels by folio; when there are fewer folios than
-    /// channels each folio is split so every channel gets work. Blocks until
+    /// across the channels in contiguous shares (channel `c` gets folios
+    /// `c*n/ch .. (c+1)*n/ch`); within a share, the first folio is a piece
+    /// of its own (so `first_folio` is exact) and folios adjacent in both
+    /// source and destination are merged into one piece. When there are
+    /// fewer folios than channels each folio is split so every channel
+    /// gets work. Blocks until
     /// every byte is copied and visible; pieces a channel refuses are copied
     /// on the calling thread.
     ///
@@ -542,55 +587,129 @@ impl ChannelPool {
             });
         }
         let ch = self.channels.len();
-        let split = if n >= ch { 1 } else { ch.div_ceil(n) };
-        // Whole pages per piece where possible; never more than the folio.
-        let piece = folio_size
-            .div_ceil(split)
-            .checked_next_multiple_of(page_size())
-            .unwrap_or(folio_size)
-            .min(folio_size);
-        let per_folio = folio_size.div_ceil(piece);
-        let done = Arc::new(Completion::new(n, per_folio));
         let mut work: Vec<Vec<Piece>> = vec![Vec::new(); ch];
-        let mut k = 0;
-        for f in 0..n {
-            let (dst, src) = folio(f);
-            for p in 0..per_folio {
-                let off = p * piece;
-                work[k % ch].push(Piece {
-                    // off < folio_size: inside the folio.
-                    dst: dst.wrapping_add(off),
-                    // A clear's null source stays null.
-                    src: if src.is_null() {
-                        src
-                    } else {
-                        src.wrapping_add(off)
-                    },
-                    len: piece.min(folio_size - off),
-                    folio: f,
-                    batch: done.id,
-                    seq: k,
-                });
-                k += 1;
+        let done = if n >= ch {
+            // Each channel gets a contiguous share of the folios (channel c
+            // folios c*n/ch .. (c+1)*n/ch), so it streams through memory
+            // instead of hopping from folio to folio. Its first folio is a
+            // piece of its own: the batch's first folio then completes at
+            // its true time (the earliest folio to finish is some channel's
+            // first). The rest of the share goes in as few pieces as the
+            // memory allows: folios adjacent in both source and
+            // destination are merged into runs of up to CHANNEL_PIECE_BYTES.
+            // Channels that claim pieces are offered the others' shares too,
+            // after their own (from the far end), so one whose CPU is busy
+            // elsewhere holds the batch up by one piece at most.
+            let most = (crate::tune::CHANNEL_PIECE_BYTES / folio_size).max(1);
+            let mut pieces = Vec::new();
+            for c in 0..ch {
+                let (lo, hi) = (c * n / ch, (c + 1) * n / ch);
+                let mut f = lo;
+                while f < hi {
+                    let (dst, src) = folio(f);
+                    let mut end = f + 1;
+                    if f != lo {
+                        while end < hi && end - f < most {
+                            let (d, s) = folio(end);
+                            let step = (end - f) * folio_size;
+                            let adjacent = d == dst.wrapping_add(step)
+                                && (src.is_null() && s.is_null()
+                                    || !src.is_null() && s == src.wrapping_add(step));
+                            if !adjacent {
+                                break;
+                            }
+                            end += 1;
+                        }
+                    }
+                    pieces.push((c, dst, src, f, end - f));
+                    f = end;
+                }
             }
-        }
+            let done = Arc::new(Completion::new(vec![1; n], pieces.len()));
+            for (seq, (c, dst, src, f, folios)) in pieces.into_iter().enumerate() {
+                work[c].push(Piece {
+                    dst,
+                    src,
+                    len: folios * folio_size,
+                    folio: f,
+                    folios,
+                    batch: done.id,
+                    seq,
+                });
+            }
+            done
+        } else {
+            // Fewer folios than channels: split each folio so every channel
+            // gets work, whole pages per piece where possible.
+            let split = ch.div_ceil(n);
+            let piece = folio_size
+                .div_ceil(split)
+                .checked_next_multiple_of(page_size())
+                .unwrap_or(folio_size)
+                .min(folio_size);
+            let per_folio = folio_size.div_ceil(piece);
+            let done = Arc::new(Completion::new(vec![per_folio; n], n * per_folio));
+            let mut k = 0;
+            for f in 0..n {
+                let (dst, src) = folio(f);
+                for p in 0..per_folio {
+                    let off = p * piece;
+                    work[k % ch].push(Piece {
+                        // off < folio_size: inside the folio.
+                        dst: dst.wrapping_add(off),
+                        // A clear's null source stays null.
+                        src: if src.is_null() {
+                            src
+                        } else {
+                            src.wrapping_add(off)
+                        },
+                        len: piece.min(folio_size - off),
+                        folio: f,
+                        folios: 1,
+                        batch: done.id,
+                        seq: k,
+                    });
+                    k += 1;
+                }
+            }
+            done
+        };
+        let claims: Vec<bool> = self.channels.iter().map(|c| c.claims_pieces()).collect();
+        let offered: Vec<Vec<Piece>> = (0..ch)
+            .map(|c| {
+                let mut list = work[c].clone();
+                if claims[c] {
+                    for o in (0..ch).filter(|&o| o != c && claims[o]) {
+                        list.extend(work[o].iter().rev());
+                    }
+                }
+                list
+            })
+            .collect();
         // From the first submission until every piece is reported, leaving
         // this function by a panic would free memory under the channels.
         let in_flight = AbortOnUnwind;
-        for (c, pieces) in self.channels.iter().zip(work) {
-            if pieces.is_empty() {
+        for ((c, own), list) in self.channels.iter().zip(work).zip(offered) {
+            if own.is_empty() {
                 continue;
             }
             // SAFETY: the caller's contract covers every piece until this
             // function returns, and it returns only after `done.wait()`,
-            // i.e. after every piece was reported done.
-            let submitted = unsafe { c.submit(pieces.clone(), op, done.clone()) };
+            // i.e. after every piece was reported done. A piece offered to
+            // several channels is run only by the one that claims it.
+            let submitted = unsafe { c.submit(list, op, done.clone()) };
             // A channel that cannot take work means "finish on the CPU",
-            // never "give up with pieces still in flight elsewhere".
+            // never "give up with pieces still in flight elsewhere". Its
+            // own pieces are claimed first: another channel may have taken
+            // some already.
             if submitted.is_err() {
-                for p in &pieces {
-                    // SAFETY: the caller's contract covers every piece, and
-                    // a refusing channel touches none of them.
+                for p in &own {
+                    if !done.claim(p) {
+                        continue;
+                    }
+                    // SAFETY: the caller's contract covers every piece, a
+                    // refusing channel touches none of them, and the claim
+                    // makes this the only run of this piece.
                     unsafe { op.run(p) };
                     crate::arch::sfence();
                     done.piece_done(p);

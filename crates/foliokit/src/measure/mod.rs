@@ -6,11 +6,14 @@
 //! happened to run during the noise, which keeps ratios from one run
 //! meaningful.
 
+mod limits;
 mod ops;
 mod stats;
 
+pub use limits::{probe, LimitOp, Limits, Probe};
 pub use ops::{
-    measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Measured, Plan,
+    measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Measured, Measurement,
+    Plan,
 };
 pub use stats::{gbps, Stats};
 

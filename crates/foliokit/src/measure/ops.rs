@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::limits::{run_probe, LimitOp, Limits, Probe};
 use super::{gbps, run_interleaved, Stats};
 use crate::batch::{folio_starts, Reuse};
 use crate::mc::copy_folios_mc;
@@ -35,6 +36,17 @@ pub struct Plan {
     /// Copy channels (persistent CPU workers) a copy batch is spread
     /// across; 1 copies on the calling thread.
     pub channels: usize,
+    /// Also run the limit probes ([`Probe`]) on the same buffers and
+    /// channels, interleaved with the strategies.
+    pub limits: bool,
+}
+
+/// What a measurement gives: a row per candidate, and the same-run limit
+/// when the plan asked for it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    pub rows: Vec<Measured>,
+    pub limits: Option<Limits>,
 }
 
 /// One measurement.
@@ -112,7 +124,7 @@ pub fn measure_copy(
     candidates: &[CopyCandidate],
     plan: &Plan,
     mut tick: impl FnMut(),
-) -> Result<Vec<Measured>, MeasureError> {
+) -> Result<Measurement, MeasureError> {
     let len = src.len().min(dst.len());
     let pool = if plan.channels > 1 {
         if let Some(c) = candidates.iter().find(|c| c.mc) {
@@ -143,9 +155,9 @@ pub fn measure_copy(
         };
         let (d, s) = (&mut dst.as_mut_slice()[..len], &src.as_slice()[..len]);
         if let Some(pool) = &pool {
-            let resolved =
-                cand.strategy
-                    .resolve(Shape::batch(plan.folio_size, dsts.len(), plan.reuse));
+            let resolved = cand.strategy.resolve(
+                Shape::batch(plan.folio_size, dsts.len(), plan.reuse).on_channels(plan.channels),
+            );
             let f = resolved.function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside two live, disjoint regions that
             // nothing else touches until the pool returns.
@@ -165,17 +177,50 @@ pub fn measure_copy(
         }
     };
     let rewarm = rewarm(plan, 2 * len);
-    let mut resolved = vec![String::new(); candidates.len()];
+    let n = candidates.len();
+    let probes = if plan.limits { Probe::ALL.len() } else { 0 };
+    // Probes read the source and write the destination, on the same
+    // channels and in the same folio pieces as the rows.
+    let src_starts: Vec<*mut u8> = match pool {
+        Some(_) => srcs.iter().map(|p| p.cast_mut()).collect(),
+        None => Vec::new(),
+    };
+    let run_probe_once = |dst: &mut Region, k: usize| -> Result<(), MeasureError> {
+        let p = Probe::ALL[k];
+        let (ptr, starts) = match p {
+            Probe::Read => (src.as_ptr().cast_mut(), &src_starts),
+            _ => (dst.as_mut_ptr(), &dsts),
+        };
+        let pool = pool.as_ref().map(|p| (&**p, &starts[..], plan.folio_size));
+        // SAFETY: the range is the first `len` bytes of a live region; the
+        // read probe only reads the source (borrowed shared, never written
+        // while we hold it); writes go to `dst`, borrowed exclusively.
+        unsafe { run_probe(p, ptr, len, pool) }?;
+        Ok(())
+    };
+    let mut resolved = vec![String::new(); n + probes];
     let secs = run_interleaved(
-        candidates.len(),
+        n + probes,
         plan.loops,
         dst,
         |dst, c| match plan.cache {
             CacheMode::Evict => src.evict().map_err(MeasureError::from),
+            CacheMode::Hot if rewarm && c >= n => run_probe_once(dst, c - n),
             CacheMode::Hot if rewarm => run_once(dst, c).map(drop),
             CacheMode::Hot => Ok(()),
         },
         |dst, c| {
+            if c >= n {
+                let p = Probe::ALL[c - n];
+                run_probe_once(dst, c - n)?;
+                if resolved[c].is_empty() {
+                    if !p.left(&dst.as_slice()[..len]) {
+                        return Err(MeasureError::Wrong(p.name().into()));
+                    }
+                    resolved[c] = p.name().into();
+                }
+                return Ok(());
+            }
             if !resolved[c].is_empty() {
                 return run_once(dst, c).map(drop);
             }
@@ -191,7 +236,14 @@ pub fn measure_copy(
         &mut tick,
     )?;
     let names: Vec<String> = candidates.iter().map(CopyCandidate::name).collect();
-    Ok(collect(&names, resolved, &secs, len))
+    resolved.truncate(n);
+    Ok(Measurement {
+        rows: collect(&names, resolved, &secs[..n], len),
+        limits: plan
+            .limits
+            .then(|| Limits::from_secs(LimitOp::Copy, len, &secs[n..]))
+            .flatten(),
+    })
 }
 
 /// Measures zeroing `dst` in `plan.folio_size` folios with each strategy,
@@ -201,7 +253,7 @@ pub fn measure_clear(
     strategies: &[ClearStrategy],
     plan: &Plan,
     mut tick: impl FnMut(),
-) -> Result<Vec<Measured>, MeasureError> {
+) -> Result<Measurement, MeasureError> {
     let len = dst.len();
     let pool = if plan.channels > 1 {
         Some(crate::channels::shared(plan.channels)?)
@@ -215,8 +267,9 @@ pub fn measure_clear(
     };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
         if let Some(pool) = &pool {
-            let resolved =
-                strategies[c].resolve(Shape::batch(plan.folio_size, dsts.len(), plan.reuse));
+            let resolved = strategies[c].resolve(
+                Shape::batch(plan.folio_size, dsts.len(), plan.reuse).on_channels(plan.channels),
+            );
             let f = resolved.range_function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside the live region, which nothing
             // else touches until the pool returns.
@@ -233,17 +286,37 @@ pub fn measure_clear(
             .to_string())
     };
     let rewarm = rewarm(plan, len);
-    let mut resolved = vec![String::new(); strategies.len()];
+    let n = strategies.len();
+    let probes = if plan.limits { Probe::ALL.len() } else { 0 };
+    let run_probe_once = |dst: &mut Region, k: usize| -> Result<(), MeasureError> {
+        let pool = pool.as_ref().map(|p| (&**p, &dsts[..], plan.folio_size));
+        // SAFETY: the whole live region, borrowed exclusively.
+        unsafe { run_probe(Probe::ALL[k], dst.as_mut_ptr(), len, pool) }?;
+        Ok(())
+    };
+    let mut resolved = vec![String::new(); n + probes];
     let secs = run_interleaved(
-        strategies.len(),
+        n + probes,
         plan.loops,
         dst,
         |dst, c| match plan.cache {
             CacheMode::Evict => dst.evict().map_err(MeasureError::from),
+            CacheMode::Hot if rewarm && c >= n => run_probe_once(dst, c - n),
             CacheMode::Hot if rewarm => run_once(dst, c).map(drop),
             CacheMode::Hot => Ok(()),
         },
         |dst, c| {
+            if c >= n {
+                let p = Probe::ALL[c - n];
+                run_probe_once(dst, c - n)?;
+                if resolved[c].is_empty() {
+                    if !p.left(dst.as_slice()) {
+                        return Err(MeasureError::Wrong(p.name().into()));
+                    }
+                    resolved[c] = p.name().into();
+                }
+                return Ok(());
+            }
             if !resolved[c].is_empty() {
                 return run_once(dst, c).map(drop);
             }
@@ -258,7 +331,14 @@ pub fn measure_clear(
         &mut tick,
     )?;
     let names: Vec<String> = strategies.iter().map(|s| s.name().to_string()).collect();
-    Ok(collect(&names, resolved, &secs, len))
+    resolved.truncate(n);
+    Ok(Measurement {
+        rows: collect(&names, resolved, &secs[..n], len),
+        limits: plan
+            .limits
+            .then(|| Limits::from_secs(LimitOp::Clear, len, &secs[n..]))
+            .flatten(),
+    })
 }
 
 fn is_zero(b: &[u8]) -> bool {
@@ -285,4 +365,58 @@ fn collect(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(channels: usize, limits: bool) -> Plan {
+        Plan {
+            folio_size: 4096,
+            loops: 2,
+            cache: CacheMode::Evict,
+            reuse: Reuse::Stream,
+            hint_page: 0,
+            channels,
+            limits,
+        }
+    }
+
+    #[test]
+    fn limits_run_beside_the_rows_on_every_channel_count() {
+        for channels in [1, 2] {
+            let mut src = Region::new(8 * 4096, 4096).unwrap();
+            src.as_mut_slice().fill(3);
+            let mut dst = Region::new(8 * 4096, 4096).unwrap();
+            let cands = [CopyCandidate::plain(CopyStrategy::Libc)];
+            let mut ticks = 0;
+            let m =
+                measure_copy(&src, &mut dst, &cands, &plan(channels, true), || ticks += 1).unwrap();
+            assert_eq!(ticks, 4 * 3, "warm-up + 2 loops for a row and 3 probes");
+            assert_eq!(m.rows.len(), 1);
+            let l = m.limits.expect("limits measured");
+            assert_eq!((l.op, l.read.runs, l.limit.runs), (LimitOp::Copy, 2, 2));
+            assert!(
+                src.as_slice().iter().all(|&b| b == 3),
+                "the read probe wrote"
+            );
+            let m = measure_clear(
+                &mut dst,
+                &[ClearStrategy::Libc],
+                &plan(channels, true),
+                || {},
+            )
+            .unwrap();
+            assert_eq!(m.limits.expect("limits measured").op, LimitOp::Clear);
+            let m = measure_clear(
+                &mut dst,
+                &[ClearStrategy::Libc],
+                &plan(channels, false),
+                || {},
+            )
+            .unwrap();
+            assert!(m.limits.is_none());
+        }
+    }
 }

@@ -143,11 +143,10 @@ pub fn relocate(
     let vmas = vma::relocatable(addr, len)?;
     let uffd = open_uffd(addr, o)?;
     let folio = o.folio_size.max(page);
-    let copy = o.strategy.resolve(crate::tune::Shape::batch(
-        folio,
-        len.div_ceil(folio),
-        crate::Reuse::Stream,
-    ));
+    let copy = o.strategy.resolve(
+        crate::tune::Shape::batch(folio, len.div_ceil(folio), crate::Reuse::Stream)
+            .on_channels(o.channels),
+    );
     let copy_fn = copy.function()?;
     let pool = crate::channels::shared(o.channels)?;
     let probe = Probe::new(&uffd, page).map_err(|e| MigrateError::Refused {

@@ -61,4 +61,61 @@ pub unsafe fn stream_nodrain(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
+/// Ordinary stores stand in for the record streams of the template fills.
+///
+/// # Safety
+/// Both ranges valid for `len` bytes and disjoint.
+#[inline(always)]
+pub unsafe fn stream_words_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+/// As [`stream_words_nodrain`], for any length and alignment.
+///
+/// # Safety
+/// Both ranges valid for `len` bytes and disjoint.
+#[inline(always)]
+pub unsafe fn stream_record_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
 pub const HAS_STREAMING: bool = false;
+
+/// The non-zero byte the write probe stores.
+pub const PROBE_PATTERN: u8 = 0x5A;
+
+/// Reads every byte of the range (volatile, so the loads stay).
+///
+/// # Safety
+/// The range must be mapped and readable.
+pub unsafe fn read_probe(ptr: *mut u8, len: usize) {
+    let words = len / 8;
+    for w in 0..words {
+        // SAFETY: w * 8 + 8 <= len, inside the range.
+        unsafe { core::ptr::read_volatile(ptr.add(w * 8).cast::<u64>().cast_const()) };
+    }
+    for off in words * 8..len {
+        // SAFETY: off < len.
+        unsafe { core::ptr::read_volatile(ptr.add(off)) };
+    }
+}
+
+/// Writes [`PROBE_PATTERN`] over the range (ordinary stores here).
+///
+/// # Safety
+/// The range must be valid for writes.
+pub unsafe fn write_probe(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { core::ptr::write_bytes(dst, PROBE_PATTERN, len) }
+}
+
+/// Writes zeros over the range (ordinary stores here).
+///
+/// # Safety
+/// The range must be valid for writes.
+pub unsafe fn write_zero_probe(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { core::ptr::write_bytes(dst, 0, len) }
+}

@@ -303,3 +303,58 @@ pub unsafe fn stream16_nodrain(dst: *mut u8, src: *const u8, len: usize) {
         off += 16;
     }
 }
+
+/// Streams `len` bytes (a multiple of 16, `dst` 16-byte aligned) with
+/// `movntdq`, no drain, building each 16-byte store from two 8-byte loads.
+///
+/// The core of the template fills. The source is a record the caller has
+/// just built, often with 8-byte field stores: an 8-byte load of such a
+/// field is forwarded from the store buffer, whereas a 16-byte load spanning
+/// two of them cannot be and waits until both stores reach the cache, which
+/// is behind every streaming store still in flight. When the caller's record
+/// is a local whose every access is visible (the typed fill), the compiler
+/// keeps it in registers and the loads disappear altogether.
+///
+/// # Safety
+/// `src` valid for reads of `len` initialised bytes, `dst` valid for writes of
+/// `len` bytes and 16-byte aligned, `len % 16 == 0`, the ranges disjoint.
+/// Nothing may read `dst` before this thread drains (`sfence`).
+#[inline(always)]
+pub unsafe fn stream_words_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    use core::arch::x86_64::{__m128i, _mm_set_epi64x, _mm_stream_si128};
+    let mut off = 0;
+    while off + 16 <= len {
+        // SAFETY: off + 16 <= len, so both 8-byte reads lie inside `src` and
+        // are initialised (caller's precondition); `dst + off` is 16-byte
+        // aligned, as `_mm_stream_si128` requires, and inside `dst`.
+        unsafe {
+            let lo = src.add(off).cast::<i64>().read_unaligned();
+            let hi = src.add(off + 8).cast::<i64>().read_unaligned();
+            _mm_stream_si128(dst.add(off).cast::<__m128i>(), _mm_set_epi64x(hi, lo));
+        }
+        off += 16;
+    }
+}
+
+/// Streams one record of any length to any address, no drain: the 16-byte
+/// aligned chunks inside `[dst, dst + len)` as [`stream_words_nodrain`] does,
+/// the unaligned head and the tail with ordinary stores.
+///
+/// # Safety
+/// `src` valid for reads of `len` initialised bytes, `dst` valid for writes of
+/// `len` bytes, the ranges disjoint. Nothing may read `dst` before this thread
+/// drains.
+#[inline(always)]
+pub unsafe fn stream_record_nodrain(dst: *mut u8, src: *const u8, len: usize) {
+    let head = (dst as usize).wrapping_neg() % 16;
+    let head = head.min(len);
+    let body = (len - head) & !15;
+    // SAFETY: head + body <= len: each piece lies inside both ranges, the
+    // body starts 16-byte aligned and is a multiple of 16 bytes.
+    unsafe {
+        core::ptr::copy_nonoverlapping(src, dst, head);
+        stream_words_nodrain(dst.add(head), src.add(head), body);
+        let done = head + body;
+        core::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done);
+    }
+}

@@ -2,6 +2,7 @@
 
 pub mod clear;
 pub mod copy;
+pub mod limit;
 
 use core::arch::asm;
 
@@ -138,6 +139,9 @@ pub unsafe fn stream_nodrain(dst: *mut u8, src: *const u8, len: usize) {
         unsafe { copy::copy_nt_nodrain(dst, src, len) }
     }
 }
+
+pub use copy::{stream_record_nodrain, stream_words_nodrain};
+pub use limit::{read_probe, write_probe, write_zero_probe, PATTERN as PROBE_PATTERN};
 
 /// Whether this build has real streaming stores (else they are ordinary).
 pub const HAS_STREAMING: bool = true;

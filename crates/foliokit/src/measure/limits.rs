@@ -1,0 +1,242 @@
+//! Same-run limits: what this machine's memory does for an operation,
+//! measured on the operation's own buffers and channels, interleaved with
+//! the strategies, so every row can be read as a share of it.
+//!
+//! Three probes: a plain sequential read, a streaming write of zeros and a
+//! streaming write of other bytes (some CPUs stream zeros about twice as fast).
+//! An operation's limit combines them (see [`LimitOp::formula`]):
+//! - copy: every byte is read once and written once, so a copy cannot be
+//!   faster than reading alone (`R`) or than writing alone (`W`, the non-zero
+//!   write: copied data is not zero): limit `= min(R, W)`. (Had reads and
+//!   writes to take turns on one bus, a GB would cost `1/R + 1/W` seconds,
+//!   `R·W / (R + W)`; on the machines measured so far copies beat that, since
+//!   one core's reads are bound by how many misses it keeps in flight, not
+//!   by the bus, and writes overlap them. That figure is in the JSON as
+//!   `serial_gbps`, for reference.)
+//! - clear and fault: the zero write `W0` (a fault's cost beyond it is the
+//!   kernel's);
+//! - template init: the non-zero write `W` (records are not zero).
+//!
+//! The limit is computed per loop from that loop's three probes, then
+//! summarised like any row.
+
+use serde::Serialize;
+
+use super::{gbps, Stats};
+use crate::arch::{self, ClearFn};
+use crate::batch::folio_starts;
+use crate::channels::{ChannelError, ChannelPool};
+
+/// One probe of what memory can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Probe {
+    /// Sequential 16-byte loads of the buffer, nothing written.
+    Read,
+    /// Streaming stores of zeros, drained: `clzero` where the CPU has it,
+    /// else `movntdq`.
+    WriteZero,
+    /// Streaming stores of a non-zero byte, drained.
+    Write,
+}
+
+impl Probe {
+    pub const ALL: [Probe; 3] = [Probe::Read, Probe::WriteZero, Probe::Write];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Probe::Read => "limit:read",
+            Probe::WriteZero => "limit:write-0",
+            Probe::Write => "limit:write",
+        }
+    }
+
+    /// The primitive, with the clear signature so channels can spread it.
+    pub(crate) fn function(self) -> ClearFn {
+        match self {
+            Probe::Read => arch::read_probe,
+            Probe::WriteZero => arch::write_zero_probe,
+            Probe::Write => arch::write_probe,
+        }
+    }
+
+    /// Whether `buf` holds what this probe leaves (read leaves anything).
+    pub(crate) fn left(self, buf: &[u8]) -> bool {
+        match self {
+            Probe::Read => true,
+            Probe::WriteZero => buf.iter().all(|&b| b == 0),
+            Probe::Write => buf.iter().all(|&b| b == arch::PROBE_PATTERN),
+        }
+    }
+}
+
+/// The operation a limit is for: which probes it combines, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitOp {
+    Copy,
+    Clear,
+    Init,
+    Fault,
+}
+
+impl LimitOp {
+    /// How the limit is computed from the probes, for reports.
+    pub fn formula(self) -> &'static str {
+        match self {
+            LimitOp::Copy => {
+                "copy limit = min(read, write): a copy reads and writes every byte, so it is no faster than either alone (write = streaming write of non-zero bytes)"
+            }
+            LimitOp::Clear | LimitOp::Fault => "limit = streaming write of zeros",
+            LimitOp::Init => "limit = streaming write of non-zero bytes over the array",
+        }
+    }
+
+    /// The limit in GB/s from one loop's probes (GB/s each).
+    pub fn combine(self, read: f64, write_zero: f64, write: f64) -> f64 {
+        match self {
+            LimitOp::Copy => read.min(write),
+            LimitOp::Clear | LimitOp::Fault => write_zero,
+            LimitOp::Init => write,
+        }
+    }
+}
+
+/// The three probes of one run and the limit they give the operation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Limits {
+    pub op: LimitOp,
+    pub read: Stats,
+    pub write_zero: Stats,
+    pub write: Stats,
+    /// Per loop, `op.combine` of that loop's probes.
+    pub limit: Stats,
+    /// Per loop, `read*write / (read + write)`: what a copy would get if
+    /// reads and writes took turns (a reference point, not the limit).
+    pub serial_gbps: Stats,
+    pub formula: &'static str,
+}
+
+impl Limits {
+    /// Summarises the probes' timed seconds (indexed like [`Probe::ALL`],
+    /// one entry per loop) over `bytes` per call.
+    pub fn from_secs(op: LimitOp, bytes: usize, secs: &[Vec<f64>]) -> Option<Limits> {
+        let rates: Vec<Vec<f64>> = secs
+            .iter()
+            .map(|s| s.iter().map(|&t| gbps(bytes, t)).collect())
+            .collect();
+        let [r, w0, w] = [&rates[0], &rates[1], &rates[2]];
+        let per_loop: Vec<f64> = (0..r.len().min(w0.len()).min(w.len()))
+            .map(|l| op.combine(r[l], w0[l], w[l]))
+            .collect();
+        let serial: Vec<f64> = (0..per_loop.len())
+            .map(|l| r[l] * w[l] / (r[l] + w[l]))
+            .collect();
+        Some(Limits {
+            serial_gbps: Stats::of(&serial)?,
+            op,
+            read: Stats::of(r)?,
+            write_zero: Stats::of(w0)?,
+            write: Stats::of(w)?,
+            limit: Stats::of(&per_loop)?,
+            formula: op.formula(),
+        })
+    }
+
+    /// The limit's median, GB/s: what rows are compared with.
+    pub fn gbps(&self) -> f64 {
+        self.limit.median
+    }
+}
+
+/// Runs `probe` over `[ptr, ptr + len)`: on the calling thread, or spread
+/// over `pool` in `folio_size` pieces starting at `starts` (as the channel
+/// rows spread their batches).
+///
+/// # Safety
+/// The range must be valid for what the probe does (reads for
+/// [`Probe::Read`], which never writes; writes otherwise) and written by
+/// nobody else until this returns; `starts` must be the folio starts of
+/// that range.
+pub(crate) unsafe fn run_probe(
+    probe: Probe,
+    ptr: *mut u8,
+    len: usize,
+    pool: Option<(&ChannelPool, &[*mut u8], usize)>,
+) -> Result<(), ChannelError> {
+    let f = probe.function();
+    match pool {
+        // SAFETY: forwarded contract.
+        Some((pool, starts, folio)) => unsafe { pool.clear_folios(starts, folio, f) }.map(drop),
+        None => {
+            // SAFETY: forwarded contract.
+            unsafe { f(ptr, len) };
+            Ok(())
+        }
+    }
+}
+
+/// Runs `probe` once over `buf` on `channels` channels (the shared pool),
+/// in `folio_size` pieces: for benches that interleave probes with their
+/// own timed work.
+pub fn probe(
+    probe: Probe,
+    buf: &mut [u8],
+    channels: usize,
+    folio_size: usize,
+) -> Result<(), ChannelError> {
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+    if channels > 1 {
+        let pool = crate::channels::shared(channels)?;
+        let starts = folio_starts(ptr, len, folio_size);
+        // SAFETY: `buf` is borrowed exclusively; the starts cover it.
+        unsafe { run_probe(probe, ptr, len, Some((&pool, &starts, folio_size))) }
+    } else {
+        // SAFETY: as above.
+        unsafe { run_probe(probe, ptr, len, None) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_combine_as_stated() {
+        assert_eq!(LimitOp::Copy.combine(30.0, 60.0, 20.0), 20.0);
+        assert_eq!(LimitOp::Clear.combine(30.0, 60.0, 20.0), 60.0);
+        assert_eq!(LimitOp::Fault.combine(30.0, 60.0, 20.0), 60.0);
+        assert_eq!(LimitOp::Init.combine(30.0, 60.0, 20.0), 20.0);
+        // 1 GiB in 1/30 s, 1/60 s, 1/20 s, two loops each.
+        let secs = vec![
+            vec![1.0 / 30.0; 2],
+            vec![1.0 / 60.0; 2],
+            vec![1.0 / 20.0; 2],
+        ];
+        let l = Limits::from_secs(LimitOp::Copy, 1 << 30, &secs).unwrap();
+        assert!((l.gbps() - 20.0).abs() < 1e-9);
+        assert!((l.serial_gbps.median - 12.0).abs() < 1e-9);
+        assert!((l.read.median - 30.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn probes_leave_what_they_write_and_read_touches_nothing() {
+        for channels in [1, 2] {
+            let mut buf = vec![7u8; 64 * 1024 + 3];
+            probe(Probe::Read, &mut buf, 1, 4096).unwrap();
+            assert!(buf.iter().all(|&b| b == 7));
+            probe(Probe::Write, &mut buf, 1, 4096).unwrap();
+            assert!(Probe::Write.left(&buf));
+            probe(Probe::WriteZero, &mut buf, 1, 4096).unwrap();
+            assert!(Probe::WriteZero.left(&buf));
+            let mut paged = crate::mem::Region::new(16 * 4096, 4096).unwrap();
+            paged.as_mut_slice().fill(7);
+            probe(Probe::Read, paged.as_mut_slice(), channels, 4096).unwrap();
+            assert!(paged.as_slice().iter().all(|&b| b == 7));
+            probe(Probe::Write, paged.as_mut_slice(), channels, 4096).unwrap();
+            assert!(Probe::Write.left(paged.as_slice()));
+            probe(Probe::WriteZero, paged.as_mut_slice(), channels, 4096).unwrap();
+            assert!(Probe::WriteZero.left(paged.as_slice()));
+        }
+    }
+}
