@@ -285,6 +285,29 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
     Ok(t.failed == 0 && t.passed > 0)
 }
 
+/// Installs the guest tooling and kernels and prints where they are.
+pub fn vm_setup(ws: &Path, series: &[String]) -> Result<bool, Error> {
+    let cache = ws.join("target/vm-cache");
+    std::fs::create_dir_all(&cache)?;
+    setup::host_packages()?;
+    let bin = setup::virtme_ng(&cache)?;
+    println!("vng: {}", bin.join("vng").display());
+    for s in series {
+        let series = GUESTS
+            .iter()
+            .find(|g| g.name == s)
+            .map(|g| g.series)
+            .ok_or_else(|| format!("unknown kernel series {s} (have 6.12, 6.1)"))?;
+        let k = setup::kernel(&cache, series)?;
+        println!("kernel {s}: {}", k.image().display());
+    }
+    println!(
+        "e.g.: foliokit lab --kernel <kernel> --vng {} --numa 2G,cpus=0 --numa 2G,cpus=1 --numa 1G",
+        bin.join("vng").display()
+    );
+    Ok(true)
+}
+
 fn executable(p: &Path) -> Result<(), Error> {
     use std::os::unix::fs::PermissionsExt;
     let mut perm = std::fs::metadata(p)?.permissions();

@@ -35,6 +35,13 @@ enum Cmd {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// Install what guests need (QEMU, busybox, kmod, virtme-ng) and fetch
+    /// the kernels, then print the paths `foliokit lab --kernel` takes.
+    VmSetup {
+        /// Kernel series to fetch (6.12, 6.1).
+        #[arg(long, value_delimiter = ',', default_value = "6.12,6.1")]
+        kernel: Vec<String>,
+    },
 }
 
 /// Runs `c`, failing with its command line when it does not succeed.
@@ -58,6 +65,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::VmTest { guest, filter } => guest::vm_test(&workspace(), &guest, filter.as_deref()),
+        Cmd::VmSetup { kernel } => guest::vm_setup(&workspace(), &kernel),
     };
     match result {
         Ok(true) => {}

@@ -232,6 +232,7 @@ fn machine_diffs(runs: &[Run]) -> Vec<String> {
         ("CPU", &["cpu", "model"]),
         ("logical CPUs", &["cpu", "logical_cpus"]),
         ("kernel", &["system", "kernel"]),
+        ("guest", &["guest", "accel"]),
         ("NUMA nodes", &["system", "numa_nodes"]),
         ("THP", &["system", "thp", "enabled"]),
         ("calibration", &["profile", "note"]),

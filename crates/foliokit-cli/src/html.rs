@@ -173,7 +173,22 @@ pub fn page(
                 c.caches.source
             ),
         ),
-        ("kernel", s.kernel.clone()),
+        (
+            "kernel",
+            match &m.guest {
+                Some(g) => format!(
+                    "{} in a guest booted from {} ({}; nodes {})",
+                    s.kernel,
+                    g.kernel_image,
+                    match g.accel {
+                        crate::guest::Accel::Kvm => "KVM",
+                        _ => "QEMU software emulation",
+                    },
+                    g.numa.join(" ")
+                ),
+                None => s.kernel.clone(),
+            },
+        ),
         ("NUMA nodes", format!("{:?}", s.numa_nodes)),
         (
             "THP",

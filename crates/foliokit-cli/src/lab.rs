@@ -31,6 +31,8 @@ pub struct LabArgs {
     /// Directory for results.json, the CSVs and index.html.
     #[arg(long, default_value = "foliokit-lab")]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub guest: crate::guest::GuestArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -109,6 +111,11 @@ const M: usize = 1 << 20;
 const G: usize = 1 << 30;
 
 pub fn run(a: LabArgs) -> Result<(), CliError> {
+    if a.guest.kernel.is_some() {
+        crate::guest::run(&a.guest, &a.out)?;
+        println!("# the guest's results are in {}", a.out.display());
+        return Ok(());
+    }
     let scale = if a.smoke {
         Scale::Smoke
     } else if a.full {
@@ -301,7 +308,9 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         latency_budget: (scale != Scale::Smoke).then(|| Duration::from_millis(1)),
         tables: vec![1, 2, 3],
         node: None,
+        from: None,
         format: Format::Table,
+        guest: Default::default(),
     })?
     .ok_or("migrate produced no report")?;
     let p = labplots::migrate(&r);

@@ -5,6 +5,8 @@ use foliokit::mem::system::{system, SystemInfo};
 use foliokit::tune::{profile_status, ProfileStatus};
 use serde::Serialize;
 
+use crate::guest::{Accel, GuestInfo};
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
     pub cpu: CpuInfo,
@@ -13,12 +15,25 @@ pub struct Machine {
     /// Set when the CPU is emulated (QEMU TCG): then timings mean nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub emulated: Option<String>,
+    /// Set when `--kernel` ran this report in a guest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest: Option<GuestInfo>,
 }
 
 pub fn machine() -> Machine {
     let cpu = cpu().clone();
+    let guest = GuestInfo::from_env();
+    // The host knows when it asked for emulation even if the guest's CPU
+    // model does not say so.
+    let emulated = emulation(&cpu.model).or_else(|| {
+        guest
+            .as_ref()
+            .filter(|g| g.accel == Accel::Tcg)
+            .and_then(|_| emulation("QEMU TCG (foliokit --kernel --accel tcg)"))
+    });
     Machine {
-        emulated: emulation(&cpu.model),
+        emulated,
+        guest,
         cpu,
         system: system(),
         profile: profile_status(),

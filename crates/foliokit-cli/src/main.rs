@@ -4,6 +4,7 @@ mod args;
 mod bench;
 mod calibrate;
 mod compare;
+mod guest;
 mod html;
 mod info;
 mod lab;

@@ -3,12 +3,16 @@
 //! (1) GB/s by folio size: the one-thread per-page-copy baseline vs N copy
 //!     channels, through the relocation path (moves out and in included);
 //! (2) batch size x channels -> GB/s | first-folio latency;
-//! (3) the kernel path (move_pages) vs relocation.
+//! (3) the kernel path (move_pages) vs relocation, per direction (seed 000's
+//!     move_pages table: DRAM0 -> DRAM1, DRAM -> memory-only node and back).
+//!
+//! Before every run the source is put on the direction's first node with
+//! move_pages, outside the timing, so every run really moves every page.
 
 use clap::Args;
 use foliokit::measure::Stats;
 use foliokit::mem::mthp::{census, MthpSettings};
-use foliokit::mem::system::{is_root, numa_nodes};
+use foliokit::mem::system::{is_root, memory_only_nodes, numa_nodes};
 use foliokit::mem::Region;
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use foliokit::CopyStrategy;
@@ -59,8 +63,16 @@ pub struct MigrateArgs {
     /// Target NUMA node (default: the highest-numbered online node).
     #[arg(long)]
     pub node: Option<u32>,
+    /// Node the source is put on before every run (default: the lowest
+    /// online node other than the target). Without --node, table 3 runs
+    /// seed 000's directions (CPU node to CPU node, to and from each
+    /// memory-only node); --node limits it to one direction.
+    #[arg(long)]
+    pub from: Option<u32>,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+    #[command(flatten)]
+    pub guest: crate::guest::GuestArgs,
 }
 
 /// Parses `500us`, `2ms`, `1s`.
@@ -103,15 +115,83 @@ impl Latency {
     }
 }
 
+/// Where the pages start and where they go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Direction {
+    pub from: u32,
+    pub to: u32,
+}
+
+impl Direction {
+    /// "0 -> 1", with memory-only nodes marked (seed 000 says "CXL").
+    fn label(self, memory_only: &[u32]) -> String {
+        let name = |n: u32| {
+            if memory_only.contains(&n) {
+                format!("{n} (memory-only)")
+            } else {
+                n.to_string()
+            }
+        };
+        format!("{} -> {}", name(self.from), name(self.to))
+    }
+}
+
+/// Seed 000's directions on this machine's nodes: CPU node to CPU node,
+/// CPU node to each memory-only node, and back; one direction when the
+/// user named the target or there is only one node.
+fn directions(
+    nodes: &[u32],
+    memory_only: &[u32],
+    from: Option<u32>,
+    to: Option<u32>,
+    default: Direction,
+) -> Vec<Direction> {
+    if nodes.len() < 2 || to.is_some() {
+        return vec![default];
+    }
+    let cpu: Vec<u32> = nodes
+        .iter()
+        .copied()
+        .filter(|n| !memory_only.contains(n))
+        .collect();
+    let d = |from, to| Direction { from, to };
+    let mut out = Vec::new();
+    match (cpu.first(), cpu.get(1)) {
+        (Some(&c0), Some(&c1)) => {
+            out.push(d(c0, c1));
+            out.extend(memory_only.iter().map(|&m| d(c0, m)));
+            out.push(d(c1, c0));
+            out.extend(memory_only.iter().map(|&m| d(m, c0)));
+        }
+        (Some(&c0), None) => {
+            out.extend(memory_only.iter().map(|&m| d(c0, m)));
+            out.extend(memory_only.iter().map(|&m| d(m, c0)));
+        }
+        _ => out.push(default),
+    }
+    if from.is_some() {
+        out.retain(|x| Some(x.from) == from);
+    }
+    if out.is_empty() {
+        out.push(default);
+    }
+    out
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct MigrateRow {
     pub table: u8,
+    /// Source node -> target node.
+    pub direction: String,
     /// "baseline" (one thread, per-page copy), "relocate" or "kernel".
     pub function: String,
     pub folio_size: usize,
     pub channels: usize,
     /// Median pages per batch (for a latency budget: where it settled).
     pub batch_pages: usize,
+    /// Median pages that changed node per run (kernel: pages not on the
+    /// target before; relocation: pages now in new folios there).
+    pub pages_moved: usize,
     pub gbps: Option<Stats>,
     pub first_folio_us: Option<Latency>,
     pub total_ms: Option<Stats>,
@@ -126,10 +206,12 @@ impl TableRow for MigrateRow {
     fn columns() -> &'static [&'static str] {
         &[
             "table",
+            "direction",
             "function",
             "folio",
             "channels",
             "batch",
+            "moved",
             "GB/s mean ± sd",
             "first folio µs (p50/p99)",
             "speedup",
@@ -145,10 +227,12 @@ impl TableRow for MigrateRow {
         let dash = || "-".to_string();
         vec![
             self.table.to_string(),
+            self.direction.clone(),
             self.function.clone(),
             show_size(self.folio_size),
             self.channels.to_string(),
             self.batch_pages.to_string(),
+            self.pages_moved.to_string(),
             self.gbps
                 .as_ref()
                 .map_or_else(|| self.note.clone().unwrap_or_else(dash), |g| pm(g, 2)),
@@ -165,30 +249,71 @@ struct Runs {
     first: Vec<f64>,
     total_ms: Vec<f64>,
     batch_pages: Vec<f64>,
+    moved: Vec<f64>,
     notes: Vec<String>,
     nothing_to_move: bool,
     /// Why the path could not run here (the row says so instead of a figure).
     unavailable: Option<String>,
 }
 
-/// Migrates `src` `loops` times with `o`, checking the bytes survive.
+/// Puts `src` on `node` with move_pages, outside any timing.
+fn place(src: &mut Region, node: u32, channels: usize) -> Result<(), CliError> {
+    let o = MigrateOptions {
+        path: Path::Kernel,
+        channels,
+        ..Default::default()
+    };
+    // SAFETY: the region is ours and nothing else uses it meanwhile.
+    let rep = unsafe { migrate(src.as_mut_ptr(), src.len(), node, &o) }?;
+    if !rep.failed.is_empty() {
+        return Err(format!(
+            "could not put the source on node {node} before the run: {} pages stayed (first errno {})",
+            rep.failed.len(),
+            rep.failed[0].1
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Pages of a sample (one per 2 MiB, at most 4096) not on `node`.
+fn off_node(src: &Region, node: u32) -> usize {
+    let step = (src.len() / 4096).max(2 << 20).next_multiple_of(PAGE);
+    let pages: Vec<usize> = (0..src.len())
+        .step_by(step)
+        .map(|o| src.as_ptr() as usize + o)
+        .collect();
+    let mut status = vec![0i32; pages.len()];
+    match foliokit::sys::numa::page_nodes(&pages, &mut status) {
+        Ok(()) => status.iter().filter(|&&s| s != node as i32).count(),
+        Err(_) => 0,
+    }
+}
+
+/// Migrates `src` `loops` times with `o` in direction `dir`, checking the
+/// bytes survive and the pages arrive.
 fn runs(
     src: &mut Region,
-    node: u32,
+    dir: Direction,
     o: &MigrateOptions,
     loops: u32,
     tick: &dyn Fn(),
 ) -> Result<Runs, CliError> {
+    let node = dir.to;
     let mut r = Runs {
         gbps: Vec::new(),
         first: Vec::new(),
         total_ms: Vec::new(),
         batch_pages: Vec::new(),
+        moved: Vec::new(),
         notes: Vec::new(),
         nothing_to_move: false,
         unavailable: None,
     };
     for l in 0..loops {
+        if dir.from != dir.to {
+            place(src, dir.from, o.channels)?;
+        }
         // SAFETY: the region is ours and nothing else uses it meanwhile.
         let rep: MigrateReport = match unsafe { migrate(src.as_mut_ptr(), src.len(), node, o) } {
             Ok(rep) => rep,
@@ -209,6 +334,19 @@ fn runs(
         r.total_ms.push(rep.secs * 1e3);
         r.batch_pages
             .extend(rep.batches.iter().map(|b| b.pages as f64));
+        r.moved.push(match rep.path {
+            MigratePath::Kernel => rep.pages_to_move - rep.failed.len().min(rep.pages_to_move),
+            _ => rep.relocated_pages,
+        } as f64);
+        if dir.from != dir.to {
+            let off = off_node(src, node);
+            if off > 0 {
+                let n = format!("{off} sampled pages were not on node {node} afterwards");
+                if !r.notes.contains(&n) {
+                    r.notes.push(n);
+                }
+            }
+        }
         r.nothing_to_move |= rep.path == MigratePath::Kernel && rep.pages_to_move == 0;
         if o.path != Path::Kernel && rep.path == MigratePath::Kernel {
             r.notes
@@ -224,8 +362,10 @@ fn runs(
     Ok(r)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn row(
     table: u8,
+    dir: &str,
     function: &str,
     folio: usize,
     o: &MigrateOptions,
@@ -235,10 +375,12 @@ fn row(
     let hide = r.nothing_to_move || r.unavailable.is_some();
     MigrateRow {
         table,
+        direction: dir.into(),
         function: function.into(),
         folio_size: folio,
         channels: o.channels,
         batch_pages: Stats::of(&r.batch_pages).map_or(o.batch_pages, |s| s.median as usize),
+        pages_moved: Stats::of(&r.moved).map_or(0, |s| s.median as usize),
         gbps: if hide { None } else { Stats::of(&r.gbps) },
         first_folio_us: if hide {
             None
@@ -275,6 +417,13 @@ fn source(size: usize, folio: usize) -> Result<(Region, String), CliError> {
 
 /// Prints the experiment's report (`-f help` prints the strategies instead).
 pub fn run(a: MigrateArgs) -> Result<(), CliError> {
+    if a.guest.kernel.is_some() {
+        // The guest only needs somewhere to leave its start mark.
+        let dir = std::env::temp_dir().join(format!("foliokit-guest-{}", std::process::id()));
+        let r = crate::guest::run(&a.guest, &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        return r;
+    }
     let format = a.format;
     super::print(report(a)?, format)
 }
@@ -286,6 +435,16 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     if !nodes.contains(&node) {
         return Err(format!("NUMA node {node} does not exist (online: {nodes:?})").into());
     }
+    let from = a
+        .from
+        .unwrap_or_else(|| nodes.iter().copied().find(|&n| n != node).unwrap_or(node));
+    if !nodes.contains(&from) {
+        return Err(format!("NUMA node {from} does not exist (online: {nodes:?})").into());
+    }
+    let memory_only = memory_only_nodes();
+    let main_dir = Direction { from, to: node };
+    let main_label = main_dir.label(&memory_only);
+    let table3_dirs = directions(&nodes, &memory_only, a.from, a.node, main_dir);
     super::check_shape(a.size, &a.page, 2)?;
     if a.batch.contains(&0) {
         return Err("batch sizes must be at least one page".into());
@@ -303,12 +462,13 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     }
     let clamped = a.batch.iter().any(|&b| b > run_pages);
     let title = format!(
-        "migrate: {} to node {node} per run, {} runs per row; relocation = UFFDIO_MOVE out + channel copy + UFFDIO_MOVE in",
+        "migrate: {} per run, node {main_label} (tables 1-2), {} runs per row; relocation = UFFDIO_MOVE out + channel copy + UFFDIO_MOVE in",
         show_size(a.size),
         a.loops
     );
     let params = json!({"size": a.size, "folio_sizes": a.page, "channels": channels, "batches": a.batch,
-                        "loops": a.loops, "node": node, "nodes": nodes, "tables": a.tables,
+                        "loops": a.loops, "node": node, "from": from, "nodes": nodes,
+                        "memory_only_nodes": memory_only, "tables": a.tables,
                         "latency_budget_us": a.latency_budget.map(|d| d.as_secs_f64() * 1e6)});
     let mut report = Report::<MigrateRow>::new("migrate", title, params);
     if nodes.len() == 1 {
@@ -327,7 +487,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         0
     };
     let t3 = if a.tables.contains(&3) {
-        2 * channels.len()
+        2 * channels.len() * table3_dirs.len()
     } else {
         0
     };
@@ -357,10 +517,11 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
             };
             let baseline = row(
                 1,
+                &main_label,
                 "baseline",
                 folio,
                 &o,
-                runs(&mut src, node, &o, a.loops, &tick)?,
+                runs(&mut src, main_dir, &o, a.loops, &tick)?,
                 &obtained,
             );
             let bmed = baseline.gbps.map(|g| g.median);
@@ -377,10 +538,11 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 };
                 let mut r = row(
                     1,
+                    &main_label,
                     "relocate",
                     folio,
                     &o,
-                    runs(&mut src, node, &o, a.loops, &tick)?,
+                    runs(&mut src, main_dir, &o, a.loops, &tick)?,
                     &obtained,
                 );
                 r.speedup = r.gbps.zip(bmed).map(|(g, b)| g.median / b);
@@ -405,10 +567,11 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 };
                 let mut r = row(
                     2,
+                    &main_label,
                     "relocate",
                     folio,
                     &o,
-                    runs(&mut src, node, &o, a.loops, &tick)?,
+                    runs(&mut src, main_dir, &o, a.loops, &tick)?,
                     &obtained,
                 );
                 first_gbps = first_gbps.or(r.gbps.map(|g| g.median));
@@ -424,10 +587,11 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 };
                 let mut r = row(
                     2,
+                    &main_label,
                     "budget",
                     folio,
                     &o,
-                    runs(&mut src, node, &o, a.loops, &tick)?,
+                    runs(&mut src, main_dir, &o, a.loops, &tick)?,
                     &obtained,
                 );
                 r.note = Some(format!(
@@ -442,35 +606,47 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     if a.tables.contains(&3) {
         let folio = 2 << 20;
         let (mut src, obtained) = source(a.size, folio)?;
-        for &c in &channels {
-            let batch_pages = a.table_batch as usize;
-            let o = MigrateOptions {
-                path: Path::Kernel,
-                channels: c,
-                batch_pages,
-                ..base
-            };
-            report.rows.push(row(
-                3,
-                "kernel",
-                folio,
-                &o,
-                runs(&mut src, node, &o, a.loops, &tick)?,
-                &obtained,
-            ));
-            let o = MigrateOptions {
-                channels: c,
-                batch_pages,
-                ..base
-            };
-            report.rows.push(row(
-                3,
-                "relocate",
-                folio,
-                &o,
-                runs(&mut src, node, &o, a.loops, &tick)?,
-                &obtained,
-            ));
+        let batch_pages = a.table_batch as usize;
+        for &dir in &table3_dirs {
+            let label = dir.label(&memory_only);
+            for &c in &channels {
+                let o = MigrateOptions {
+                    path: Path::Kernel,
+                    channels: c,
+                    batch_pages,
+                    ..base
+                };
+                let kernel = row(
+                    3,
+                    &label,
+                    "kernel",
+                    folio,
+                    &o,
+                    runs(&mut src, dir, &o, a.loops, &tick)?,
+                    &obtained,
+                );
+                let kmed = kernel.gbps.map(|g| g.median);
+                report.rows.push(MigrateRow {
+                    speedup: kmed.map(|_| 1.0),
+                    ..kernel
+                });
+                let o = MigrateOptions {
+                    channels: c,
+                    batch_pages,
+                    ..base
+                };
+                let mut r = row(
+                    3,
+                    &label,
+                    "relocate",
+                    folio,
+                    &o,
+                    runs(&mut src, dir, &o, a.loops, &tick)?,
+                    &obtained,
+                );
+                r.speedup = r.gbps.zip(kmed).map(|(g, k)| g.median / k);
+                report.rows.push(r);
+            }
         }
     }
     pb.finish_and_clear();
@@ -486,6 +662,12 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         "tables 1 and 3 use batches of {} pages (--table-batch); kernel = move_pages from N threads",
         a.table_batch
     ));
+    report.footer.push("table 3: speedup of relocation over move_pages in the same direction with the same channels; moved = pages that changed node per run, placement checked on a sample".into());
+    report.footer.push("before every run the source is put on the direction's first node with move_pages, outside the timing".into());
+    report.footer.push(
+        "seed 000 (Zen 5, 2 sockets + CXL): move_pages of 1G of 2M mTHP, DRAM0 -> DRAM1 7.20 -> 8.01 GB/s (1.11x), DRAM0 -> CXL 11.12 -> 13.07 (1.18x) with one bulk folio copy"
+            .into(),
+    );
     report.footer.push(
         "seed 001 (Zen 3, 2 sockets, PTDMA): 1G of 2M folios 11.02 GB/s baseline -> 12.65 (1 DMA ch) .. 65.23 (16 ch); batch 512 pages: 160 µs first folio"
             .into(),
@@ -496,6 +678,28 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn directions_follow_seed_000() {
+        let d = |from, to| Direction { from, to };
+        let one = d(0, 0);
+        assert_eq!(directions(&[0], &[], None, None, one), vec![one]);
+        // Two CPU nodes and a memory-only one: 0->1, 0->2, 1->0, 2->0.
+        assert_eq!(
+            directions(&[0, 1, 2], &[2], None, None, d(0, 2)),
+            vec![d(0, 1), d(0, 2), d(1, 0), d(2, 0)]
+        );
+        // --from keeps the directions that start there; --node names one.
+        assert_eq!(
+            directions(&[0, 1, 2], &[2], Some(0), None, d(0, 2)),
+            vec![d(0, 1), d(0, 2)]
+        );
+        assert_eq!(
+            directions(&[0, 1, 2], &[2], None, Some(1), d(0, 1)),
+            vec![d(0, 1)]
+        );
+        assert_eq!(d(0, 2).label(&[2]), "0 -> 2 (memory-only)");
+    }
 
     #[test]
     fn durations() {

@@ -146,6 +146,18 @@ pub fn numa_nodes() -> Vec<u32> {
         .unwrap_or_else(|| vec![0])
 }
 
+/// Online nodes without CPUs: memory-only tiers such as CXL memory
+/// expanders (or a NUMA emulation's CPU-less node).
+pub fn memory_only_nodes() -> Vec<u32> {
+    numa_nodes()
+        .into_iter()
+        .filter(|n| {
+            sysfs::read(format!("/sys/devices/system/node/node{n}/cpulist"))
+                .is_some_and(|t| parse_list(&t).is_empty())
+        })
+        .collect()
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail and has no preconditions.
     unsafe { libc::geteuid() == 0 }
