@@ -166,6 +166,8 @@ pub unsafe extern "C" fn fk_copy_mc(
             }
             Err(McError::NoVariant(_)) => Err(-libc::EOPNOTSUPP),
             Err(McError::Unavailable(_)) => Err(-libc::EOPNOTSUPP),
+            // Another SIGBUS handler replaced foliokit's after it started.
+            Err(McError::HandlerReplaced) => Err(-libc::EBUSY),
             Err(McError::Batch(e)) => Err(batch_err(&e)),
         }
     })

@@ -129,8 +129,8 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     let mut notes: Vec<String> = Vec::new();
     let mut entries: Vec<Entry> = Vec::new();
 
-    // Calibrate before anything asks auto for a choice: auto reads the
-    // profile once per process, on first use, so only peek at the file here.
+    // Calibrate first when there is no profile, then put the new one in
+    // force for the rest of the run.
     let status = foliokit::tune::profile_status_on_disk();
     if status.loaded {
         notes.push(format!(
@@ -146,7 +146,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
             dry_run: false,
             format: Format::Table,
         })?;
-        let used = foliokit::tune::profile_status();
+        let used = foliokit::tune::use_default_file();
         notes.push(if used.loaded {
             "calibrated at the start of this run; auto used that profile".into()
         } else {

@@ -71,6 +71,16 @@ enum BenchCmd {
 
 fn main() {
     let cli = Cli::parse();
+    // The CLI asks for what a library must not assume: the profile
+    // `foliokit calibrate` wrote, and channels spread over the CPUs so
+    // measurements place them the same way every run.
+    let config = foliokit::Config::new()
+        .profile(foliokit::ProfileChoice::DefaultFile)
+        .channel_cpus(foliokit::ChannelCpus::Spread);
+    if let Err(e) = foliokit::init(config) {
+        eprintln!("foliokit: error: {e}");
+        std::process::exit(1);
+    }
     let result = match cli.cmd {
         Cmd::Lab(a) => lab::run(a),
         Cmd::Compare(a) => compare::run(a),

@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::OnceLock;
+use std::sync::RwLock;
 use thiserror::Error;
 
 use crate::batch::Reuse;
@@ -189,10 +189,23 @@ pub struct Profile {
     pub choices: Vec<Choice>,
 }
 
+/// Why a profile cannot be read, used or written.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ProfileError {
     #[error("no cache directory (set FOLIOKIT_PROFILE or XDG_CACHE_HOME)")]
     NoCacheDir,
+    #[error("cannot read profile {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("profile {path} is not a foliokit profile: {reason}")]
+    Parse { path: PathBuf, reason: String },
+    #[error("profile version {found} is stale (this build reads version {expected}): recalibrate")]
+    Stale { found: u32, expected: u32 },
+    #[error("profile is for '{profile}', this CPU is '{cpu}': recalibrate here")]
+    OtherCpu { profile: String, cpu: String },
     #[error("cannot write profile {path}: {source}")]
     Write {
         path: PathBuf,
@@ -238,12 +251,87 @@ struct Tuning {
     status: ProfileStatus,
 }
 
-fn tuning() -> &'static Tuning {
-    static T: OnceLock<Tuning> = OnceLock::new();
-    T.get_or_init(load_tuning)
+/// The profile in force; `None` until an application asks for one (then
+/// `auto` follows the built-in rules). A lock, not a once-cell: the CLI's
+/// lab calibrates, then switches to the profile it just measured.
+static TUNING: RwLock<Option<Tuning>> = RwLock::new(None);
+
+fn builtin_status() -> ProfileStatus {
+    ProfileStatus {
+        path: None,
+        loaded: false,
+        note: "built-in rules (no profile requested)".into(),
+    }
 }
 
-fn load_tuning() -> Tuning {
+/// Checks that `p` suits this build and CPU.
+fn check(p: &Profile) -> Result<(), ProfileError> {
+    if p.version != PROFILE_VERSION {
+        return Err(ProfileError::Stale {
+            found: p.version,
+            expected: PROFILE_VERSION,
+        });
+    }
+    if p.cpu_model != cpu().model {
+        return Err(ProfileError::OtherCpu {
+            profile: p.cpu_model.clone(),
+            cpu: cpu().model.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Reads a profile file (it is not put in force: see [`use_profile`]).
+pub fn read_profile(path: &std::path::Path) -> Result<Profile, ProfileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| ProfileError::Parse {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// Puts `profile` in force for `auto` from now on (`None`: the built-in
+/// rules); `from` says where it came from, for [`profile_status`]. A profile
+/// for another CPU or build is refused and changes nothing.
+pub fn use_profile(profile: Option<Profile>, from: &str) -> Result<ProfileStatus, ProfileError> {
+    if let Some(p) = &profile {
+        check(p)?;
+    }
+    let status = match &profile {
+        Some(_) => ProfileStatus {
+            path: Some(from.to_string()),
+            loaded: true,
+            note: "calibrated profile in use".into(),
+        },
+        None => builtin_status(),
+    };
+    set(Tuning {
+        profile,
+        status: status.clone(),
+    });
+    Ok(status)
+}
+
+fn set(t: Tuning) {
+    // A poisoned lock only means a panic elsewhere mid-write of a plain
+    // value: the value is whole, so keep using it.
+    *TUNING.write().unwrap_or_else(|e| e.into_inner()) = Some(t);
+}
+
+/// Puts the profile at [`profile_path`] in force when it exists and suits
+/// this CPU; otherwise the built-in rules, with the reason in
+/// [`profile_status`]. What the CLI does.
+pub fn use_default_file() -> ProfileStatus {
+    let t = load_default_file();
+    let status = t.status.clone();
+    set(t);
+    status
+}
+
+fn load_default_file() -> Tuning {
     let path = match profile_path() {
         Ok(p) => p,
         Err(e) => {
@@ -258,22 +346,15 @@ fn load_tuning() -> Tuning {
         }
     };
     let shown = path.display().to_string();
-    let (profile, note) = match std::fs::read_to_string(&path) {
-        Err(_) => (
+    let (profile, note) = match read_profile(&path) {
+        Err(ProfileError::Read { .. }) => (
             None,
             "no profile; built-in rules (run `foliokit calibrate`)".into(),
         ),
-        Ok(text) => match serde_json::from_str::<Profile>(&text) {
-            Err(e) => (None, format!("profile unreadable ({e}); built-in rules")),
-            Ok(p) if p.version != PROFILE_VERSION => (
-                None,
-                format!("profile version {} is stale; built-in rules", p.version),
-            ),
-            Ok(p) if p.cpu_model != cpu().model => (
-                None,
-                format!("profile is for '{}'; built-in rules", p.cpu_model),
-            ),
-            Ok(p) => (Some(p), "calibrated profile in use".into()),
+        Err(e) => (None, format!("{e}; built-in rules")),
+        Ok(p) => match check(&p) {
+            Err(e) => (None, format!("{e}; built-in rules")),
+            Ok(()) => (Some(p), "calibrated profile in use".into()),
         },
     };
     Tuning {
@@ -286,16 +367,24 @@ fn load_tuning() -> Tuning {
     }
 }
 
-/// How `auto` is configured in this process.
+/// How `auto` is configured in this process now.
 pub fn profile_status() -> ProfileStatus {
-    tuning().status.clone()
+    TUNING
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map_or_else(builtin_status, |t| t.status.clone())
 }
 
-/// What the profile file holds now, read afresh and not cached: for a
-/// caller that may calibrate before `auto` is first used (the first call
-/// of [`profile_status`] or of `auto` fixes this process's tuning).
+/// What the default profile file holds now, read afresh; nothing changes.
 pub fn profile_status_on_disk() -> ProfileStatus {
-    load_tuning().status
+    load_default_file().status
+}
+
+/// The profile's measured choice for a cell, if a profile is in force.
+fn profiled<S: Strategy>(r: Regime, class: FolioClass, channels: usize) -> Option<S> {
+    let t = TUNING.read().unwrap_or_else(|e| e.into_inner());
+    t.as_ref()?.profile.as_ref()?.lookup(r, class, channels)
 }
 
 /// Writes `profile` where [`profile_path`] says. Takes effect in the next
@@ -324,10 +413,8 @@ pub fn choose_copy(shape: Shape) -> CopyStrategy {
     // Source and destination both pass through the cache.
     let r = regime(shape.total.saturating_mul(2), shape.total, shape.reuse);
     if !shape.misaligned {
-        if let Some(p) = &tuning().profile {
-            if let Some(s) = p.lookup(r, FolioClass::of(shape.folio_size), shape.channels) {
-                return s;
-            }
+        if let Some(s) = profiled(r, FolioClass::of(shape.folio_size), shape.channels) {
+            return s;
         }
     }
     builtin_copy(r, shape.misaligned)
@@ -369,10 +456,8 @@ pub fn builtin_copy(r: Regime, misaligned: bool) -> CopyStrategy {
 /// The clear strategy `auto` uses for `shape`.
 pub fn choose_clear(shape: Shape) -> ClearStrategy {
     let r = regime(shape.total, shape.total, shape.reuse);
-    if let Some(p) = &tuning().profile {
-        if let Some(s) = p.lookup(r, FolioClass::of(shape.folio_size), shape.channels) {
-            return s;
-        }
+    if let Some(s) = profiled(r, FolioClass::of(shape.folio_size), shape.channels) {
+        return s;
     }
     builtin_clear(r)
 }

@@ -1,4 +1,5 @@
-//! A channel backed by one persistent worker thread pinned to a CPU.
+//! A channel backed by one persistent worker thread, pinned as the
+//! application chose at start-up (unpinned by default).
 
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
@@ -6,6 +7,7 @@ use std::thread::JoinHandle;
 
 use super::{Channel, ChannelError, Completion, Op, Piece};
 use crate::arch::sfence;
+use crate::runtime::ChannelCpus;
 
 struct Work {
     pieces: Vec<Piece>,
@@ -25,24 +27,46 @@ pub struct CpuChannel {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Pins the calling thread to the `index`-th CPU it is allowed to run on.
-fn pin(index: usize) {
-    // SAFETY: cpu_set_t is plain data; the calls read/write only `set`.
+/// The CPU channel `index` runs on, as [`crate::runtime::ChannelCpus`]
+/// says: none, the `index`-th CPU the caller may run on, or the
+/// application's list. Read on the thread that makes the pool, so the
+/// configuration is fixed before any worker starts.
+fn target(index: usize) -> Option<usize> {
+    let cpu = match &crate::runtime::config().channel_cpus {
+        ChannelCpus::Unpinned => return None,
+        ChannelCpus::Cpus(list) if list.is_empty() => return None,
+        ChannelCpus::Cpus(list) => list[index % list.len()],
+        ChannelCpus::Spread => {
+            // SAFETY: cpu_set_t is plain data; the call writes only `set`.
+            let set = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
+                    return None;
+                }
+                set
+            };
+            let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                // SAFETY: `c` is below CPU_SETSIZE, the set's size.
+                .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+                .collect();
+            if allowed.is_empty() {
+                return None;
+            }
+            allowed[index % allowed.len()]
+        }
+    };
+    (cpu < libc::CPU_SETSIZE as usize).then_some(cpu)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; `cpu` is below CPU_SETSIZE; the
+    // call reads only `one`.
     unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
-            return;
-        }
-        let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect();
-        if allowed.is_empty() {
-            return;
-        }
         let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(allowed[index % allowed.len()], &mut one);
-        // Pinning is a performance hint: failure (e.g. in a restricted
-        // cgroup) leaves the worker unpinned, which is still correct.
+        libc::CPU_SET(cpu, &mut one);
+        // Pinning is a performance hint: failure (a CPU outside the
+        // cgroup's set) leaves the worker unpinned, which is still correct.
         let _ = libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one);
     }
 }
@@ -51,10 +75,13 @@ impl CpuChannel {
     pub fn new(index: usize) -> Self {
         let (tx, rx) = channel::<Work>();
         let name = format!("cpu{index}");
+        let cpu = target(index);
         let thread = std::thread::Builder::new()
             .name(format!("foliokit-{name}"))
             .spawn(move || {
-                pin(index);
+                if let Some(cpu) = cpu {
+                    pin(cpu);
+                }
                 while let Ok(w) = rx.recv() {
                     for p in &w.pieces {
                         // Offered pieces may be other channels' too: run

@@ -440,6 +440,16 @@ pub fn shared(n: usize) -> Result<Arc<ChannelPool>, ChannelError> {
     Ok(fresh)
 }
 
+/// Forgets the [`shared`] pools: their worker threads end once the last
+/// batch or caller holding a pool lets go of it; the next [`shared`] call
+/// starts new ones. For an application that wants no foliokit threads
+/// while it does something else (or before it exits).
+pub fn release_shared() {
+    let released: Vec<(usize, Arc<ChannelPool>)> = std::mem::take(lock_pools().pools());
+    // Dropped outside the lock: the last drop joins the workers.
+    drop(released);
+}
+
 /// Runs `f` while holding the lock of the [`shared`] pools: a test hook,
 /// for forking while another thread holds it. `f` must not call [`shared`]
 /// itself (it would wait for its own thread forever).
@@ -475,7 +485,7 @@ impl Drop for AbortOnUnwind {
 }
 
 impl ChannelPool {
-    /// `n` CPU channels, pinned round-robin to the CPUs we may run on.
+    /// `n` CPU channels, pinned as [`crate::Config::channel_cpus`] says.
     pub fn cpu(n: usize) -> Result<Self, ChannelError> {
         if n == 0 {
             return Err(ChannelError::Zero);

@@ -13,6 +13,7 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use super::arch::{fixups, Fixup};
+use super::HandlerState;
 
 /// The disposition SIGBUS had before foliokit's handler.
 #[derive(Clone, Copy)]
@@ -61,6 +62,27 @@ fn do_install() -> Result<(), i32> {
             return Err(*libc::__errno_location());
         }
         Ok(())
+    }
+}
+
+/// Asks the kernel which handler SIGBUS has now.
+pub fn state() -> HandlerState {
+    if INSTALLED.get() != Some(&Ok(())) {
+        return HandlerState::NotInstalled;
+    }
+    // SAFETY: a zeroed sigaction is a valid out-parameter; a null new
+    // action only queries.
+    let current = unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) != 0 {
+            return HandlerState::Replaced;
+        }
+        cur.sa_sigaction
+    };
+    if current == on_sigbus as *const () as usize {
+        HandlerState::Installed
+    } else {
+        HandlerState::Replaced
     }
 }
 

@@ -65,6 +65,8 @@ pub enum McError {
     NoVariant(&'static str),
     #[error("machine-check-safe copy is not available: {0}")]
     Unavailable(&'static str),
+    #[error("another SIGBUS handler replaced foliokit's: a fault would reach it instead of being reported (install yours before foliokit::init)")]
+    HandlerReplaced,
     #[error(transparent)]
     Batch(#[from] BatchError),
 }
@@ -112,9 +114,55 @@ pub fn resolve_mc(strategy: CopyStrategy, shape: Shape) -> Result<CopyStrategy, 
     })
 }
 
+/// Whether SIGBUS still reaches foliokit's handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandlerState {
+    /// Not installed (no mc copy yet, or the application refused it).
+    NotInstalled,
+    /// Installed and still SIGBUS's handler.
+    Installed,
+    /// Installed, but another handler has replaced it since: mc copies
+    /// refuse to run rather than let a fault reach that handler.
+    Replaced,
+}
+
+/// Installs the SIGBUS handler (once per process); the errno on failure.
+pub(crate) fn install_handler() -> Result<(), i32> {
+    #[cfg(target_arch = "x86_64")]
+    return handler::install();
+    #[cfg(not(target_arch = "x86_64"))]
+    Ok(())
+}
+
+/// Whether SIGBUS still reaches foliokit's handler. An application that
+/// needs its own SIGBUS handler installs it before [`crate::init`]:
+/// foliokit then passes every fault that is not its own on to it. One
+/// installed after foliokit's makes mc copies fail with
+/// [`McError::HandlerReplaced`] instead of sending their faults there.
+#[cfg(target_arch = "x86_64")]
+pub fn handler_state() -> HandlerState {
+    handler::state()
+}
+
+/// Whether SIGBUS still reaches foliokit's handler (none on this
+/// architecture).
+#[cfg(not(target_arch = "x86_64"))]
+pub fn handler_state() -> HandlerState {
+    HandlerState::NotInstalled
+}
+
 #[cfg(target_arch = "x86_64")]
 fn mc_fn(s: CopyStrategy) -> Result<McFn, McError> {
+    if !crate::runtime::config().sigbus_handler && handler::state() == HandlerState::NotInstalled {
+        return Err(McError::Unavailable(
+            "the application refused the SIGBUS handler (Config::sigbus_handler(false))",
+        ));
+    }
     handler::install().map_err(|_| McError::Unavailable("could not install the SIGBUS handler"))?;
+    if handler::state() == HandlerState::Replaced {
+        return Err(McError::HandlerReplaced);
+    }
     Ok(match s {
         CopyStrategy::Movsb => arch::mc_movsb,
         CopyStrategy::Avx2 => arch::mc_avx2,

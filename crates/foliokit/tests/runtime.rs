@@ -1,0 +1,264 @@
+//! Explicit start-up: `init` does everything foliokit does to the process,
+//! once, and after it the hot path leaves the filesystem alone. Each test
+//! runs in its own process: `init` is once per process.
+
+mod common;
+
+use common::in_child;
+use foliokit::mem::Region;
+use foliokit::tune::{Profile, ProfileError};
+use foliokit::{
+    clear_folios, copy_folios, init, ChannelCpus, ClearOptions, Config, CopyOptions, CopyStrategy,
+    InitError, ProfileChoice,
+};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_second_init_is_refused_and_changes_nothing() {
+    in_child("a_second_init_is_refused_and_changes_nothing", T, || {
+        let first = init(Config::new()).expect("first init");
+        assert!(!first.profile.loaded, "no profile was asked for");
+        let again = init(Config::new().profile(ProfileChoice::DefaultFile));
+        assert!(matches!(again, Err(InitError::AlreadyInitialized)));
+        assert!(!foliokit::tune::profile_status().loaded);
+    });
+}
+
+#[test]
+fn a_plain_copy_before_init_leaves_init_possible() {
+    in_child("a_plain_copy_before_init_leaves_init_possible", T, || {
+        let mut d = Region::new(8192, 4096).unwrap();
+        let s = Region::new(8192, 4096).unwrap();
+        copy_folios(d.as_mut_slice(), s.as_slice(), 4096, CopyOptions::default()).unwrap();
+        init(Config::new().channel_cpus(ChannelCpus::Spread))
+            .expect("nothing depended on the config yet");
+    });
+}
+
+#[test]
+fn channels_started_before_init_fix_the_defaults() {
+    in_child("channels_started_before_init_fix_the_defaults", T, || {
+        foliokit::channels::shared(1).unwrap();
+        let r = init(Config::new().channel_cpus(ChannelCpus::Spread));
+        assert!(matches!(r, Err(InitError::AlreadyInitialized)), "{r:?}");
+    });
+}
+
+#[test]
+fn a_profile_for_another_cpu_is_refused() {
+    in_child("a_profile_for_another_cpu_is_refused", T, || {
+        let p = Profile {
+            version: foliokit::tune::PROFILE_VERSION,
+            cpu_model: "a CPU that is not this one".into(),
+            choices: vec![],
+        };
+        let r = init(Config::new().profile(ProfileChoice::Given(p)));
+        assert!(
+            matches!(r, Err(InitError::Profile(ProfileError::OtherCpu { .. }))),
+            "{r:?}"
+        );
+        assert!(!foliokit::tune::profile_status().loaded);
+    });
+}
+
+#[test]
+fn a_missing_profile_file_is_an_error_when_asked_for_by_name() {
+    in_child(
+        "a_missing_profile_file_is_an_error_when_asked_for_by_name",
+        T,
+        || {
+            let r = init(
+                Config::new().profile(ProfileChoice::File("/nonexistent/profile.json".into())),
+            );
+            assert!(
+                matches!(r, Err(InitError::Profile(ProfileError::Read { .. }))),
+                "{r:?}"
+            );
+        },
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_refused_sigbus_handler_makes_mc_copies_unavailable() {
+    in_child(
+        "a_refused_sigbus_handler_makes_mc_copies_unavailable",
+        T,
+        || {
+            init(Config::new().sigbus_handler(false)).unwrap();
+            let mut d = [0u8; 64];
+            let r = foliokit::copy_mc(&mut d, &[3u8; 64], CopyStrategy::Auto);
+            assert!(matches!(r, Err(foliokit::McError::Unavailable(_))), "{r:?}");
+            assert_eq!(
+                foliokit::handler_state(),
+                foliokit::HandlerState::NotInstalled
+            );
+        },
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_handler_installed_after_foliokit_is_detected_and_mc_copies_refuse() {
+    in_child(
+        "a_handler_installed_after_foliokit_is_detected_and_mc_copies_refuse",
+        T,
+        || {
+            init(Config::new()).unwrap();
+            assert_eq!(foliokit::handler_state(), foliokit::HandlerState::Installed);
+            let mut d = [0u8; 64];
+            foliokit::copy_mc(&mut d, &[3u8; 64], CopyStrategy::Auto).unwrap();
+            extern "C" fn theirs(_: libc::c_int) {}
+            // SAFETY: installs a handler that does nothing; no SIGBUS is
+            // raised in this process after it.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = theirs as *const () as usize;
+                libc::sigemptyset(&mut sa.sa_mask);
+                assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+            }
+            assert_eq!(foliokit::handler_state(), foliokit::HandlerState::Replaced);
+            let r = foliokit::copy_mc(&mut d, &[4u8; 64], CopyStrategy::Auto);
+            assert!(
+                matches!(r, Err(foliokit::McError::HandlerReplaced)),
+                "{r:?}"
+            );
+            assert_eq!(d, [3u8; 64], "nothing was copied");
+        },
+    );
+}
+
+#[test]
+fn channels_run_on_the_cpus_the_application_chose() {
+    in_child("channels_run_on_the_cpus_the_application_chose", T, || {
+        init(Config::new().channel_cpus(ChannelCpus::Cpus(vec![0]))).unwrap();
+        let pool = foliokit::channels::shared(2).unwrap();
+        assert_eq!(pool.len(), 2);
+        // Every worker of the pool is pinned to CPU 0: read the affinity
+        // of the process's threads named foliokit-cpu*. Workers name and
+        // pin themselves as they start, so look until both have.
+        let workers = || {
+            let mut found = Vec::new();
+            for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+                let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+                if !comm.starts_with("foliokit-cpu") {
+                    continue;
+                }
+                let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+                let allowed = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|l| l.trim().to_string())
+                    .unwrap_or_default();
+                found.push((comm.trim().to_string(), allowed));
+            }
+            found
+        };
+        let start = std::time::Instant::now();
+        let mut found = workers();
+        while !(found.len() >= 2 && found.iter().all(|(_, a)| a == "0"))
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+            found = workers();
+        }
+        assert!(found.len() >= 2, "channel workers: {found:?}");
+        assert!(found.iter().all(|(_, a)| a == "0"), "{found:?}");
+        foliokit::channels::release_shared();
+    });
+}
+
+/// Installs a seccomp filter that kills the process on open/openat/stat-
+/// like calls: after `init`, copies, clears and `auto` must not need them.
+#[cfg(target_arch = "x86_64")]
+fn forbid_files() {
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_KILL_PROCESS: u32 = 0x8000_0000;
+    let nr = |n: i64| n as u32;
+    let forbidden = [
+        nr(libc::SYS_open),
+        nr(libc::SYS_openat),
+        nr(libc::SYS_openat2),
+        nr(libc::SYS_newfstatat),
+        nr(libc::SYS_statx),
+    ];
+    let mut prog: Vec<libc::sock_filter> = vec![libc::sock_filter {
+        code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+        jt: 0,
+        jf: 0,
+        k: 0, // seccomp_data.nr
+    }];
+    for (i, n) in forbidden.iter().enumerate() {
+        // Jump to the kill at the end when equal.
+        let to_kill = (forbidden.len() - i) as u8;
+        prog.push(libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: to_kill,
+            jf: 0,
+            k: *n,
+        });
+    }
+    prog.push(libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: RET_ALLOW,
+    });
+    prog.push(libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: RET_KILL_PROCESS,
+    });
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: no_new_privs then a filter program that lives until the call
+    // returns (the kernel copies it).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &fprog as *const libc::sock_fprog
+            ),
+            0
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn after_init_the_hot_path_opens_no_file() {
+    in_child("after_init_the_hot_path_opens_no_file", T, || {
+        init(Config::new().start_channels(2)).unwrap();
+        // Everything the operations below allocate is allocated first.
+        let mut src_region = Region::new(8 << 20, 2 << 20).unwrap();
+        let mut dst_region = Region::new(8 << 20, 2 << 20).unwrap();
+        let src = src_region.as_mut_slice();
+        let dst = dst_region.as_mut_slice();
+        src.fill(7);
+        forbid_files();
+        for strategy in [CopyStrategy::Auto, CopyStrategy::Nt, CopyStrategy::Libc] {
+            let o = CopyOptions {
+                strategy,
+                ..Default::default()
+            };
+            copy_folios(dst, src, 2 << 20, o).unwrap();
+        }
+        foliokit::copy_mc(&mut dst[..4096], &src[..4096], CopyStrategy::Auto).unwrap();
+        clear_folios(src, 2 << 20, ClearOptions::default()).unwrap();
+        let pool = foliokit::channels::shared(2).unwrap();
+        let f = CopyStrategy::Movsb.function().unwrap();
+        let dsts: Vec<*mut u8> = dst.chunks_mut(2 << 20).map(|c| c.as_mut_ptr()).collect();
+        let srcs: Vec<*const u8> = src.chunks(2 << 20).map(|c| c.as_ptr()).collect();
+        // SAFETY: each pair is a disjoint 2 MiB folio of our own buffers.
+        unsafe { pool.copy_folios(&dsts, &srcs, 2 << 20, f) }.unwrap();
+        assert!(dst.iter().all(|&b| b == 0));
+        println!("after_init_the_hot_path_opens_no_file: copy, copy_mc, clear and channels ran under a filter that kills open/openat/stat");
+    });
+}
