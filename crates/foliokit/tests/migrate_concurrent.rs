@@ -446,7 +446,11 @@ fn dontneed_and_rewrite(path: Path) {
     let counters = || (0..pages).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
     let (floor, begun, done) = (counters(), counters(), counters());
     let stop = AtomicBool::new(false);
+    // Progress of both sides: migration goes on until each has done some
+    // work (under emulation a thread can start late), within a bound.
+    let (zapped, checked) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let (floor, begun, done, stop) = (&floor, &begun, &done, &stop);
+    let (zapped, checked) = (&zapped, &checked);
     let (expect, zaps, reads, tally) = thread::scope(|s| {
         let mutator = s.spawn(move || {
             let _g = StopOnPanic(stop);
@@ -481,6 +485,7 @@ fn dontneed_and_rewrite(path: Path) {
                     }
                 }
                 zaps += 1;
+                zapped.fetch_add(1, Relaxed);
                 thread::sleep(Duration::from_micros(200));
             }
             (expect, zaps)
@@ -526,10 +531,15 @@ fn dontneed_and_rewrite(path: Path) {
                     clean[i] = None;
                 }
                 reads += 1;
+                checked.fetch_add(1, Relaxed);
             }
             reads
         });
-        let tally = migrate_while(base, len, path, stop, || false);
+        let t0 = Instant::now();
+        let tally = migrate_while(base, len, path, stop, || {
+            (zapped.load(Relaxed) < 16 || checked.load(Relaxed) < 1024)
+                && t0.elapsed() < Duration::from_secs(120)
+        });
         let (expect, zaps) = mutator.join().expect("mutator");
         let reads = reader.join().expect("reader");
         (expect, zaps, reads, tally)
