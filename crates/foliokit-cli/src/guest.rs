@@ -188,6 +188,10 @@ pub fn run(g: &GuestArgs, writable: &Path) -> Result<(), CliError> {
         let script = script(&exe, &cwd, &guest_args(&argv), &info, &started)?;
         let script_path = writable.join(".guest-run.sh");
         std::fs::write(&script_path, script)
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&script_path, std::fs::Permissions::from_mode(0o755))
+            })
             .map_err(|e| format!("{}: {e}", script_path.display()))?;
         println!(
             "# booting {} in a guest: {} node(s) {}, {} CPUs, {}, {}",
@@ -226,7 +230,7 @@ pub fn run(g: &GuestArgs, writable: &Path) -> Result<(), CliError> {
             accel = Accel::Tcg;
             continue;
         }
-        return Err("the guest did not start (see vng's output above); the kernel needs 9p and virtio built in or its modules under /lib/modules".into());
+        return Err("the guest did not reach the command (vng's output is above); a kernel needs 9p and virtio built in, or its modules under /lib/modules/<version>".into());
     }
 }
 

@@ -650,28 +650,43 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         }
     }
     pb.finish_and_clear();
-    report.footer.push("table 1: speedup over the one-thread per-page baseline (relocation, moves out and in included) at the same folio size".into());
-    report.footer.push("table 2: speedup over the smallest batch with the same channels; first folio = until its first pages are moved back in".into());
-    if clamped && a.tables.contains(&2) {
-        report.footer.push(format!(
-            "table 2: batch sizes above {run_pages} pages (the whole run of {}) were measured once, as {run_pages}",
-            show_size(a.size)
+    let has = |t: u8| a.tables.contains(&t);
+    let mut footer: Vec<String> = Vec::new();
+    if has(1) {
+        footer.push("table 1: speedup over the one-thread per-page baseline (relocation, moves out and in included) at the same folio size".into());
+    }
+    if has(2) {
+        footer.push("table 2: speedup over the smallest batch with the same channels; first folio = until its first pages are moved back in".into());
+        if clamped {
+            footer.push(format!(
+                "table 2: batch sizes above {run_pages} pages (the whole run of {}) were measured once, as {run_pages}",
+                show_size(a.size)
+            ));
+        }
+    }
+    if has(3) {
+        footer.push("table 3: speedup of relocation over move_pages in the same direction with the same channels; moved = pages that changed node per run, placement checked on a sample".into());
+    }
+    if has(1) || has(3) {
+        footer.push(format!(
+            "tables 1 and 3 use batches of {} pages (--table-batch); kernel = move_pages from N threads",
+            a.table_batch
         ));
     }
-    report.footer.push(format!(
-        "tables 1 and 3 use batches of {} pages (--table-batch); kernel = move_pages from N threads",
-        a.table_batch
-    ));
-    report.footer.push("table 3: speedup of relocation over move_pages in the same direction with the same channels; moved = pages that changed node per run, placement checked on a sample".into());
-    report.footer.push("before every run the source is put on the direction's first node with move_pages, outside the timing".into());
-    report.footer.push(
-        "seed 000 (Zen 5, 2 sockets + CXL): move_pages of 1G of 2M mTHP, DRAM0 -> DRAM1 7.20 -> 8.01 GB/s (1.11x), DRAM0 -> CXL 11.12 -> 13.07 (1.18x) with one bulk folio copy"
-            .into(),
-    );
-    report.footer.push(
-        "seed 001 (Zen 3, 2 sockets, PTDMA): 1G of 2M folios 11.02 GB/s baseline -> 12.65 (1 DMA ch) .. 65.23 (16 ch); batch 512 pages: 160 µs first folio"
-            .into(),
-    );
+    footer.push("before every run the source is put on the direction's first node with move_pages, outside the timing".into());
+    if has(3) {
+        footer.push(
+            "seed 000 (Zen 5, 2 sockets + CXL): move_pages of 1G of 2M mTHP, DRAM0 -> DRAM1 7.20 -> 8.01 GB/s (1.11x), DRAM0 -> CXL 11.12 -> 13.07 (1.18x) with one bulk folio copy"
+                .into(),
+        );
+    }
+    if has(1) || has(2) {
+        footer.push(
+            "seed 001 (Zen 3, 2 sockets, PTDMA): 1G of 2M folios 11.02 GB/s baseline -> 12.65 (1 DMA ch) .. 65.23 (16 ch); batch 512 pages: 160 µs first folio"
+                .into(),
+        );
+    }
+    report.footer.extend(footer);
     Ok(Some(report))
 }
 
