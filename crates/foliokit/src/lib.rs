@@ -56,7 +56,7 @@ pub mod sys;
 pub mod tune;
 
 pub use batch::{BatchError, BatchReport, Reuse};
-pub use clear::{clear, clear_folios, clear_folios_raw, ClearOptions, ClearStrategy};
-pub use copy::{copy, copy_folios, copy_folios_raw, CopyOptions, CopyStrategy};
-pub use mc::{copy_folios_mc, copy_mc, McError, McFault, McReport};
+pub use clear::{clear, clear_folios, clear_folios_raw, clear_raw, ClearOptions, ClearStrategy};
+pub use copy::{copy, copy_folios, copy_folios_raw, copy_raw, CopyOptions, CopyStrategy};
+pub use mc::{copy_folios_mc, copy_mc, copy_mc_raw, McError, McFault, McReport};
 pub use strategy::{Strategy, StrategyError};
