@@ -476,3 +476,36 @@ fn migrate_a_guest_range_to_node_0() {
     let e = migrate_range(&mem, GuestAddress(B), B_LEN, 4095, &opts).unwrap_err();
     assert!(matches!(e, Error::Migrate { .. }), "{e}");
 }
+
+/// A file cut in the middle of a page: the bytes before the cut are
+/// restored, the rest of that page and everything after are reported,
+/// byte-exact (the page's readable tail would read as zeros, not data).
+#[test]
+fn a_snapshot_cut_mid_page_loses_exactly_the_bytes_past_the_cut() {
+    let mem = vm();
+    fill(&mem, 7);
+    let mut image = Vec::new();
+    snapshot(&mem, &mut image).unwrap();
+    let data_end = (PAGE + A_LEN + B_LEN) as usize;
+    let cut = data_end - 2 * PAGE as usize - 100;
+    let fresh = poisoned_canvas();
+    let r = restore_from_bytes(&fresh, &image[..cut]).expect("restore");
+    let lost_from = B + B_LEN - 2 * PAGE - 100;
+    assert_eq!(
+        r.bad,
+        vec![BadRange {
+            addr: GuestAddress(lost_from),
+            len: 2 * PAGE + 100,
+            kind: FaultKind::Vanished
+        }]
+    );
+    let got = read(&fresh, B, B_LEN);
+    let want = read(&mem, B, B_LEN);
+    let k = (lost_from - B) as usize;
+    assert!(got[..k] == want[..k]);
+    assert!(got[k..].iter().all(|&b| b == 0xEE));
+    // The partly restored page is dirty (bitmaps are page-granular); the
+    // two lost whole pages are not.
+    let dirty = dirty_pages(&fresh, B + B_LEN - 3 * PAGE, 3 * PAGE);
+    assert_eq!(dirty, vec![B + B_LEN - 3 * PAGE]);
+}
