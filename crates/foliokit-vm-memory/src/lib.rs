@@ -135,9 +135,10 @@ pub enum Error {
     /// through the `unsafe` [`migrate_range_with`].
     #[error("migrate_range takes the kernel path only; relocation is opt-in through the unsafe migrate_range_with")]
     RelocationNeedsUnsafe,
-    /// The machine-check-safe copy cannot run here (no mc routines for this
-    /// architecture, or the SIGBUS handler could not be installed).
-    #[error("poison-safe copy unavailable: {0}")]
+    /// The machine-check-safe copy could not run: no mc routines for this
+    /// architecture, the SIGBUS handler could not be installed, or (for
+    /// [`restore_raw`]) an image overlapping guest RAM.
+    #[error("poison-safe copy could not run: {0}")]
     Copy(foliokit::McError),
     /// Reading or writing the snapshot failed.
     #[error("{what}: {source}")]
