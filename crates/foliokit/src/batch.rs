@@ -148,6 +148,23 @@ pub(crate) fn check_addrs(
     Ok(())
 }
 
+/// Checks one byte-granular copy (the raw single-range entry points): the
+/// ranges must not wrap around the address space or overlap each other.
+pub(crate) fn check_raw_pair(dst: usize, src: usize, len: usize) -> Result<(), BatchError> {
+    for addr in [dst, src] {
+        if addr.checked_add(len).is_none() {
+            return Err(BatchError::Wraps { addr, len });
+        }
+    }
+    if len > 0 && dst < src + len && src < dst + len {
+        return Err(BatchError::Overlap {
+            index: 0,
+            other: "the source".to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Rejects a batch where any destination folio overlaps another destination
 /// or any source folio. Sources may overlap each other (reading twice is
 /// harmless). O(n log n).

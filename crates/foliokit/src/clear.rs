@@ -210,11 +210,42 @@ unsafe fn libc_memset(dst: *mut u8, len: usize) {
 /// Zeroes `dst` (any length and alignment) with `strategy`; `butterfly`
 /// converges on page 0. Returns the concrete strategy that ran.
 pub fn clear(dst: &mut [u8], strategy: ClearStrategy) -> Result<&'static str, BatchError> {
-    let s = strategy.resolve(Shape::single(dst.as_ptr() as usize, dst.len()));
+    // SAFETY: the slice is valid for writes of its length and this call
+    // holds the only reference to it.
+    unsafe { clear_raw(dst.as_mut_ptr(), dst.len(), strategy) }
+}
+
+/// Zeroes `len` bytes at `dst` with `strategy`: any length, any alignment,
+/// no references formed; `butterfly` converges on page 0. Returns the
+/// concrete strategy that ran. A range that wraps around the address space
+/// is refused with [`BatchError::Wraps`] before anything is written.
+///
+/// # Safety
+/// - `dst` must be valid for writes of `len` bytes (mapped writable, and
+///   not faulting) for the whole call. With `len == 0` nothing is accessed
+///   and the pointer may be dangling.
+/// - No `&` or `&mut` covering the range may be in use meanwhile.
+/// - Other threads (or vCPUs, or devices) may read or write the range
+///   concurrently through raw pointers, volatile or atomic accesses, or
+///   outside Rust: each byte then ends as zero or as what they stored
+///   after this call's store. On x86_64 every strategy is inline assembly
+///   or the platform `memset`; the portable fallback elsewhere uses
+///   `core::ptr::write_bytes`, whose concurrent accessors are formally a
+///   data race.
+pub unsafe fn clear_raw(
+    dst: *mut u8,
+    len: usize,
+    strategy: ClearStrategy,
+) -> Result<&'static str, BatchError> {
+    let addr = dst as usize;
+    if addr.checked_add(len).is_none() {
+        return Err(BatchError::Wraps { addr, len });
+    }
+    let s = strategy.resolve(Shape::single(addr, len));
     let c = s.dispatch()?;
-    // SAFETY: the slice is valid for writes of its length; hint 0 is always
-    // a valid page index (an empty range clears no page).
-    unsafe { apply(c, dst.as_mut_ptr(), dst.len(), 0) };
+    // SAFETY: validity is the caller's contract; hint 0 is always a valid
+    // page index (an empty range clears no page).
+    unsafe { apply(c, dst, len, 0) };
     Ok(s.name())
 }
 

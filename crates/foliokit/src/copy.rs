@@ -159,11 +159,50 @@ pub fn copy(
             src: src.len(),
         });
     }
-    let s = strategy.resolve(Shape::single(dst.as_ptr() as usize, dst.len()));
-    let f = s.function()?;
     // SAFETY: the slices are valid for their (equal) lengths, and a `&mut`
-    // and a `&` slice cannot overlap.
-    unsafe { f(dst.as_mut_ptr(), src.as_ptr(), dst.len()) };
+    // and a `&` slice cannot overlap; this call holds the only references.
+    unsafe { copy_raw(dst.as_mut_ptr(), src.as_ptr(), dst.len(), strategy) }
+}
+
+/// Copies `len` bytes from `src` to `dst` with `strategy`: any length, any
+/// alignment, no references formed. Returns the concrete strategy that ran.
+///
+/// This is the entry point for memory a `&[u8]` cannot soundly describe,
+/// such as guest RAM that vCPUs write while it is copied. Ranges that
+/// overlap or wrap around the address space are refused with
+/// [`BatchError::Overlap`] / [`BatchError::Wraps`] before anything is
+/// written.
+///
+/// # Safety
+/// - `src` must be valid for reads and `dst` valid for writes of `len`
+///   bytes (mapped, with those permissions) for the whole call; neither
+///   range may raise a fault (for a source that may raise SIGBUS, use
+///   [`crate::mc::copy_mc_raw`]). With `len == 0` nothing is accessed and
+///   the pointers may be dangling.
+/// - No Rust reference this call would invalidate may be in use meanwhile:
+///   no `&mut` covering either range, no `&` covering `dst`.
+/// - Other threads (or vCPUs, or devices) may write `src` and read or write
+///   `dst` concurrently, through raw pointers, volatile or atomic accesses,
+///   or outside Rust. The bytes copied are then some interleaving of the
+///   old and new values (each byte is one or the other; nothing wider is
+///   guaranteed to be read or written at once), and `dst` holds what this
+///   call or the other writer stored last. On x86_64 every strategy is
+///   inline assembly or the platform `memcpy`, which the compiler cannot
+///   see into; the portable fallback on other architectures copies with
+///   `core::ptr::copy_nonoverlapping`, whose concurrent writers are, as
+///   with volatile copies, formally a data race.
+pub unsafe fn copy_raw(
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+    strategy: CopyStrategy,
+) -> Result<&'static str, BatchError> {
+    batch::check_raw_pair(dst as usize, src as usize, len)?;
+    let s = strategy.resolve(Shape::single(dst as usize, len));
+    let f = s.function()?;
+    // SAFETY: validity and the concurrency rules are the caller's contract;
+    // the ranges were checked to be disjoint and not to wrap.
+    unsafe { f(dst, src, len) };
     Ok(s.name())
 }
 

@@ -57,8 +57,10 @@ pub mod sys;
 pub mod tune;
 
 pub use batch::{BatchError, BatchReport, Reuse};
-pub use clear::{clear, clear_folios, clear_folios_raw, ClearOptions, ClearStrategy};
-pub use copy::{copy, copy_folios, copy_folios_raw, CopyOptions, CopyStrategy};
-pub use mc::{copy_folios_mc, copy_mc, handler_state, HandlerState, McError, McFault, McReport};
+pub use clear::{clear, clear_folios, clear_folios_raw, clear_raw, ClearOptions, ClearStrategy};
+pub use copy::{copy, copy_folios, copy_folios_raw, copy_raw, CopyOptions, CopyStrategy};
+pub use mc::{
+    copy_folios_mc, copy_mc, copy_mc_raw, handler_state, HandlerState, McError, McFault, McReport,
+};
 pub use runtime::{init, ChannelCpus, Config, InitError, ProfileChoice};
 pub use strategy::{Strategy, StrategyError};

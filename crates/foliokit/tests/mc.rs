@@ -6,7 +6,7 @@
 mod common;
 
 use common::{pattern, TruncatedFile};
-use foliokit::mc::{copy_folios_mc, copy_mc, FaultKind, McError, McFault};
+use foliokit::mc::{copy_folios_mc, copy_mc, copy_mc_raw, FaultKind, McError, McFault};
 use foliokit::mem::Region;
 use foliokit::{CopyOptions, CopyStrategy, Reuse, Strategy};
 
@@ -189,4 +189,75 @@ fn strategies_without_an_mc_variant_are_refused() {
         assert_eq!(copy_mc(&mut d, &s, st), Err(McError::NoVariant(st.name())));
     }
     assert_eq!(d, [0u8; 64]);
+}
+
+/// `copy_mc_raw` over a page that SIGBUSes, at odd source and destination
+/// alignments and lengths: exactly the bytes before the vanished page land,
+/// nothing after them is written, and the fault names the page and address.
+#[test]
+fn raw_mc_copy_over_a_vanished_page_at_odd_alignments() {
+    use common::{Guarded, Place, CANARY};
+    let want = pattern(4 * PAGE, 41);
+    for s in mc_strategies() {
+        let name = s.name();
+        let file = TruncatedFile::new(4 * PAGE, 41, None);
+        file.truncate(3 * PAGE); // page 3 vanishes
+        let b = 3 * PAGE;
+        for (before, len, doff) in [
+            (1, 2, 1),
+            (3, 4097, 7),
+            (129, 130, 63),
+            (PAGE + 5, PAGE + 6 + 999, 33),
+            (2 * PAGE + 17, 2 * PAGE + 17 + PAGE, 0),
+        ] {
+            let mut dst = Guarded::new(len, Place::Start(doff));
+            dst.buf().fill(CANARY);
+            let src = file.as_ptr().wrapping_add(b - before);
+            let d = dst.buf().as_mut_ptr();
+            // SAFETY: `src` is a live read-only file mapping for these bytes
+            // (the vanished page raises SIGBUS, which is reported); `d` is a
+            // writable buffer of `len` bytes, disjoint from it.
+            let r = unsafe { copy_mc_raw(d, src, len, s) };
+            let f = fault(r.unwrap_err());
+            let ctx = format!("{name} before {before} len {len} doff {doff}");
+            assert_eq!(f.not_copied, len - before, "{ctx}");
+            assert_eq!(f.kind, FaultKind::Vanished, "{ctx}");
+            assert_eq!(f.addr, file.as_ptr() as usize + b, "{ctx}");
+            assert_eq!(
+                f.bad_page,
+                (src as usize + before) / PAGE - src as usize / PAGE,
+                "{ctx}"
+            );
+            assert!(dst.buf()[..before] == want[b - before..b], "{ctx}: prefix");
+            assert!(
+                dst.buf()[before..].iter().all(|&x| x == CANARY),
+                "{ctx}: wrote past the fault"
+            );
+            dst.assert_canaries(&ctx);
+        }
+    }
+}
+
+#[test]
+fn raw_mc_copies_match_the_reference_and_refuse_overlap() {
+    for s in mc_strategies() {
+        common::sweep_copy(&format!("mc raw {}", s.name()), &|d, src| {
+            // SAFETY: both slices are valid for their equal lengths and
+            // disjoint; neither faults.
+            unsafe { copy_mc_raw(d.as_mut_ptr(), src.as_ptr(), d.len(), s) }.expect("mc copy");
+        });
+        let mut buf = pattern(300, 2);
+        let want = buf.clone();
+        let p = buf.as_mut_ptr();
+        // SAFETY: both ranges are inside `buf`; refused before any access.
+        let r = unsafe { copy_mc_raw(p.add(1), p, 200, s) };
+        assert!(
+            matches!(r, Err(McError::Batch(foliokit::BatchError::Overlap { .. }))),
+            "{r:?}"
+        );
+        assert_eq!(buf, want);
+        let dangling = std::ptr::NonNull::<u8>::dangling().as_ptr();
+        // SAFETY: len 0: nothing is accessed.
+        unsafe { copy_mc_raw(dangling, dangling, 0, s) }.expect("empty mc copy");
+    }
 }

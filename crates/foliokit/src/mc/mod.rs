@@ -223,10 +223,55 @@ pub fn copy_mc(
         }
         .into());
     }
-    let s = resolve_mc(strategy, Shape::single(dst.as_ptr() as usize, dst.len()))?;
+    // SAFETY: the slices are valid for their equal lengths and disjoint,
+    // and this call holds the only references to them.
+    unsafe { copy_mc_raw(dst.as_mut_ptr(), src.as_ptr(), dst.len(), strategy) }
+}
+
+/// Copies `len` bytes from `src` to `dst` (any length and alignment, no
+/// references formed), surviving source pages that raise SIGBUS. Returns
+/// the mc strategy that ran, or [`McError::Fault`] with where it stopped:
+/// the `len - not_copied` destination bytes before the fault hold the
+/// source's bytes, the rest of `dst` is untouched.
+///
+/// This is `copy_mc` for memory a `&[u8]` cannot describe: a `&[u8]`
+/// promises its bytes are readable, which is exactly what a poisoned or
+/// truncated source breaks, and guest RAM that vCPUs write meanwhile is
+/// not immutable. Ranges that overlap or wrap around the address space
+/// are refused (as [`McError::Batch`]) before anything is written.
+///
+/// # Safety
+/// - `src` must be mapped readable for `len` bytes for the whole call. Its
+///   pages may raise SIGBUS — hardware poison (`BUS_MCEERR_AR`, reported as
+///   [`FaultKind::Poison`]) or a file mapping whose file was truncated
+///   under it (`BUS_ADRERR`, [`FaultKind::Vanished`]) — and that is
+///   reported, not fatal. Any other fault (SIGSEGV: unmapped or
+///   `PROT_NONE` pages) is not caught and kills the process as usual.
+/// - `dst` must be valid for writes of `len` bytes and must not fault: a
+///   SIGBUS while writing it would be misreported as a source fault.
+/// - With `len == 0` nothing is accessed and the pointers may be dangling.
+/// - No `&mut` covering either range and no `&` covering `dst` may be in
+///   use meanwhile.
+/// - Other threads (or vCPUs, or devices) may write `src` and read or
+///   write `dst` concurrently through raw pointers, volatile or atomic
+///   accesses, or outside Rust: every mc routine is assembly the compiler
+///   cannot see into, so the bytes copied are then some interleaving of
+///   old and new values (each byte one or the other), not undefined
+///   behaviour.
+pub unsafe fn copy_mc_raw(
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+    strategy: CopyStrategy,
+) -> Result<&'static str, McError> {
+    batch::check_raw_pair(dst as usize, src as usize, len)?;
+    let s = resolve_mc(strategy, Shape::single(dst as usize, len))?;
     let f = mc_fn(s)?;
-    // SAFETY: the slices are valid for their equal lengths and disjoint.
-    unsafe { run_one(f, dst.as_mut_ptr(), src.as_ptr(), dst.len()) }.map_err(McError::Fault)?;
+    // SAFETY: validity and the concurrency rules are the caller's
+    // contract; the ranges were checked to be disjoint and not to wrap; a
+    // SIGBUS reading `src` is turned into a short copy by the handler
+    // mc_fn installed.
+    unsafe { run_one(f, dst, src, len) }.map_err(McError::Fault)?;
     Ok(s.name())
 }
 

@@ -1,0 +1,629 @@
+//! Snapshot and restore of guest RAM with machine-check-safe copies.
+//!
+//! File format (little-endian `u64` fields), every part page-aligned so
+//! that snapshot pages map onto guest pages and a lost file page is exactly
+//! one lost guest page:
+//!
+//! ```text
+//! 0        "FKVMSNAP", version (1), page size P, region count N
+//! 32       N x (guest address, length, file offset)      padded to P
+//! ...      each region's bytes at its file offset        padded to P
+//! end      "FKVMBAD\0", count M, M x (guest address, length, kind)
+//! ```
+//!
+//! The trailer lists the guest ranges that could not be read while saving
+//! (their bytes in the file are zeros); restore leaves them unwritten and
+//! reports them. A snapshot cut short loses its trailer, which the restore
+//! report says.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::Instant;
+
+use foliokit::{CopyStrategy, McError};
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::{io_err, pieces, push_bad, region_host, BadRange, Error, FaultKind, Result};
+
+const MAGIC: &[u8; 8] = b"FKVMSNAP";
+const TRAILER_MAGIC: &[u8; 8] = b"FKVMBAD\0";
+const VERSION: u64 = 1;
+const HEADER_FIXED: u64 = 32;
+const ENTRY: u64 = 24;
+/// Bytes copied out of guest RAM per `write` call.
+const CHUNK: usize = 1 << 20;
+/// More regions than this is not a header we wrote (vm-memory VMs have a
+/// handful; KVM allows 32k memory slots).
+const MAX_REGIONS: u64 = 1 << 16;
+/// Likewise for bad ranges in the trailer.
+const MAX_BAD: u64 = 1 << 24;
+
+/// What [`snapshot`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotReport {
+    /// Bytes written to the output, header and trailer included.
+    pub bytes_written: u64,
+    /// Guest bytes saved (the sum of the region lengths).
+    pub guest_bytes: u64,
+    /// Guest ranges that raised SIGBUS while read; saved as zeros and
+    /// listed in the snapshot's trailer.
+    pub bad: Vec<BadRange>,
+    /// The machine-check-safe copy strategy that ran last.
+    pub strategy: &'static str,
+    /// Wall time, in seconds.
+    pub secs: f64,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestoreReport {
+    /// Guest bytes written (and marked dirty).
+    pub restored: u64,
+    /// Guest ranges whose snapshot bytes could not be read now: pages past
+    /// the end of a truncated snapshot ([`FaultKind::Vanished`]) or
+    /// poisoned pages of it ([`FaultKind::Poison`]). Left as they were,
+    /// not marked dirty.
+    pub bad: Vec<BadRange>,
+    /// Guest ranges the snapshot recorded as unreadable when it was saved.
+    /// Left as they were, not marked dirty.
+    pub bad_at_save: Vec<BadRange>,
+    /// The snapshot's trailer (the list of ranges bad at save) could not be
+    /// read, so `bad_at_save` may be incomplete; its ranges, if any, were
+    /// saved as zeros and restored as such.
+    pub trailer_missing: bool,
+    /// Wall time, in seconds.
+    pub secs: f64,
+}
+
+/// Where each region lies in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Layout {
+    page: u64,
+    /// (guest address, length, file offset)
+    regions: Vec<(u64, u64, u64)>,
+    /// Offset of the trailer (the end of the last region's padded data).
+    data_end: u64,
+}
+
+fn round_up(x: u64, page: u64) -> Option<u64> {
+    x.checked_add(page - 1).map(|v| v / page * page)
+}
+
+impl Layout {
+    /// Places `(guest address, length)` regions after the header.
+    fn new(page: u64, regions: &[(u64, u64)]) -> Option<Layout> {
+        let table = (regions.len() as u64).checked_mul(ENTRY)?;
+        let mut at = round_up(HEADER_FIXED.checked_add(table)?, page)?;
+        let mut out = Vec::with_capacity(regions.len());
+        for &(g, l) in regions {
+            out.push((g, l, at));
+            at = round_up(at.checked_add(l)?, page)?;
+        }
+        Some(Layout {
+            page,
+            regions: out,
+            data_end: at,
+        })
+    }
+
+    fn header(&self) -> Vec<u8> {
+        let mut h = Vec::with_capacity(self.regions[..].len() * ENTRY as usize + 32);
+        h.extend_from_slice(MAGIC);
+        for v in [VERSION, self.page, self.regions.len() as u64] {
+            h.extend_from_slice(&v.to_le_bytes());
+        }
+        for &(g, l, o) in &self.regions {
+            for v in [g, l, o] {
+                h.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let first = self.regions.first().map_or(self.data_end, |r| r.2);
+        h.resize(first as usize, 0);
+        h
+    }
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[i * 8..i * 8 + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn bad_format(why: impl Into<String>) -> Error {
+    Error::Format(why.into())
+}
+
+fn kind_code(k: FaultKind) -> u64 {
+    match k {
+        FaultKind::Poison => 1,
+        FaultKind::Vanished => 2,
+        FaultKind::Other(c) => 3 | (u64::from(c as u32) << 32),
+    }
+}
+
+fn kind_from(code: u64) -> Option<FaultKind> {
+    match code & 0xffff_ffff {
+        1 => Some(FaultKind::Poison),
+        2 => Some(FaultKind::Vanished),
+        3 => Some(FaultKind::Other((code >> 32) as u32 as i32)),
+        _ => None,
+    }
+}
+
+/// Turns an mc error that is not a fault into this crate's error.
+fn mc_unavailable(e: McError) -> Error {
+    Error::Copy(e)
+}
+
+/// Writes every region of `mem` to `out` as a snapshot (format in the
+/// module docs), reading guest RAM with machine-check-safe copies.
+///
+/// A guest page that raises SIGBUS while it is read (hardware poison, a
+/// memory file truncated under the VMM) is saved as zeros, listed in the
+/// snapshot's trailer and in the report; the rest is saved. Pause the vCPUs
+/// first for a consistent image: running vCPUs are allowed (no undefined
+/// behaviour, no reference is formed over guest RAM), but the bytes saved
+/// are then some interleaving of old and new values. Output errors stop the
+/// snapshot with [`Error::Io`].
+pub fn snapshot<B: Bitmap, W: Write + ?Sized>(
+    mem: &GuestMemoryMmap<B>,
+    out: &mut W,
+) -> Result<SnapshotReport> {
+    let t0 = Instant::now();
+    let page = foliokit::batch::page_size();
+    let regions: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
+    let layout = Layout::new(page as u64, &regions)
+        .ok_or_else(|| bad_format("guest memory too large to describe"))?;
+    let header = layout.header();
+    out.write_all(&header)
+        .map_err(io_err("writing the snapshot header"))?;
+    let mut written = header.len() as u64;
+    let mut bad = Vec::new();
+    let mut strategy = "none";
+    let mut buf = vec![0u8; CHUNK];
+    for (region, &(g, l, _)) in mem.iter().zip(&layout.regions) {
+        let host = region_host(region);
+        let len = l as usize;
+        let mut pos = 0;
+        while pos < len {
+            let n = CHUNK.min(len - pos);
+            let chunk = host.wrapping_add(pos);
+            let mut k = 0;
+            while k < n {
+                // SAFETY: `chunk + k .. chunk + n` lies inside the region's
+                // live host mapping (borrowed through `mem`), read only with
+                // the mc routine, which reports a SIGBUS instead of dying
+                // and tolerates concurrent vCPU writes; `buf` is our own
+                // buffer of CHUNK >= n bytes, disjoint from guest RAM.
+                let r = unsafe {
+                    foliokit::copy_mc_raw(
+                        buf.as_mut_ptr().add(k),
+                        chunk.wrapping_add(k),
+                        n - k,
+                        CopyStrategy::Auto,
+                    )
+                };
+                match r {
+                    Ok(s) => {
+                        strategy = s;
+                        k = n;
+                    }
+                    Err(McError::Fault(f)) => {
+                        let stop = n - f.not_copied;
+                        let fault_addr = chunk as usize + stop;
+                        let next = (fault_addr / page + 1) * page;
+                        let end = (next - chunk as usize).min(n);
+                        buf[stop..end].fill(0);
+                        push_bad(
+                            &mut bad,
+                            g + (pos + stop) as u64,
+                            (end - stop) as u64,
+                            f.kind,
+                        );
+                        k = end;
+                    }
+                    Err(e) => return Err(mc_unavailable(e)),
+                }
+            }
+            out.write_all(&buf[..n])
+                .map_err(io_err("writing the snapshot"))?;
+            written += n as u64;
+            pos += n;
+        }
+        let pad = (round_up(l, page as u64).unwrap_or(l) - l) as usize;
+        out.write_all(&vec![0u8; pad])
+            .map_err(io_err("writing the snapshot"))?;
+        written += pad as u64;
+    }
+    let mut trailer = Vec::with_capacity(16 + bad.len() * 24);
+    trailer.extend_from_slice(TRAILER_MAGIC);
+    trailer.extend_from_slice(&(bad.len() as u64).to_le_bytes());
+    for b in &bad {
+        for v in [b.addr.0, b.len, kind_code(b.kind)] {
+            trailer.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out.write_all(&trailer)
+        .map_err(io_err("writing the snapshot trailer"))?;
+    out.flush().map_err(io_err("flushing the snapshot"))?;
+    written += trailer.len() as u64;
+    Ok(SnapshotReport {
+        bytes_written: written,
+        guest_bytes: regions.iter().map(|r| r.1).sum(),
+        bad,
+        strategy,
+        secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// [`snapshot`] into a new file at `path` (created or truncated), synced to
+/// disk before returning.
+pub fn snapshot_to_file<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    path: impl AsRef<Path>,
+) -> Result<SnapshotReport> {
+    let file = File::create(path).map_err(io_err("creating the snapshot file"))?;
+    let mut w = std::io::BufWriter::with_capacity(CHUNK, &file);
+    let r = snapshot(mem, &mut w)?;
+    drop(w);
+    file.sync_all()
+        .map_err(io_err("syncing the snapshot file"))?;
+    Ok(r)
+}
+
+/// A snapshot image in memory: mapped at `ptr` for `mapped` bytes, of
+/// which the first `known_end` are known to exist.
+struct Image<'f> {
+    ptr: *const u8,
+    mapped: u64,
+    known_end: u64,
+    /// The file behind the mapping, asked for its size again when a page
+    /// vanishes (a truncation then explains every later page at once).
+    file: Option<&'f File>,
+}
+
+impl Image<'_> {
+    /// Reads `buf.len()` bytes at `off` with an mc copy; `Ok(false)` if any
+    /// of them is past the known end or faults.
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<bool> {
+        let end = off.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > self.known_end.min(self.mapped)) {
+            return Ok(false);
+        }
+        // SAFETY: [off, off + len) is inside the mapped image (the
+        // constructor's contract), read with the mc routine, which reports
+        // a SIGBUS; `buf` is ours and disjoint from the image.
+        let r = unsafe {
+            foliokit::copy_mc_raw(
+                buf.as_mut_ptr(),
+                self.ptr.wrapping_add(off as usize),
+                buf.len(),
+                CopyStrategy::Movsb,
+            )
+        };
+        match r {
+            Ok(_) => Ok(true),
+            Err(McError::Fault(_)) => Ok(false),
+            Err(e) => Err(mc_unavailable(e)),
+        }
+    }
+
+    fn refresh_end(&mut self) {
+        if let Some(f) = self.file {
+            if let Ok(m) = f.metadata() {
+                self.known_end = self.known_end.min(m.len());
+            }
+        }
+    }
+}
+
+/// Parses and checks the header: magic, version, page size, region table.
+fn read_layout(img: &Image<'_>) -> Result<Layout> {
+    let mut fixed = [0u8; HEADER_FIXED as usize];
+    if !img.read(0, &mut fixed)? {
+        return Err(bad_format("the header is missing or unreadable"));
+    }
+    if &fixed[..8] != MAGIC {
+        return Err(bad_format("wrong magic"));
+    }
+    let (version, page, n) = (u64_at(&fixed, 1), u64_at(&fixed, 2), u64_at(&fixed, 3));
+    if version != VERSION {
+        return Err(bad_format(format!("version {version}, expected {VERSION}")));
+    }
+    if !page.is_power_of_two() || !(512..=(1 << 30)).contains(&page) {
+        return Err(bad_format(format!("page size {page}")));
+    }
+    if n > MAX_REGIONS {
+        return Err(bad_format(format!("{n} regions")));
+    }
+    let mut table = vec![0u8; (n * ENTRY) as usize];
+    if !img.read(HEADER_FIXED, &mut table)? {
+        return Err(bad_format("the region table is missing or unreadable"));
+    }
+    let stored: Vec<(u64, u64, u64)> = (0..n as usize)
+        .map(|i| {
+            (
+                u64_at(&table, 3 * i),
+                u64_at(&table, 3 * i + 1),
+                u64_at(&table, 3 * i + 2),
+            )
+        })
+        .collect();
+    let ranges: Vec<(u64, u64)> = stored.iter().map(|r| (r.0, r.1)).collect();
+    let layout = Layout::new(page, &ranges).ok_or_else(|| bad_format("region table overflows"))?;
+    if layout.regions != stored {
+        return Err(bad_format(
+            "region file offsets are not where this format puts them",
+        ));
+    }
+    Ok(layout)
+}
+
+/// Reads the trailer; `None` if it is missing or unreadable.
+fn read_trailer(img: &Image<'_>, at: u64) -> Result<Option<Vec<BadRange>>> {
+    let mut head = [0u8; 16];
+    if !img.read(at, &mut head)? || &head[..8] != TRAILER_MAGIC {
+        return Ok(None);
+    }
+    let m = u64_at(&head, 1);
+    if m > MAX_BAD {
+        return Err(bad_format(format!("{m} bad ranges in the trailer")));
+    }
+    let mut body = vec![0u8; (m * 24) as usize];
+    if !img.read(at + 16, &mut body)? {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(m as usize);
+    for i in 0..m as usize {
+        let (a, l, k) = (
+            u64_at(&body, 3 * i),
+            u64_at(&body, 3 * i + 1),
+            u64_at(&body, 3 * i + 2),
+        );
+        let kind = kind_from(k).ok_or_else(|| bad_format(format!("bad range kind {k}")))?;
+        out.push(BadRange {
+            addr: GuestAddress(a),
+            len: l,
+            kind,
+        });
+    }
+    out.sort_by_key(|b| b.addr.0);
+    Ok(Some(out))
+}
+
+/// The restore proper, once the image is in place.
+fn restore_image<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    img: &mut Image<'_>,
+    layout: Option<Layout>,
+) -> Result<RestoreReport> {
+    let t0 = Instant::now();
+    let layout = match layout {
+        Some(l) => l,
+        None => read_layout(img)?,
+    };
+    // Check the whole layout before writing anything.
+    let mut targets = Vec::with_capacity(layout.regions.len());
+    for &(g, l, o) in &layout.regions {
+        let parts = pieces(mem, GuestAddress(g), l).map_err(|_| Error::Layout {
+            addr: GuestAddress(g),
+            len: l,
+        })?;
+        if parts.len() > 1 {
+            return Err(Error::Layout {
+                addr: GuestAddress(g),
+                len: l,
+            });
+        }
+        if let Some(p) = parts.into_iter().next() {
+            targets.push((p, o));
+        }
+    }
+    let trailer = read_trailer(img, layout.data_end)?;
+    let trailer_missing = trailer.is_none();
+    let bad_at_save = trailer.unwrap_or_default();
+    let host_page = foliokit::batch::page_size();
+    let mut bad = Vec::new();
+    let mut restored = 0u64;
+    for (p, o) in targets {
+        let g = p.addr.0;
+        let len = p.len as u64;
+        let bitmap = p.region.bitmap();
+        // This region's data minus the ranges that were bad at save.
+        let mut segments = Vec::new();
+        let mut at = g;
+        for b in bad_at_save
+            .iter()
+            .filter(|b| b.addr.0 < g + len && b.addr.0 + b.len > g)
+        {
+            if b.addr.0 > at {
+                segments.push((at - g, b.addr.0 - g));
+            }
+            at = at.max(b.addr.0 + b.len);
+        }
+        if at < g + len {
+            segments.push((at - g, len));
+        }
+        for (start, end) in segments {
+            let mut pos = start;
+            while pos < end {
+                let src_off = o + pos;
+                if src_off >= img.known_end {
+                    push_bad(&mut bad, g + pos, end - pos, FaultKind::Vanished);
+                    break;
+                }
+                let n = (end - pos).min(img.known_end - src_off);
+                let src = img.ptr.wrapping_add(src_off as usize);
+                let dst = p.host.wrapping_add(pos as usize);
+                // SAFETY: `src .. src + n` is inside the mapped image
+                // (src_off + n <= known_end <= mapped, checked when the
+                // image was made), read with the mc routine, which reports
+                // a SIGBUS; `dst .. dst + n` is inside the guest region's
+                // live writable host mapping (borrowed through `mem`),
+                // which is not the image. vCPUs may run meanwhile: no
+                // reference is formed over guest RAM.
+                let r = unsafe { foliokit::copy_mc_raw(dst, src, n as usize, CopyStrategy::Auto) };
+                match r {
+                    Ok(_) => {
+                        bitmap.mark_dirty(p.offset + pos as usize, n as usize);
+                        restored += n;
+                        pos += n;
+                    }
+                    Err(McError::Fault(f)) => {
+                        let done = n - f.not_copied as u64;
+                        if done > 0 {
+                            bitmap.mark_dirty(p.offset + pos as usize, done as usize);
+                            restored += done;
+                        }
+                        let fault_addr = src as usize + done as usize;
+                        let next = (fault_addr / host_page + 1) * host_page;
+                        let skip_to = (pos + (next - src as usize) as u64).min(end);
+                        push_bad(&mut bad, g + pos + done, skip_to - pos - done, f.kind);
+                        if f.kind == FaultKind::Vanished {
+                            img.refresh_end();
+                        }
+                        pos = skip_to;
+                    }
+                    Err(e) => return Err(mc_unavailable(e)),
+                }
+            }
+        }
+    }
+    Ok(RestoreReport {
+        restored,
+        bad,
+        bad_at_save,
+        trailer_missing,
+        secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Restores a snapshot from `file` into `mem`, reading it through a
+/// read-only mapping with machine-check-safe copies.
+///
+/// Every region of the snapshot must lie inside one region of `mem`
+/// (checked before anything is written: [`Error::Layout`]). Snapshot pages
+/// that cannot be read — past the end of a file cut short, or raising
+/// SIGBUS (a truncation while restoring, page-cache poison) — are reported
+/// as guest ranges in [`RestoreReport::bad`] and left unwritten; the rest
+/// is restored and marked dirty in the regions' bitmaps. vCPUs should be
+/// paused; if they run, no undefined behaviour results, but their writes
+/// and the restore's interleave.
+pub fn restore_from_file<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    file: &File,
+) -> Result<RestoreReport> {
+    let size = file
+        .metadata()
+        .map_err(io_err("reading the snapshot's size"))?
+        .len();
+    // The header through read(2) first: its size says how much to map.
+    let mut fixed = [0u8; HEADER_FIXED as usize];
+    file.read_exact_at(&mut fixed, 0)
+        .map_err(|_| bad_format("the header is missing or unreadable"))?;
+    let n = u64_at(&fixed, 3).min(MAX_REGIONS);
+    let head_len = (HEADER_FIXED + n * ENTRY).min(size) as usize;
+    let mut head = vec![0u8; head_len];
+    file.read_exact_at(&mut head, 0)
+        .map_err(io_err("reading the snapshot header"))?;
+    let small = Image {
+        ptr: head.as_ptr(),
+        mapped: head_len as u64,
+        known_end: head_len as u64,
+        file: None,
+    };
+    let layout = read_layout(&small)?;
+    // Map the data and trailer as the header describes them, past the end
+    // of a short file too: those pages raise SIGBUS, which the mc copies
+    // report. The trailer's length is not known yet; map what the file has
+    // beyond the data as well.
+    let map_len = layout.data_end.max(size).max(1);
+    let map_len_usize = usize::try_from(map_len)
+        .map_err(|_| bad_format("snapshot larger than the address space"))?;
+    // SAFETY: a fresh read-only shared mapping of our own file descriptor;
+    // nothing else is mapped or replaced.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len_usize,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::Io {
+            what: "mapping the snapshot",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let _unmap = Unmap(p, map_len_usize);
+    let mut img = Image {
+        ptr: p.cast(),
+        mapped: map_len,
+        known_end: size,
+        file: Some(file),
+    };
+    restore_image(mem, &mut img, Some(layout))
+}
+
+/// Unmaps a mapping when dropped.
+struct Unmap(*mut libc::c_void, usize);
+
+impl Drop for Unmap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by restore_from_file and nothing
+        // refers to it any more.
+        unsafe { libc::munmap(self.0, self.1) };
+    }
+}
+
+/// [`restore_from_file`] for a snapshot held in memory (e.g. the buffer
+/// [`snapshot`] wrote into). A buffer shorter than the snapshot it starts
+/// reports the missing guest ranges as [`FaultKind::Vanished`].
+pub fn restore_from_bytes<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    image: &[u8],
+) -> Result<RestoreReport> {
+    // SAFETY: a slice is readable for its length and nothing writes it
+    // while it is borrowed.
+    unsafe { restore_raw(mem, image.as_ptr(), image.len()) }
+}
+
+/// [`restore_from_file`] for a snapshot image the caller has mapped at
+/// `image` (a memfd, a DAX or pmem device, a file it mapped itself).
+///
+/// # Safety
+/// `[image, image + len)` must be mapped readable for the whole call. Its
+/// pages may raise SIGBUS (poison, a file truncated under the mapping):
+/// that is reported as bad guest ranges, not a crash. Other faults
+/// (unmapped or `PROT_NONE` pages) are not caught. The image may be written
+/// concurrently (the restored bytes are then some interleaving), but no
+/// `&mut` to it may be in use, and it must not overlap guest RAM.
+pub unsafe fn restore_raw<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    image: *const u8,
+    len: usize,
+) -> Result<RestoreReport> {
+    let mut img = Image {
+        ptr: image,
+        mapped: len as u64,
+        known_end: len as u64,
+        file: None,
+    };
+    restore_image(mem, &mut img, None)
+}
+
+/// [`restore_from_file`] on the file at `path`.
+pub fn restore_from_path<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    path: impl AsRef<Path>,
+) -> Result<RestoreReport> {
+    let file = File::open(path).map_err(io_err("opening the snapshot file"))?;
+    restore_from_file(mem, &file)
+}
