@@ -24,7 +24,11 @@
  * once, on first use, safely under concurrent first calls. fk_drain orders
  * the calling thread's streaming stores only. fk_populate and fk_migrate
  * with several channels run part of the work on foliokit's worker threads
- * and return after all of it is done.
+ * and return after all of it is done. The relocation path of fk_migrate
+ * registers pthread_atfork handlers once: a fork() in another thread waits
+ * while a relocation batch is in flight. The SIGBUS handler (fk_copy_mc)
+ * and those fork handlers point into the library, so do not dlclose() it
+ * after using either.
  *
  * Extensible structs. A struct whose first field is `size_t size` may gain
  * fields in later versions without breaking old callers:
@@ -107,7 +111,7 @@ int fk_clear_folios(void *dst, size_t len, size_t folio_size,
  *    (a loop), and restoring SIG_DFL kills the process;
  *  - SIGBUS must not be blocked in a thread that calls fk_copy_mc (the
  *    kernel kills a process whose blocked synchronous signal fires).
- * Call fk_copy_mc(dst, src, 0, NULL, NULL, NULL) early to install the
+ * Call fk_copy_mc(NULL, NULL, 0, NULL, NULL, NULL) early to install the
  * handler at a time of your choosing. */
 int fk_copy_mc(void *dst, const void *src, size_t len, const char *strategy,
                size_t *not_copied, size_t *bad_page);
