@@ -1,7 +1,10 @@
 /* foliokit C API example: every function once, with checked results.
- * Built and run by .ci/run:
- *   cc -Wall -Werror -I crates/foliokit-capi/include examples/c/example.c \
- *      -L target/release -lfoliokit -o target/fk_example && target/fk_example
+ * Built and run by .ci/run twice: against the static library in
+ * target/release, and through pkg-config against an installed prefix:
+ *   cargo xtask install-capi --prefix target/capi-prefix
+ *   export PKG_CONFIG_PATH=target/capi-prefix/lib/pkgconfig
+ *   cc -Wall -Werror examples/c/example.c $(pkg-config --cflags --libs foliokit) \
+ *      -o target/fk_example && LD_LIBRARY_PATH=target/capi-prefix/lib target/fk_example
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -43,6 +46,11 @@ int main(void)
     unsigned char *src = map(LEN), *dst = map(LEN);
     int rc;
 
+    /* The library loaded at run time is the one this was compiled for. */
+    check(fk_version() == FK_VERSION, "fk_version() == FK_VERSION of the header");
+    printf("    (foliokit %u.%u.%u)\n", fk_version() / 1000000, fk_version() / 1000 % 1000,
+           fk_version() % 1000);
+
     /* Fault the destination in from two threads, then fill the source. */
     rc = fk_populate(dst, LEN, 2);
     check(rc == 0, "fk_populate 16 MiB with 2 channels");
@@ -82,24 +90,45 @@ int main(void)
             if (ftruncate(fd, 2 * 4096) != 0)
                 perror("ftruncate");
             rc = fk_copy_mc(dst, f, 4 * 4096, NULL, &not_copied, &bad);
-            check(rc == -EHWPOISON && not_copied == 2 * 4096 && bad == 2,
-                  "fk_copy_mc reports the vanished page exactly");
+            check(rc == -EFAULT && not_copied == 2 * 4096 && bad == 2,
+                  "fk_copy_mc: vanished page is -EFAULT, exact count");
+            printf("    (fk_strerror(%d) = \"%s\")\n", rc, fk_strerror(rc));
             munmap(f, 4 * 4096);
         }
         close(fd);
         unlink(path);
     }
 
-    struct fk_migrate_opts o = { .path = FK_PATH_AUTO, .batch_pages = 512, .channels = 2 };
-    struct fk_migrate_result r;
+    struct fk_migrate_opts o = FK_MIGRATE_OPTS_INIT;
+    struct fk_migrate_result r = FK_MIGRATE_RESULT_INIT;
+    o.path = FK_PATH_AUTO;
+    o.batch_pages = 512;
+    o.channels = 2;
     memcpy(dst, src, LEN);
     rc = fk_migrate(dst, LEN, 0, &o, &r);
     check(rc == 0 && memcmp(dst, src, LEN) == 0, "fk_migrate 16 MiB to node 0, contents kept");
+    check(r.size == sizeof(r), "fk_migrate filled the whole result struct");
     if (rc == 0)
-        printf("    (%s path, %.2f GB/s, first folio %.0f us)\n",
-               r.relocated ? "relocation" : "kernel", r.gbps, r.first_folio_us);
+        printf("    (%s path, %u batches, %.2f GB/s, first folio %.0f us)\n",
+               r.relocated ? "relocation" : "kernel", r.batches, r.gbps, r.first_folio_us);
     rc = fk_migrate(dst, LEN, 9999, &o, &r);
     check(rc == -ENODEV, "fk_migrate to a missing node is -ENODEV");
+
+    /* Extensible structs: a caller built against a newer header whose
+     * extra field is set gets -E2BIG; an unset size is -EINVAL. */
+    struct {
+        struct fk_migrate_opts o;
+        uint64_t newer_field;
+    } newer = { FK_MIGRATE_OPTS_INIT, 1 };
+    newer.o.size = sizeof(newer);
+    rc = fk_migrate(dst, LEN, 0, (const struct fk_migrate_opts *)&newer, NULL);
+    check(rc == -E2BIG, "unknown field set in a newer struct is -E2BIG");
+    newer.newer_field = 0;
+    rc = fk_migrate(dst, LEN, 0, (const struct fk_migrate_opts *)&newer, NULL);
+    check(rc == 0, "the same struct with that field zero works");
+    struct fk_migrate_opts unsized_opts = { 0 };
+    rc = fk_migrate(dst, LEN, 0, &unsized_opts, NULL);
+    check(rc == -EINVAL, "size 0 is -EINVAL");
 
     munmap(src, LEN);
     munmap(dst, LEN);

@@ -1,3 +1,6 @@
+//! `cargo xtask install-capi --prefix DIR`: installs the C library (header,
+//! versioned shared library and links, static library, foliokit.pc).
+//!
 //! `cargo xtask vm-test`: foliokit's tests inside guest kernels, for what
 //! this host cannot show (several NUMA nodes, a memory-only tier, real
 //! hardware poison, an older kernel). QEMU's software emulation boots each
@@ -6,6 +9,7 @@
 //! guest mean nothing: the guests are for correctness only.
 
 mod guest;
+mod install;
 mod setup;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +46,24 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "6.12,6.1")]
         kernel: Vec<String>,
     },
+    /// Build libfoliokit (release) and install foliokit.h, libfoliokit.so
+    /// with its versioned name and links, libfoliokit.a and foliokit.pc.
+    InstallCapi {
+        /// Installation prefix, e.g. /usr/local or target/capi-prefix.
+        #[arg(long)]
+        prefix: PathBuf,
+        /// Library directory, relative to the prefix unless absolute.
+        #[arg(long, default_value = "lib")]
+        libdir: PathBuf,
+        /// Stage the files under this directory (packaging); foliokit.pc
+        /// still names the prefix.
+        #[arg(long)]
+        destdir: Option<PathBuf>,
+        /// Install libfoliokit.a as cargo built it (with debug info and
+        /// libstd's LLVM bitcode) instead of stripping them.
+        #[arg(long)]
+        no_strip: bool,
+    },
 }
 
 /// Runs `c`, failing with its command line when it does not succeed.
@@ -66,6 +88,19 @@ fn main() {
     let result = match cli.cmd {
         Cmd::VmTest { guest, filter } => guest::vm_test(&workspace(), &guest, filter.as_deref()),
         Cmd::VmSetup { kernel } => guest::vm_setup(&workspace(), &kernel),
+        Cmd::InstallCapi {
+            prefix,
+            libdir,
+            destdir,
+            no_strip,
+        } => {
+            let dirs = install::Dirs {
+                prefix,
+                libdir,
+                destdir,
+            };
+            install::install_capi(&workspace(), &dirs, !no_strip).map(|()| true)
+        }
     };
     match result {
         Ok(true) => {}

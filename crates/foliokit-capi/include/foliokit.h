@@ -1,14 +1,50 @@
 /*
  * foliokit.h - C API of foliokit: large-folio memory operations.
  *
- * Link with -lfoliokit (libfoliokit.so or libfoliokit.a; the static library
- * also needs -lpthread -ldl -lm).
+ * Linking. `cargo xtask install-capi --prefix DIR` installs this header,
+ * libfoliokit.so (with its versioned name and links), libfoliokit.a and
+ * foliokit.pc; then
+ *     cc prog.c $(PKG_CONFIG_PATH=DIR/lib/pkgconfig pkg-config --cflags --libs foliokit)
+ * The static library also needs the libraries `pkg-config --static --libs
+ * foliokit` lists (-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc).
  *
- * Every function returns 0 (or a non-negative count) on success and a
- * negative errno-style code on failure; fk_strerror() names the code.
- * No function ever lets a Rust panic cross into C: an internal failure is
- * reported as -EIO. Strategy names are those `foliokit bench copy -f help`
- * and `foliokit bench clear -f help` list; NULL means "auto".
+ * Return codes. Every function returns 0 (or a non-negative count) on
+ * success and a negative errno value on failure; fk_strerror() names it.
+ * No Rust panic ever crosses into C: an internal failure (a bug in
+ * foliokit) is reported as -ENOTRECOVERABLE. Strategy names are those
+ * `foliokit bench copy -f help` and `foliokit bench clear -f help` list;
+ * NULL means "auto".
+ *
+ * Thread safety. Every function may be called from any thread, also
+ * concurrently, as long as no two calls (or a call and another thread's
+ * plain accesses) write the same bytes at once - the rule memcpy has.
+ * fk_migrate is the exception: other threads may keep reading and writing
+ * the range it migrates. The library's state (detected CPU features, the
+ * tuning profile, the copy worker pool, the SIGBUS handler) is created
+ * once, on first use, safely under concurrent first calls. fk_drain orders
+ * the calling thread's streaming stores only. fk_populate and fk_migrate
+ * with several channels run part of the work on foliokit's worker threads
+ * and return after all of it is done. The relocation path of fk_migrate
+ * registers pthread_atfork handlers once: a fork() in another thread waits
+ * while a relocation batch is in flight. The SIGBUS handler (fk_copy_mc)
+ * and those fork handlers point into the library, so do not dlclose() it
+ * after using either.
+ *
+ * Extensible structs. A struct whose first field is `size_t size` may gain
+ * fields in later versions without breaking old callers:
+ *  - set `size` to sizeof(the struct) as your header declares it, and
+ *    zero everything you do not set (use the FK_..._INIT initialisers or
+ *    memset);
+ *  - fields are only ever appended, and each version is larger than the
+ *    one before (no field is added into trailing padding);
+ *  - for a struct the library reads: fields past `size` (a caller built
+ *    against an older header) take their zero default; if `size` is larger
+ *    than the library knows (a caller built against a newer header run
+ *    with an older library), the bytes it does not know must be zero, else
+ *    the call fails with -E2BIG before doing anything;
+ *  - for a struct the library fills: it writes only the fields that fit in
+ *    `size` and sets `size` to the number of bytes it filled;
+ *  - `size` smaller than the struct's first version is -EINVAL.
  */
 #ifndef FOLIOKIT_H
 #define FOLIOKIT_H
@@ -19,6 +55,21 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The version of this header. The build checks that it matches the
+ * library's crate version. */
+#define FK_VERSION_MAJOR 0
+#define FK_VERSION_MINOR 1
+#define FK_VERSION_PATCH 0
+/* One number: MAJOR * 1000000 + MINOR * 1000 + PATCH. */
+#define FK_VERSION \
+    (FK_VERSION_MAJOR * 1000000 + FK_VERSION_MINOR * 1000 + FK_VERSION_PATCH)
+
+/* The version of the library loaded at run time, encoded as FK_VERSION.
+ * Before 1.0 a program needs the same MAJOR and MINOR it was built with
+ * (the SONAME, libfoliokit.so.0.MINOR, says so too); from 1.0 on the same
+ * MAJOR and at least its MINOR. */
+uint32_t fk_version(void);
 
 /* Copies len bytes from src to dst as a batch of folio_size folios
  * (len a multiple of folio_size; dst, src and folio_size page-aligned).
@@ -34,11 +85,34 @@ int fk_clear_folios(void *dst, size_t len, size_t folio_size,
                     const char *strategy, int write_once);
 
 /* Machine-check-safe copy of len bytes (any alignment): survives a source
- * page that raises SIGBUS (hardware poison, truncated file). Returns 0, or
- * -EHWPOISON with *not_copied set to the bytes not copied (counted from
- * the end, like the kernel's copy_mc_to_kernel) and *bad_page to the index
- * of the first bad page. strategy: "movsb", "avx2", "nt" or NULL (auto).
- * not_copied and bad_page may be NULL. */
+ * page that raises SIGBUS. strategy: "movsb", "avx2", "nt" or NULL (auto).
+ * Returns 0, or, when a source page faulted, one of
+ *   -EHWPOISON  the page has a hardware memory error (BUS_MCEERR_*),
+ *   -EFAULT     the page vanished: a file truncated under the mapping
+ *               (BUS_ADRERR),
+ *   -EIO        another SIGBUS (e.g. BUS_OBJERR),
+ * each with *not_copied set to the bytes not copied (counted from the end,
+ * like the kernel's copy_mc_to_kernel) and *bad_page to the index of the
+ * first bad page, counted from the page holding src. not_copied and
+ * bad_page may be NULL. Other errors: -EINVAL (overlap), -ENOENT,
+ * -EOPNOTSUPP (no such strategy, or no mc routines on this CPU).
+ *
+ * The SIGBUS handler. The first fk_copy_mc call installs a process-wide
+ * SIGBUS handler (SA_SIGINFO | SA_ONSTACK) once. It recovers only faults
+ * whose instruction lies inside foliokit's mc copy routines; every other
+ * SIGBUS goes to the handler that was installed before it, or gets the
+ * default action (the process dies, as without foliokit). So:
+ *  - a handler you install BEFORE the first fk_copy_mc call keeps working;
+ *  - a handler you install AFTER it replaces foliokit's: then pass the
+ *    faults you do not handle to the previous handler that sigaction()
+ *    returned in its third argument (call its sa_sigaction with the same
+ *    three arguments). If you do not, a fault inside fk_copy_mc reaches
+ *    your handler instead: returning from it re-runs the faulting load
+ *    (a loop), and restoring SIG_DFL kills the process;
+ *  - SIGBUS must not be blocked in a thread that calls fk_copy_mc (the
+ *    kernel kills a process whose blocked synchronous signal fires).
+ * Call fk_copy_mc(NULL, NULL, 0, NULL, NULL, NULL) early to install the
+ * handler at a time of your choosing. */
 int fk_copy_mc(void *dst, const void *src, size_t len, const char *strategy,
                size_t *not_copied, size_t *bad_page);
 
@@ -55,24 +129,36 @@ void fk_drain(void);
  * from the kernel. */
 int fk_populate(void *addr, size_t len, unsigned channels);
 
-/* fk_migrate paths. A zeroed struct fk_migrate_opts means the kernel path
- * (move_pages), which is safe for every kind of memory. */
-enum fk_path { FK_PATH_KERNEL = 0, FK_PATH_AUTO = 1, FK_PATH_RELOCATE = 2 };
-
-struct fk_migrate_opts {
-    int path;              /* enum fk_path */
-    size_t batch_pages;    /* 0: 512 */
-    unsigned channels;     /* 0: 1 */
-    uint64_t latency_budget_us; /* 0: none */
+/* fk_migrate paths. */
+enum fk_path {
+    FK_PATH_KERNEL = 0,   /* move_pages(2): safe for every kind of memory */
+    FK_PATH_AUTO = 1,     /* relocation where it can be checked to be safe */
+    FK_PATH_RELOCATE = 2, /* relocation or -EPERM; see fk_migrate */
 };
 
+/* Options of fk_migrate; extensible (see the top of this file). Zero in a
+ * field means its default. */
+struct fk_migrate_opts {
+    size_t size;                /* sizeof(struct fk_migrate_opts) */
+    enum fk_path path;          /* default FK_PATH_KERNEL */
+    unsigned channels;          /* default 1 */
+    size_t batch_pages;         /* default 512 */
+    uint64_t latency_budget_us; /* default none */
+};
+#define FK_MIGRATE_OPTS_INIT { sizeof(struct fk_migrate_opts), FK_PATH_KERNEL, 0, 0, 0 }
+
+/* What fk_migrate did; extensible (see the top of this file). */
 struct fk_migrate_result {
+    size_t size;           /* in: sizeof(struct fk_migrate_result);
+                              out: bytes the library filled */
     double gbps;           /* bytes per second / 2^30 */
     double first_folio_us; /* median over batches */
     size_t pages_to_move;  /* kernel path: populated pages not yet on the
                               node; relocation: populated pages found */
     int relocated;         /* 1 if the relocation path ran */
+    unsigned batches;      /* batches run */
 };
+#define FK_MIGRATE_RESULT_INIT { sizeof(struct fk_migrate_result), 0, 0, 0, 0, 0 }
 
 /* Migrates [addr, addr + len) to NUMA node `node`. Other threads may keep
  * using the range meanwhile, including madvise, munmap, mremap, mprotect
@@ -85,9 +171,11 @@ struct fk_migrate_result {
  * /proc/<pid>/mem reads it (see foliokit::migrate::migrate for the whole
  * contract). FK_PATH_AUTO relocates where the checkable part of that
  * holds, else takes the kernel path; the caller vouches for the rest.
- * opts and out may be NULL. Errors: -EINVAL (misaligned/empty),
- * -EFAULT (unmapped), -ENODEV (no such node), -EPERM (FK_PATH_RELOCATE
- * refused for this memory or this process; nothing was touched). */
+ * opts (NULL: all defaults) and out may be NULL. Errors: -EINVAL
+ * (misaligned/empty, unknown path, a struct's size too small), -E2BIG
+ * (a struct has fields set this library does not know), -EFAULT
+ * (unmapped), -ENODEV (no such node), -EPERM (FK_PATH_RELOCATE refused
+ * for this memory or this process; nothing was touched). */
 int fk_migrate(void *addr, size_t len, unsigned node,
                const struct fk_migrate_opts *opts, struct fk_migrate_result *out);
 

@@ -3,23 +3,52 @@
 //! negative errno-style codes, and catches panics so none crosses into C.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::mem::{offset_of, size_of};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use fk::mc::McError;
+use fk::mc::{FaultKind, McError};
 use fk::migrate::{MigrateError, MigrateOptions, Path};
 use fk::{
     BatchError, ClearOptions, ClearStrategy, CopyOptions, CopyStrategy, Reuse, Strategy,
     StrategyError,
 };
 
-/// Runs `f`, turning a panic into -EIO.
+/// The code of an internal failure (a panic, or an error the C API cannot
+/// name): distinct from every code the operations report.
+const INTERNAL: c_int = -libc::ENOTRECOVERABLE;
+
+/// Runs `f`, turning a panic into [`INTERNAL`].
 fn guard(f: impl FnOnce() -> Result<c_int, c_int>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => e,
-        Err(_) => -libc::EIO,
+        Err(_) => INTERNAL,
     }
+}
+
+/// Parses a decimal version component at compile time.
+const fn parse_u32(s: &str) -> u32 {
+    let b = s.as_bytes();
+    let mut v = 0u32;
+    let mut i = 0;
+    while i < b.len() {
+        assert!(b[i].is_ascii_digit(), "version components are decimal");
+        v = v * 10 + (b[i] - b'0') as u32;
+        i += 1;
+    }
+    v
+}
+
+/// `FK_VERSION` of this build: MAJOR * 1000000 + MINOR * 1000 + PATCH
+/// (build.rs checks the header's macros against the same crate version).
+const VERSION: u32 = parse_u32(env!("CARGO_PKG_VERSION_MAJOR")) * 1_000_000
+    + parse_u32(env!("CARGO_PKG_VERSION_MINOR")) * 1_000
+    + parse_u32(env!("CARGO_PKG_VERSION_PATCH"));
+
+#[no_mangle]
+pub extern "C" fn fk_version() -> u32 {
+    VERSION
 }
 
 fn strategy_err(e: &StrategyError) -> c_int {
@@ -143,12 +172,18 @@ pub unsafe extern "C" fn fk_copy_mc(
         if d < sr + len && sr < d + len && len > 0 {
             return Err(-libc::EINVAL);
         }
-        // SAFETY: valid, disjoint ranges (checked above) by the contract.
-        let (d, sr) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(dst.cast::<u8>(), len),
-                std::slice::from_raw_parts(src.cast::<u8>(), len),
-            )
+        let (d, sr): (&mut [u8], &[u8]) = if len == 0 {
+            // NULL is allowed here, but not in a slice.
+            (&mut [], &[])
+        } else {
+            // SAFETY: valid, disjoint ranges (checked above) by the contract;
+            // both pointers are non-NULL (checked above).
+            unsafe {
+                (
+                    std::slice::from_raw_parts_mut(dst.cast::<u8>(), len),
+                    std::slice::from_raw_parts(src.cast::<u8>(), len),
+                )
+            }
         };
         match fk::copy_mc(d, sr, s) {
             Ok(_) => Ok(0),
@@ -162,7 +197,7 @@ pub unsafe extern "C" fn fk_copy_mc(
                         *bad_page = f.bad_page;
                     }
                 }
-                Err(-libc::EHWPOISON)
+                Err(fault_code(f.kind))
             }
             Err(McError::NoVariant(_)) => Err(-libc::EOPNOTSUPP),
             Err(McError::Unavailable(_)) => Err(-libc::EOPNOTSUPP),
@@ -171,6 +206,16 @@ pub unsafe extern "C" fn fk_copy_mc(
             Err(McError::Batch(e)) => Err(batch_err(&e)),
         }
     })
+}
+
+/// The code `fk_copy_mc` returns for a source page that faulted.
+fn fault_code(kind: FaultKind) -> c_int {
+    match kind {
+        FaultKind::Poison => -libc::EHWPOISON,
+        // What read(2) returns for a buffer in a truncated file mapping.
+        FaultKind::Vanished => -libc::EFAULT,
+        FaultKind::Other(_) => -libc::EIO,
+    }
 }
 
 /// # Safety
@@ -217,22 +262,179 @@ pub unsafe extern "C" fn fk_populate(addr: *mut c_void, len: usize, channels: c_
     })
 }
 
-/// Mirrors `struct fk_migrate_opts`.
+/// `enum fk_path` values.
+const FK_PATH_KERNEL: c_int = 0;
+const FK_PATH_AUTO: c_int = 1;
+const FK_PATH_RELOCATE: c_int = 2;
+
+/// Mirrors `struct fk_migrate_opts` (extensible: see the header's rule).
 #[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FkMigrateOpts {
+    pub size: usize,
+    /// `enum fk_path`, read as an int: C may pass any value.
     pub path: c_int,
-    pub batch_pages: usize,
     pub channels: c_uint,
+    pub batch_pages: usize,
     pub latency_budget_us: u64,
 }
 
-/// Mirrors `struct fk_migrate_result`.
+/// Mirrors `struct fk_migrate_result` (extensible: see the header's rule).
 #[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FkMigrateResult {
+    pub size: usize,
     pub gbps: f64,
     pub first_folio_us: f64,
     pub pages_to_move: usize,
     pub relocated: c_int,
+    pub batches: c_uint,
+}
+
+/// The smallest `size` each struct accepts: its first version's size. Once
+/// fields are appended, these stay what they are and `size_of` grows.
+const MIGRATE_OPTS_SIZE_V1: usize = size_of::<FkMigrateOpts>();
+const MIGRATE_RESULT_SIZE_V1: usize = size_of::<FkMigrateResult>();
+
+/// A `size` beyond this is not a struct size but garbage: refused without
+/// reading that far (the kernel's extensible syscalls cap it the same way).
+const STRUCT_SIZE_MAX: usize = 4096;
+
+/// A C struct the library reads or fills under the extensible-struct rule:
+/// `size: usize` first, every field an integer or float (any bit pattern is
+/// a valid value), and no padding (so every version is larger than the
+/// last and no byte of it is uninitialised).
+///
+/// # Safety
+/// Implementors must satisfy all of the above.
+unsafe trait Extensible: Copy + Default {
+    const MIN: usize;
+}
+
+// SAFETY: `size` first, then integer fields only; no padding (asserted below).
+unsafe impl Extensible for FkMigrateOpts {
+    const MIN: usize = MIGRATE_OPTS_SIZE_V1;
+}
+// SAFETY: `size` first, then integer and float fields only; no padding
+// (asserted below).
+unsafe impl Extensible for FkMigrateResult {
+    const MIN: usize = MIGRATE_RESULT_SIZE_V1;
+}
+
+const _: () = {
+    assert!(offset_of!(FkMigrateOpts, size) == 0);
+    assert!(offset_of!(FkMigrateResult, size) == 0);
+    // No padding: the fields' sizes add up to the struct's.
+    assert!(
+        size_of::<FkMigrateOpts>()
+            == 2 * size_of::<usize>() + 2 * size_of::<c_int>() + size_of::<u64>()
+    );
+    assert!(
+        size_of::<FkMigrateResult>()
+            == 2 * size_of::<usize>() + 2 * size_of::<f64>() + 2 * size_of::<c_int>()
+    );
+};
+
+/// Reads the caller's extensible struct at `p`: fields past its `size` are
+/// zero (their default), bytes past ours must be zero.
+///
+/// # Safety
+/// `p` is NULL or points to a struct of at least `size` readable bytes,
+/// aligned for `T`.
+unsafe fn read_ext<T: Extensible>(p: *const T) -> Result<Option<T>, c_int> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: every version starts with `size: usize` (contract).
+    let size = unsafe { p.cast::<usize>().read() };
+    if size < T::MIN {
+        return Err(-libc::EINVAL);
+    }
+    if size > STRUCT_SIZE_MAX {
+        return Err(-libc::E2BIG);
+    }
+    let ours = size_of::<T>();
+    let bytes = p.cast::<u8>();
+    for i in ours..size {
+        // SAFETY: i < size, and the caller's struct has `size` bytes.
+        if unsafe { bytes.add(i).read() } != 0 {
+            return Err(-libc::E2BIG);
+        }
+    }
+    let mut v = T::default();
+    // SAFETY: min(size, ours) bytes are readable at `p` and writable in `v`;
+    // any bytes are a valid `T` (Extensible).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes, (&raw mut v).cast::<u8>(), size.min(ours));
+    }
+    Ok(Some(v))
+}
+
+/// Checks the `size` of the caller's output struct before anything is done.
+///
+/// # Safety
+/// `p` is NULL or points to a struct starting with `size: usize`.
+unsafe fn out_size<T: Extensible>(p: *mut T) -> Result<usize, c_int> {
+    if p.is_null() {
+        return Ok(0);
+    }
+    // SAFETY: every version starts with `size: usize` (contract).
+    let size = unsafe { p.cast::<usize>().read() };
+    if size < T::MIN {
+        return Err(-libc::EINVAL);
+    }
+    Ok(size.min(size_of::<T>()))
+}
+
+/// Fills the first `n` bytes (from [`out_size`]) of the caller's output
+/// struct from `v`, `size` set to `n`.
+///
+/// # Safety
+/// `p` is NULL or points to a struct of at least `n` writable bytes.
+unsafe fn write_ext<T: Extensible>(p: *mut T, mut v: T, n: usize) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `size` is the first field (asserted above).
+    unsafe { (&raw mut v).cast::<usize>().write(n) };
+    // SAFETY: n <= size_of::<T>() bytes readable in `v`, writable at `p`.
+    unsafe { std::ptr::copy_nonoverlapping((&raw const v).cast::<u8>(), p.cast::<u8>(), n) };
+}
+
+fn migrate_options(c: Option<FkMigrateOpts>) -> Result<MigrateOptions, c_int> {
+    let mut o = MigrateOptions::default();
+    let Some(c) = c else { return Ok(o) };
+    o.path = match c.path {
+        FK_PATH_KERNEL => Path::Kernel,
+        FK_PATH_AUTO => Path::Auto,
+        FK_PATH_RELOCATE => Path::Relocate,
+        _ => return Err(-libc::EINVAL),
+    };
+    if c.batch_pages > 0 {
+        o.batch_pages = c.batch_pages;
+    }
+    if c.channels > 0 {
+        o.channels = c.channels as usize;
+    }
+    if c.latency_budget_us > 0 {
+        o.latency_budget = Some(Duration::from_micros(c.latency_budget_us));
+    }
+    Ok(o)
+}
+
+fn migrate_err(e: MigrateError) -> c_int {
+    match e {
+        MigrateError::Misaligned { .. }
+        | MigrateError::Empty
+        | MigrateError::Wraps { .. }
+        | MigrateError::ZeroBatch => -libc::EINVAL,
+        MigrateError::Unmapped { .. } => -libc::EFAULT,
+        MigrateError::NoSuchNode { .. } => -libc::ENODEV,
+        MigrateError::Refused { .. } => -libc::EPERM,
+        MigrateError::Sys { source, .. } => -source.raw_os_error().unwrap_or(libc::EIO),
+        MigrateError::Strategy(s) => strategy_err(&s),
+        _ => INTERNAL,
+    }
 }
 
 /// # Safety
@@ -246,65 +448,405 @@ pub unsafe extern "C" fn fk_migrate(
     out: *mut FkMigrateResult,
 ) -> c_int {
     guard(|| {
-        let mut o = MigrateOptions::default();
-        // SAFETY: opts is NULL or points to a valid struct (contract).
-        if let Some(c) = unsafe { opts.as_ref() } {
-            o.path = match c.path {
-                0 => Path::Kernel,
-                1 => Path::Auto,
-                2 => Path::Relocate,
-                _ => return Err(-libc::EINVAL),
-            };
-            if c.batch_pages > 0 {
-                o.batch_pages = c.batch_pages;
-            }
-            if c.channels > 0 {
-                o.channels = c.channels as usize;
-            }
-            if c.latency_budget_us > 0 {
-                o.latency_budget = Some(Duration::from_micros(c.latency_budget_us));
-            }
-        }
+        // SAFETY: opts is NULL or a valid struct of its `size` (contract).
+        let o = migrate_options(unsafe { read_ext(opts) }?)?;
+        // SAFETY: out is NULL or a valid struct of its `size` (contract).
+        let n = unsafe { out_size(out) }?;
         // SAFETY: the caller's contract (see the header).
-        let r =
-            unsafe { fk::migrate::migrate(addr.cast(), len, node, &o) }.map_err(|e| match e {
-                MigrateError::Misaligned { .. }
-                | MigrateError::Empty
-                | MigrateError::Wraps { .. }
-                | MigrateError::ZeroBatch => -libc::EINVAL,
-                MigrateError::Unmapped { .. } => -libc::EFAULT,
-                MigrateError::NoSuchNode { .. } => -libc::ENODEV,
-                MigrateError::Refused { .. } => -libc::EPERM,
-                MigrateError::Sys { source, .. } => -source.raw_os_error().unwrap_or(libc::EIO),
-                _ => -libc::EIO,
-            })?;
-        // SAFETY: out is NULL or points to a valid struct (contract).
-        if let Some(out) = unsafe { out.as_mut() } {
-            *out = FkMigrateResult {
-                gbps: r.gbps(),
-                first_folio_us: r.first_folio_us().unwrap_or(0.0),
-                pages_to_move: r.pages_to_move,
-                relocated: c_int::from(r.path == fk::migrate::MigratePath::Relocate),
-            };
-        }
+        let r = unsafe { fk::migrate::migrate(addr.cast(), len, node, &o) }.map_err(migrate_err)?;
+        let result = FkMigrateResult {
+            size: n,
+            gbps: r.gbps(),
+            first_folio_us: r.first_folio_us().unwrap_or(0.0),
+            pages_to_move: r.pages_to_move,
+            relocated: c_int::from(r.path == fk::migrate::MigratePath::Relocate),
+            batches: c_uint::try_from(r.batches.len()).unwrap_or(c_uint::MAX),
+        };
+        // SAFETY: out is NULL or has `n` writable bytes (checked by out_size).
+        unsafe { write_ext(out, result, n) };
         Ok(0)
     })
 }
 
 #[no_mangle]
 pub extern "C" fn fk_strerror(code: c_int) -> *const c_char {
-    let s: &'static CStr = match -code {
+    // wrapping_neg: even c_int::MIN must not overflow (no panic here).
+    let s: &'static CStr = match code.wrapping_neg() {
         0 => c"success",
-        libc::EINVAL => c"invalid argument: size, alignment, overlap or option",
+        libc::EINVAL => c"invalid argument: size, alignment, overlap, option or struct size",
+        libc::E2BIG => c"struct has fields set that this library version does not know",
         libc::ENOENT => c"unknown strategy name",
         libc::EOPNOTSUPP => c"not supported on this CPU or kernel",
-        libc::EHWPOISON => c"source page faulted (poison or vanished); see not_copied",
-        libc::EFAULT => c"address range not mapped",
+        libc::EHWPOISON => c"source page has a hardware memory error (poison); see not_copied",
+        libc::EFAULT => {
+            c"address not mapped, or a source page vanished (file truncated under the mapping)"
+        }
+        libc::EIO => c"source page raised another SIGBUS; see not_copied",
         libc::ENODEV => c"no such NUMA node",
-        libc::EPERM => c"relocation needs private anonymous memory",
+        libc::EPERM => c"relocation refused for this memory or this process",
         libc::ENOMEM => c"out of memory",
-        libc::EIO => c"internal error",
+        libc::ENOTRECOVERABLE => c"internal error in foliokit",
         _ => c"unknown error",
     };
     s.as_ptr()
+}
+
+#[cfg(test)]
+#[path = "../version.rs"]
+mod version;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    const HEADER: &str = include_str!("../include/foliokit.h");
+
+    fn msg(code: c_int) -> &'static str {
+        // SAFETY: fk_strerror returns a static NUL-terminated string.
+        unsafe { CStr::from_ptr(fk_strerror(code)) }
+            .to_str()
+            .unwrap()
+    }
+
+    #[test]
+    fn header_version_matches_the_crate_and_fk_version() {
+        let (major, minor, patch) = version::header_version(HEADER).expect("FK_VERSION_* macros");
+        assert_eq!(major.to_string(), env!("CARGO_PKG_VERSION_MAJOR"));
+        assert_eq!(minor.to_string(), env!("CARGO_PKG_VERSION_MINOR"));
+        assert_eq!(patch.to_string(), env!("CARGO_PKG_VERSION_PATCH"));
+        assert_eq!(fk_version(), major * 1_000_000 + minor * 1_000 + patch);
+    }
+
+    #[test]
+    fn fault_kinds_have_distinct_codes_and_messages() {
+        let codes = [
+            fault_code(FaultKind::Poison),
+            fault_code(FaultKind::Vanished),
+            fault_code(FaultKind::Other(libc::BUS_OBJERR)),
+        ];
+        assert_eq!(codes, [-libc::EHWPOISON, -libc::EFAULT, -libc::EIO]);
+        let mut all: Vec<&str> = codes.iter().map(|&c| msg(c)).collect();
+        all.push(msg(INTERNAL));
+        all.push(msg(-libc::E2BIG));
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 5, "{all:?}");
+        assert!(!all.contains(&"unknown error"));
+        assert_eq!(msg(c_int::MIN), "unknown error");
+        assert_eq!(msg(12345), "unknown error");
+    }
+
+    #[test]
+    fn a_panic_becomes_the_internal_code() {
+        assert_eq!(guard(|| panic!("test panic")), INTERNAL);
+        assert_eq!(guard(|| Ok(7)), 7);
+    }
+
+    /// An aligned buffer standing in for a caller's struct of any size.
+    #[repr(C, align(8))]
+    struct Buf([u8; 64]);
+
+    impl Buf {
+        fn new(fill: u8, size: usize) -> Buf {
+            let mut b = Buf([fill; 64]);
+            b.0[..size_of::<usize>()].copy_from_slice(&size.to_ne_bytes());
+            b
+        }
+        fn opts(&self) -> *const FkMigrateOpts {
+            self.0.as_ptr().cast()
+        }
+    }
+
+    #[test]
+    fn extensible_input_struct_rules() {
+        let ours = size_of::<FkMigrateOpts>();
+        // SAFETY: for all calls below, each pointer is NULL or a 64-byte,
+        // 8-aligned buffer, and every size used is at most 64 or refused
+        // before reading.
+        unsafe {
+            assert_eq!(read_ext::<FkMigrateOpts>(std::ptr::null()), Ok(None));
+            // Too small for the first version.
+            let b = Buf::new(0, ours - 1);
+            assert_eq!(read_ext(b.opts()), Err(-libc::EINVAL));
+            // Exactly ours: every field read.
+            let want = FkMigrateOpts {
+                size: ours,
+                path: FK_PATH_AUTO,
+                channels: 3,
+                batch_pages: 64,
+                latency_budget_us: 1000,
+            };
+            let mut b = Buf::new(0xaa, 0);
+            std::ptr::copy_nonoverlapping((&raw const want).cast::<u8>(), b.0.as_mut_ptr(), ours);
+            assert_eq!(read_ext(b.opts()), Ok(Some(want)));
+            // A newer caller: larger size, unknown bytes zero -> accepted.
+            let mut b2 = Buf::new(0, 0);
+            b2.0[..ours].copy_from_slice(&b.0[..ours]);
+            b2.0[..size_of::<usize>()].copy_from_slice(&64usize.to_ne_bytes());
+            let got = read_ext(b2.opts()).unwrap().unwrap();
+            assert_eq!(
+                (got.path, got.channels, got.batch_pages),
+                (FK_PATH_AUTO, 3, 64)
+            );
+            // ... an unknown byte set -> E2BIG, wherever it is.
+            for i in [ours, 40, 63] {
+                let mut b3 = Buf::new(0, 64);
+                b3.0[i] = 1;
+                assert_eq!(read_ext(b3.opts()), Err(-libc::E2BIG), "byte {i}");
+            }
+            // Garbage sizes are refused without being read.
+            let b = Buf::new(0, STRUCT_SIZE_MAX + 1);
+            assert_eq!(read_ext(b.opts()), Err(-libc::E2BIG));
+        }
+    }
+
+    #[test]
+    fn extensible_output_struct_rules() {
+        let ours = size_of::<FkMigrateResult>();
+        let v = FkMigrateResult {
+            size: 0,
+            gbps: 1.5,
+            first_folio_us: 2.5,
+            pages_to_move: 7,
+            relocated: 1,
+            batches: 9,
+        };
+        // SAFETY: for all calls below, 64-byte, 8-aligned buffers, sizes <= 64.
+        unsafe {
+            let mut b = Buf::new(0xaa, ours - 1);
+            assert_eq!(
+                out_size(b.0.as_mut_ptr().cast::<FkMigrateResult>()),
+                Err(-libc::EINVAL)
+            );
+            // A newer caller's larger struct: ours filled, the rest untouched.
+            let mut b = Buf::new(0xaa, 64);
+            let p = b.0.as_mut_ptr().cast::<FkMigrateResult>();
+            let n = out_size(p).unwrap();
+            assert_eq!(n, ours);
+            write_ext(p, v, n);
+            assert_eq!(p.read(), FkMigrateResult { size: ours, ..v });
+            assert!(b.0[ours..].iter().all(|&x| x == 0xaa));
+            // An older caller (fewer fields): only what fits is written.
+            let mut b = Buf::new(0xaa, 64);
+            let p = b.0.as_mut_ptr().cast::<FkMigrateResult>();
+            write_ext(p, v, offset_of!(FkMigrateResult, pages_to_move));
+            assert_eq!((*p).gbps, 1.5);
+            assert_eq!((*p).size, offset_of!(FkMigrateResult, pages_to_move));
+            assert!(b.0[offset_of!(FkMigrateResult, pages_to_move)..]
+                .iter()
+                .all(|&x| x == 0xaa));
+        }
+    }
+
+    /// Private anonymous memory, unmapped on drop.
+    struct Map(*mut u8, usize);
+    impl Map {
+        fn new(len: usize) -> Map {
+            // SAFETY: a fresh anonymous mapping; checked below.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            Map(p.cast(), len)
+        }
+    }
+    impl Drop for Map {
+        fn drop(&mut self) {
+            // SAFETY: our own mapping.
+            unsafe { libc::munmap(self.0.cast(), self.1) };
+        }
+    }
+
+    #[test]
+    fn migrate_checks_its_structs_before_moving_anything() {
+        let m = Map::new(1 << 21);
+        // SAFETY: m is 2 MiB of mapped memory of ours.
+        unsafe { m.0.write_bytes(0x5a, m.1) };
+        let opts = |path| FkMigrateOpts {
+            size: size_of::<FkMigrateOpts>(),
+            path,
+            ..Default::default()
+        };
+        let mut out = FkMigrateResult {
+            size: size_of::<FkMigrateResult>(),
+            ..Default::default()
+        };
+        // SAFETY: for all calls, valid memory and structs.
+        unsafe {
+            assert_eq!(
+                fk_migrate(m.0.cast(), m.1, 0, &opts(7), &mut out),
+                -libc::EINVAL
+            );
+            assert_eq!(
+                fk_migrate(m.0.cast(), m.1, 0, &opts(-1), &mut out),
+                -libc::EINVAL
+            );
+            let mut small = FkMigrateResult { size: 8, ..out };
+            let rc = fk_migrate(m.0.cast(), m.1, 0, &opts(FK_PATH_KERNEL), &mut small);
+            assert_eq!(rc, -libc::EINVAL);
+            assert_eq!(small.size, 8, "nothing written on error");
+            // Node 0 always exists: the kernel path succeeds and fills `out`.
+            let rc = fk_migrate(m.0.cast(), m.1, 0, &opts(FK_PATH_KERNEL), &mut out);
+            assert_eq!(rc, 0, "{}", msg(rc));
+            assert_eq!(out.size, size_of::<FkMigrateResult>());
+            assert_eq!(out.relocated, 0);
+            assert!(out.batches >= 1);
+            assert_eq!(
+                fk_migrate(m.0.cast(), m.1, 0, std::ptr::null(), std::ptr::null_mut()),
+                0
+            );
+            assert!(std::slice::from_raw_parts(m.0, m.1)
+                .iter()
+                .all(|&x| x == 0x5a));
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn copy_mc_reports_a_vanished_page_as_efault() {
+        use std::os::fd::AsRawFd;
+        const PAGE: usize = 4096;
+        let path = std::env::temp_dir().join(format!("fk_capi_vanish_{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.set_len(4 * PAGE as u64).unwrap();
+        // SAFETY: a fresh shared mapping of our file; checked below.
+        let src = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4 * PAGE,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(src, libc::MAP_FAILED);
+        f.set_len(2 * PAGE as u64).unwrap();
+        let dst = Map::new(4 * PAGE);
+        let (mut not_copied, mut bad) = (0usize, 0usize);
+        // SAFETY: both ranges are mapped for 4 pages (the source's last two
+        // raise SIGBUS, which is what fk_copy_mc survives).
+        let rc = unsafe {
+            fk_copy_mc(
+                dst.0.cast(),
+                src,
+                4 * PAGE,
+                std::ptr::null(),
+                &mut not_copied,
+                &mut bad,
+            )
+        };
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(src, 4 * PAGE) };
+        assert_eq!((rc, not_copied, bad), (-libc::EFAULT, 2 * PAGE, 2));
+        // NULL pointers with length 0: installs the handler, copies nothing.
+        // SAFETY: nothing is read or written.
+        let rc = unsafe {
+            fk_copy_mc(
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, 0);
+    }
+
+    /// The header's struct layouts, as a C compiler sees them, equal the
+    /// Rust mirrors'. Needs `cc`; skips with the reason otherwise.
+    #[test]
+    fn header_layout_matches_rust() {
+        let dir = std::env::temp_dir().join(format!("fk_capi_layout_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = dir.join("layout.c");
+        std::fs::write(
+            &c,
+            r#"#include <stdio.h>
+#include "foliokit.h"
+#define F(s, f) printf("%zu %zu ", offsetof(struct s, f), sizeof(((struct s *)0)->f))
+int main(void) {
+    struct fk_migrate_opts o = FK_MIGRATE_OPTS_INIT;
+    struct fk_migrate_result r = FK_MIGRATE_RESULT_INIT;
+    F(fk_migrate_opts, size); F(fk_migrate_opts, path); F(fk_migrate_opts, channels);
+    F(fk_migrate_opts, batch_pages); F(fk_migrate_opts, latency_budget_us);
+    printf("%zu %zu\n", sizeof(struct fk_migrate_opts), o.size);
+    F(fk_migrate_result, size); F(fk_migrate_result, gbps); F(fk_migrate_result, first_folio_us);
+    F(fk_migrate_result, pages_to_move); F(fk_migrate_result, relocated);
+    F(fk_migrate_result, batches);
+    printf("%zu %zu\n", sizeof(struct fk_migrate_result), r.size);
+    printf("%zu %d %d %d\n", sizeof(enum fk_path), FK_PATH_KERNEL, FK_PATH_AUTO, FK_PATH_RELOCATE);
+    return 0;
+}
+"#,
+        )
+        .unwrap();
+        let exe = dir.join("layout");
+        let include = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
+        let built = Command::new("cc")
+            .args(["-std=c99", "-Wall", "-Werror", "-I", include])
+            .arg(&c)
+            .arg("-o")
+            .arg(&exe)
+            .status();
+        match built {
+            Err(e) => {
+                println!("SKIP: header_layout_matches_rust: no C compiler (cc: {e})");
+                return;
+            }
+            Ok(s) => assert!(s.success(), "cc failed on the header"),
+        }
+        let out = Command::new(&exe).output().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let got = String::from_utf8(out.stdout).unwrap();
+        macro_rules! f {
+            ($s:ty, $f:ident) => {{
+                let v = <$s>::default();
+                (offset_of!($s, $f), std::mem::size_of_val(&v.$f))
+            }};
+        }
+        let o = [
+            f!(FkMigrateOpts, size),
+            f!(FkMigrateOpts, path),
+            f!(FkMigrateOpts, channels),
+            f!(FkMigrateOpts, batch_pages),
+            f!(FkMigrateOpts, latency_budget_us),
+        ];
+        let r = [
+            f!(FkMigrateResult, size),
+            f!(FkMigrateResult, gbps),
+            f!(FkMigrateResult, first_folio_us),
+            f!(FkMigrateResult, pages_to_move),
+            f!(FkMigrateResult, relocated),
+            f!(FkMigrateResult, batches),
+        ];
+        let line = |fields: &[(usize, usize)], size: usize| {
+            let mut s: String = fields.iter().map(|(a, b)| format!("{a} {b} ")).collect();
+            s += &format!("{size} {size}");
+            s
+        };
+        let want = format!(
+            "{}\n{}\n{} {FK_PATH_KERNEL} {FK_PATH_AUTO} {FK_PATH_RELOCATE}\n",
+            line(&o, size_of::<FkMigrateOpts>()),
+            line(&r, size_of::<FkMigrateResult>()),
+            size_of::<c_int>()
+        );
+        assert_eq!(got, want);
+    }
 }
