@@ -110,7 +110,8 @@ fn clears_spread_across_channels_zero_exactly_the_batch() {
 /// A channel that refuses all work, like a full hardware queue.
 struct Refuses;
 
-impl Channel for Refuses {
+// SAFETY: refuses every batch and touches no piece.
+unsafe impl Channel for Refuses {
     fn name(&self) -> &str {
         "refuses"
     }
@@ -140,7 +141,8 @@ fn refused_work_is_finished_on_the_calling_thread() {
 /// them: (dst, len, first folio, folios covered).
 struct Recording(Mutex<Vec<(usize, usize, usize, usize)>>);
 
-impl Channel for Recording {
+// SAFETY: runs each piece once, on the submitting thread, drains, then reports it.
+unsafe impl Channel for Recording {
     fn name(&self) -> &str {
         "recording"
     }
@@ -171,7 +173,8 @@ fn channels_get_contiguous_runs_with_the_first_folio_on_its_own() {
         .map(|_| Arc::new(Recording(Mutex::new(Vec::new()))))
         .collect();
     struct Shared(Arc<Recording>);
-    impl Channel for Shared {
+    // SAFETY: forwards to the inner channel, which keeps the promises.
+    unsafe impl Channel for Shared {
         fn name(&self) -> &str {
             "shared-recording"
         }
@@ -246,7 +249,9 @@ fn channels_get_contiguous_runs_with_the_first_folio_on_its_own() {
 /// was offered, and counts the pieces it got to claim.
 struct Late(Arc<AtomicUsize>);
 
-impl Channel for Late {
+// SAFETY: runs a piece only after claiming it, once, with the given op,
+// drains, then reports it.
+unsafe impl Channel for Late {
     fn name(&self) -> &str {
         "late"
     }
@@ -299,7 +304,8 @@ fn an_idle_channel_takes_over_a_late_ones_share() {
 /// pool that reached it would still finish the work on the CPU).
 struct Counting(Arc<AtomicUsize>);
 
-impl Channel for Counting {
+// SAFETY: runs each piece once with the given op, drains, then reports it.
+unsafe impl Channel for Counting {
     fn name(&self) -> &str {
         "counting"
     }
@@ -403,7 +409,8 @@ type Reports = Arc<Mutex<Vec<bool>>>;
 /// could end the batch while another channel is still writing.
 struct ReportsTwice(Reports);
 
-impl Channel for ReportsTwice {
+// SAFETY: runs each piece once and drains before reporting; the repeat report is what the test checks is ignored.
+unsafe impl Channel for ReportsTwice {
     fn name(&self) -> &str {
         "reports-twice"
     }
@@ -573,4 +580,129 @@ fn fork_while_another_thread_holds_the_pool_lock() {
             });
         },
     );
+}
+
+/// A channel like a hardware engine that faults halfway through every
+/// piece: it copies the first half, drains, and reports the piece failed.
+struct FailsHalf;
+
+// SAFETY: runs the first half of each piece once, drains, then reports it failed with that count.
+unsafe impl Channel for FailsHalf {
+    fn name(&self) -> &str {
+        "fails-half"
+    }
+
+    unsafe fn submit(
+        &self,
+        pieces: Vec<Piece>,
+        op: Op,
+        done: Arc<Completion>,
+    ) -> Result<(), ChannelError> {
+        for p in &pieces {
+            let half = p.len() / 2;
+            // SAFETY: the first half of a piece we were given (submit
+            // contract); run once, not touched after it is reported.
+            unsafe {
+                let part = Piece::new(p.dst(), p.src(), half, p.folio());
+                op.run(&part);
+            }
+            foliokit::nt::drain();
+            done.piece_failed(p, half);
+        }
+        Ok(())
+    }
+}
+
+/// (source, destination, destination folio pointers, source pointers).
+fn batch_buffers(folios: usize, folio: usize) -> (Region, Region, Vec<*mut u8>, Vec<*const u8>) {
+    let src = filled_region(folio, folios, 99);
+    let mut dst = Region::new(folio * folios, PAGE).unwrap();
+    let d = dst.as_mut_ptr();
+    let dsts = (0..folios).map(|i| d.wrapping_add(i * folio)).collect();
+    let srcs = (0..folios)
+        .map(|i| src.as_ptr().wrapping_add(i * folio))
+        .collect();
+    (src, dst, dsts, srcs)
+}
+
+#[test]
+fn a_submitted_batch_reports_folios_as_they_finish_and_can_be_polled() {
+    let pool = ChannelPool::cpu(2).unwrap();
+    let (folios, folio) = (64, 64 * PAGE);
+    let (src, dst, dsts, srcs) = batch_buffers(folios, folio);
+    // SAFETY: live regions, disjoint folios; the handle is waited for
+    // before the regions are read or dropped.
+    let mut batch =
+        unsafe { pool.submit_copy(&dsts, &srcs, folio, copy_fn(CopyStrategy::Movsb)) }.unwrap();
+    assert_eq!(batch.folios(), folios);
+    assert!(!batch.folio_done(folios), "out of range is never done");
+    let outcome = loop {
+        if let Some(o) = batch.try_wait() {
+            break o;
+        }
+        std::thread::yield_now();
+    };
+    assert!(outcome.failed.is_empty());
+    assert!(outcome.timing.first_folio <= outcome.timing.done);
+    assert!((0..folios).all(|i| batch.folio_done(i)));
+    assert_eq!(batch.try_wait(), Some(outcome.clone()), "the outcome stays");
+    assert_eq!(batch.wait(), outcome);
+    assert!(dst.as_slice() == src.as_slice());
+}
+
+#[test]
+fn dropping_a_batch_waits_for_it() {
+    let pool = ChannelPool::cpu(2).unwrap();
+    let (folios, folio) = (32, 512 * PAGE);
+    let (src, dst, dsts, srcs) = batch_buffers(folios, folio);
+    // SAFETY: as above; the handle is dropped at once, which waits.
+    let batch =
+        unsafe { pool.submit_copy(&dsts, &srcs, folio, copy_fn(CopyStrategy::Movsb)) }.unwrap();
+    drop(batch);
+    assert!(
+        dst.as_slice() == src.as_slice(),
+        "every byte landed before drop returned"
+    );
+}
+
+#[test]
+fn a_failed_piece_is_reported_with_what_it_copied_and_the_blocking_call_finishes_it() {
+    let pool = ChannelPool::of(vec![Box::new(FailsHalf)]).unwrap();
+    let (folios, folio) = (4, 16 * PAGE);
+    let (src, mut dst, dsts, srcs) = batch_buffers(folios, folio);
+    // SAFETY: as above.
+    let batch =
+        unsafe { pool.submit_copy(&dsts, &srcs, folio, copy_fn(CopyStrategy::Movsb)) }.unwrap();
+    let outcome = batch.wait();
+    // One channel: the first folio on its own, the rest as one run.
+    assert_eq!(outcome.failed.len(), 2, "{:?}", outcome.failed);
+    assert_eq!((outcome.failed[0].folio, outcome.failed[0].folios), (0, 1));
+    assert_eq!((outcome.failed[1].folio, outcome.failed[1].folios), (1, 3));
+    let mut at = 0;
+    for f in &outcome.failed {
+        assert_eq!(f.copied, f.len / 2);
+        let (s, d) = (
+            &src.as_slice()[at..][..f.len],
+            &dst.as_slice()[at..][..f.len],
+        );
+        assert!(d[..f.copied] == s[..f.copied], "the copied half landed");
+        assert!(d[f.copied..].iter().all(|&b| b == 0), "nothing past it");
+        at += f.len;
+    }
+    dst.as_mut_slice().fill(0);
+    // SAFETY: as above; the blocking call finishes the failed halves.
+    unsafe { pool.copy_folios(&dsts, &srcs, folio, copy_fn(CopyStrategy::Movsb)) }.unwrap();
+    assert!(dst.as_slice() == src.as_slice());
+}
+
+#[test]
+fn a_submitted_batch_with_lists_of_different_lengths_is_refused() {
+    let pool = ChannelPool::cpu(1).unwrap();
+    let (_src, _dst, dsts, srcs) = batch_buffers(2, PAGE);
+    // SAFETY: refused before anything is touched.
+    let r = unsafe { pool.submit_copy(&dsts, &srcs[..1], PAGE, copy_fn(CopyStrategy::Movsb)) };
+    assert!(matches!(
+        r.err(),
+        Some(ChannelError::LengthMismatch { dsts: 2, srcs: 1 })
+    ));
 }

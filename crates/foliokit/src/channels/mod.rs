@@ -16,6 +16,48 @@
 //! ignores repeats and pieces of other batches), so no channel can end a
 //! batch early while another is still writing into it.
 //!
+//! Implementing [`Channel`] is `unsafe` (an `unsafe impl`): a channel is
+//! handed the caller's memory, and only its implementer can promise to run
+//! each piece once, where it was meant to go. Without `unsafe` it does not
+//! compile:
+//!
+//! ```compile_fail
+//! use foliokit::channels::{Channel, ChannelError, Completion, Op, Piece};
+//! use std::sync::Arc;
+//! struct Redirect;
+//! impl Channel for Redirect {
+//!     fn name(&self) -> &str { "redirect" }
+//!     unsafe fn submit(&self, _: Vec<Piece>, _: Op, _: Arc<Completion>) -> Result<(), ChannelError> {
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//!
+//! The same with `unsafe impl` compiles (and then must keep the promises):
+//!
+//! ```no_run
+//! use foliokit::channels::{Channel, ChannelError, Completion, Op, Piece};
+//! use std::sync::Arc;
+//! struct Refuse;
+//! // SAFETY: refuses every batch and touches nothing.
+//! unsafe impl Channel for Refuse {
+//!     fn name(&self) -> &str { "refuse" }
+//!     unsafe fn submit(&self, _: Vec<Piece>, _: Op, _: Arc<Completion>) -> Result<(), ChannelError> {
+//!         Err(ChannelError::Stopped("refuse".into()))
+//!     }
+//! }
+//! ```
+//!
+//! # Batches in flight
+//!
+//! [`ChannelPool::submit_copy`] and [`ChannelPool::submit_clear`] return a
+//! [`Batch`] at once: poll it ([`Batch::try_wait`]), wait for it, ask which
+//! folios are done ([`Batch::folio_done`]), and read which pieces a channel
+//! could not finish ([`BatchOutcome::failed`], as a DMA engine reports a
+//! partial completion). The blocking [`ChannelPool::copy_folios`] and
+//! [`ChannelPool::clear_folios`] are built on them and finish failed
+//! pieces on the calling thread.
+//!
 //! # Fork
 //!
 //! After `fork()` a child has none of its parent's threads. A CPU channel
@@ -36,7 +78,9 @@ use thiserror::Error;
 use crate::arch::{ClearFn, CopyFn};
 use crate::batch::page_size;
 
+/// Why a channel pool or batch could not start.
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ChannelError {
     #[error("a channel pool needs at least one channel")]
     Zero,
@@ -93,6 +137,8 @@ pub struct Piece {
     /// How many folios, from `folio` on, the piece covers whole (1 for a
     /// folio or a part of one).
     folios: usize,
+    /// Byte offset within folio `folio` where the piece starts.
+    offset: usize,
     /// The [`Completion`] this piece counts towards ([`NO_BATCH`]: none).
     batch: u64,
     /// Its number within that batch.
@@ -123,6 +169,7 @@ impl Piece {
             len,
             folio,
             folios: 1,
+            offset: 0,
             batch: NO_BATCH,
             seq: 0,
         }
@@ -172,8 +219,32 @@ pub struct Completion {
     /// One flag per piece: reported already.
     reported: Vec<AtomicBool>,
     first_ns: AtomicU64,
+    /// When the last piece was reported, from the start.
+    done_ns: AtomicU64,
+    /// Pieces a channel reported failed, with the bytes it did copy.
+    failed: Mutex<Vec<PieceFailure>>,
     done: Mutex<bool>,
     cv: Condvar,
+}
+
+/// A piece a channel could not finish (a hardware engine's page fault or
+/// error status). The first `copied` bytes of it are done; the folios it
+/// covers do not count as finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PieceFailure {
+    /// The (first) folio of the piece within its batch.
+    pub folio: usize,
+    /// Folios the piece covers.
+    pub folios: usize,
+    /// Byte offset of the piece within its first folio.
+    pub offset: usize,
+    /// The piece's length.
+    pub len: usize,
+    /// Bytes from its start that were copied and are visible.
+    pub copied: usize,
+    /// The piece's number in its batch, to finish it.
+    seq: usize,
 }
 
 impl Completion {
@@ -188,6 +259,8 @@ impl Completion {
             claimed: (0..pieces).map(|_| AtomicBool::new(false)).collect(),
             reported: (0..pieces).map(|_| AtomicBool::new(false)).collect(),
             first_ns: AtomicU64::new(0),
+            done_ns: AtomicU64::new(0),
+            failed: Mutex::new(Vec::new()),
             done: Mutex::new(pieces == 0),
             cv: Condvar::new(),
         }
@@ -212,13 +285,7 @@ impl Completion {
     /// [`Piece::new`]) and a repeated report are ignored, so a channel can
     /// never finish a batch while pieces it was not given are in flight.
     pub fn piece_done(&self, piece: &Piece) -> bool {
-        if piece.batch != self.id {
-            return false;
-        }
-        let Some(flag) = self.reported.get(piece.seq) else {
-            return false;
-        };
-        if flag.swap(true, Ordering::AcqRel) {
+        if !self.report(piece) {
             return false;
         }
         // Pieces with this batch's id were made by `ChannelPool::run` with
@@ -234,13 +301,59 @@ impl Completion {
                 }
             }
         }
+        self.count_down();
+        true
+    }
+
+    /// Called by a channel that could not finish `piece`: its first
+    /// `copied` bytes are done and visible, the rest untouched, and the
+    /// channel will not touch its ranges again. The batch then ends with
+    /// the piece in its report ([`BatchOutcome::failed`]); the blocking
+    /// calls finish such pieces on the calling thread. Same rules as
+    /// [`Completion::piece_done`]: other batches' pieces and repeats are
+    /// ignored.
+    pub fn piece_failed(&self, piece: &Piece, copied: usize) -> bool {
+        if !self.report(piece) {
+            return false;
+        }
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(PieceFailure {
+                folio: piece.folio,
+                folios: piece.folios,
+                offset: piece.offset,
+                len: piece.len,
+                copied: copied.min(piece.len),
+                seq: piece.seq,
+            });
+        self.count_down();
+        true
+    }
+
+    /// Marks `piece` reported: `true` the first time for a piece of this
+    /// batch.
+    fn report(&self, piece: &Piece) -> bool {
+        piece.batch == self.id
+            && self
+                .reported
+                .get(piece.seq)
+                .is_some_and(|flag| !flag.swap(true, Ordering::AcqRel))
+    }
+
+    fn count_down(&self) {
         // AcqRel: the last report acquires every earlier channel's release,
         // so the waiter (through the mutex) sees every piece's bytes.
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let ns = self.start.elapsed().as_nanos().max(1) as u64;
+            self.done_ns.store(ns, Ordering::Release);
             *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
             self.cv.notify_all();
         }
-        true
+    }
+
+    fn is_done(&self) -> bool {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn wait(&self) -> Duration {
@@ -254,13 +367,21 @@ impl Completion {
 
 /// A copy engine (it clears too: a clear is a copy from nothing).
 ///
-/// What the pool relies on from an implementation (which can only break it
-/// inside `unsafe` code of its own, since running a piece is `unsafe`):
-/// each accepted piece is run at most once, its bytes are visible (drained)
-/// before `done.piece_done` is called for it, and its ranges are not touched
-/// after that; and `Err` means no piece was, or will be, touched (the pool
-/// then runs them itself).
-pub trait Channel: Send + Sync {
+/// # Safety
+///
+/// Implementing it is `unsafe`: the pool hands an implementation the
+/// caller's memory and trusts it to keep these promises, which no type can
+/// check:
+/// - each accepted piece is run at most once, with the `op` given, on its
+///   own ranges (never another piece's, never redirected elsewhere);
+/// - its bytes are visible (drained) before `done.piece_done` is called for
+///   it, or the bytes it did copy before `done.piece_failed`, and its
+///   ranges are not touched after either call;
+/// - `Err` from `submit` means no piece was, or will be, touched (the pool
+///   then runs them itself);
+/// - with [`Channel::claims_pieces`], a piece is run only after
+///   `done.claim` returned `true` for it.
+pub unsafe trait Channel: Send + Sync {
     fn name(&self) -> &str;
 
     /// Whether this channel runs a piece only after [`Completion::claim`]
@@ -575,7 +696,61 @@ impl ChannelPool {
         }
     }
 
-    /// Cuts `n` folios into pieces, hands them out round-robin, waits.
+    /// Starts copying folio `i` from `srcs[i]` to `dsts[i]` for every `i`,
+    /// spread as [`ChannelPool::copy_folios`] spreads it, and returns at
+    /// once with a handle: poll it, wait for it, see which folios are done.
+    /// Refused before anything starts: a zero `folio_size`, lists of
+    /// different lengths.
+    ///
+    /// # Safety
+    /// As [`ChannelPool::copy_folios`], for as long as the batch is in
+    /// flight: until [`Batch::wait`] or a [`Batch::try_wait`] that returns
+    /// `Some` — dropping the handle waits too. A handle that is leaked
+    /// (`mem::forget`) leaves the channels writing: the ranges must then
+    /// stay valid for the life of the process.
+    pub unsafe fn submit_copy(
+        &self,
+        dsts: &[*mut u8],
+        srcs: &[*const u8],
+        folio_size: usize,
+        copy: CopyFn,
+    ) -> Result<Batch<'_>, ChannelError> {
+        if dsts.len() != srcs.len() {
+            return Err(ChannelError::LengthMismatch {
+                dsts: dsts.len(),
+                srcs: srcs.len(),
+            });
+        }
+        // SAFETY: forwarded contract; the lists have equal lengths.
+        unsafe {
+            self.start(dsts.len(), folio_size, Op::Copy(copy), |f| {
+                (dsts[f], srcs[f])
+            })
+        }
+    }
+
+    /// Starts zeroing folio `i` at `dsts[i]` for every `i`; see
+    /// [`ChannelPool::submit_copy`].
+    ///
+    /// # Safety
+    /// As [`ChannelPool::clear_folios`], for as long as the batch is in
+    /// flight (see [`ChannelPool::submit_copy`]).
+    pub unsafe fn submit_clear(
+        &self,
+        dsts: &[*mut u8],
+        folio_size: usize,
+        clear: ClearFn,
+    ) -> Result<Batch<'_>, ChannelError> {
+        // SAFETY: forwarded contract; clears never read `src`.
+        unsafe {
+            self.start(dsts.len(), folio_size, Op::Clear(clear), |f| {
+                (dsts[f], std::ptr::null())
+            })
+        }
+    }
+
+    /// Runs a batch to the end: pieces a channel failed are finished on the
+    /// calling thread, so every byte is done when this returns.
     ///
     /// # Safety
     /// `folio(f)` for `f < n` gives ranges valid for `op` over `folio_size`
@@ -587,13 +762,35 @@ impl ChannelPool {
         op: Op,
         folio: impl Fn(usize) -> (*mut u8, *const u8),
     ) -> Result<BatchTiming, ChannelError> {
+        // SAFETY: forwarded contract; the batch is waited for below.
+        let batch = unsafe { self.start(n, folio_size, op, folio) }?;
+        Ok(batch.finish())
+    }
+
+    /// Cuts `n` folios into pieces, hands them to the channels, returns the
+    /// batch in flight.
+    ///
+    /// # Safety
+    /// `folio(f)` for `f < n` gives ranges valid for `op` over `folio_size`
+    /// bytes, untouched by anyone else while the batch is in flight.
+    unsafe fn start(
+        &self,
+        n: usize,
+        folio_size: usize,
+        op: Op,
+        folio: impl Fn(usize) -> (*mut u8, *const u8),
+    ) -> Result<Batch<'_>, ChannelError> {
         if folio_size == 0 {
             return Err(ChannelError::ZeroFolio);
         }
         if n == 0 {
-            return Ok(BatchTiming {
-                first_folio: Duration::ZERO,
-                done: Duration::ZERO,
+            return Ok(Batch {
+                _pool: self,
+                done: Arc::new(Completion::new(Vec::new(), 0)),
+                op,
+                pieces: Vec::new(),
+                folios: 0,
+                outcome: None,
             });
         }
         let ch = self.channels.len();
@@ -643,6 +840,7 @@ impl ChannelPool {
                     len: folios * folio_size,
                     folio: f,
                     folios,
+                    offset: 0,
                     batch: done.id,
                     seq,
                 });
@@ -676,6 +874,7 @@ impl ChannelPool {
                         len: piece.min(folio_size - off),
                         folio: f,
                         folios: 1,
+                        offset: off,
                         batch: done.id,
                         seq: k,
                     });
@@ -684,6 +883,9 @@ impl ChannelPool {
             }
             done
         };
+        // Every piece by its number, to finish failed ones.
+        let mut all: Vec<Piece> = work.iter().flatten().copied().collect();
+        all.sort_by_key(|p| p.seq);
         let claims: Vec<bool> = self.channels.iter().map(|c| c.claims_pieces()).collect();
         let offered: Vec<Vec<Piece>> = (0..ch)
             .map(|c| {
@@ -726,12 +928,140 @@ impl ChannelPool {
                 }
             }
         }
-        let total = done.wait();
+        // From here the handle owns the batch: dropping it waits.
         std::mem::forget(in_flight);
-        let first = Duration::from_nanos(done.first_ns.load(Ordering::Acquire));
-        Ok(BatchTiming {
-            first_folio: first.min(total),
-            done: total,
+        Ok(Batch {
+            _pool: self,
+            done,
+            op,
+            pieces: all,
+            folios: n,
+            outcome: None,
         })
+    }
+}
+
+/// A batch in flight on a [`ChannelPool`] ([`ChannelPool::submit_copy`],
+/// [`ChannelPool::submit_clear`]). Dropping it waits for the batch: the
+/// channels may still be writing into the caller's memory.
+pub struct Batch<'p> {
+    _pool: &'p ChannelPool,
+    done: Arc<Completion>,
+    op: Op,
+    /// Every piece, by its number.
+    pieces: Vec<Piece>,
+    folios: usize,
+    outcome: Option<BatchOutcome>,
+}
+
+/// How a batch ended.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct BatchOutcome {
+    /// When its first folio and its last piece completed.
+    pub timing: BatchTiming,
+    /// Pieces a channel could not finish (empty for CPU channels, which do
+    /// not fail). Their folios are not done; the rest of the batch is.
+    pub failed: Vec<PieceFailure>,
+}
+
+impl Batch<'_> {
+    /// Folios in the batch.
+    pub fn folios(&self) -> usize {
+        self.folios
+    }
+
+    /// Whether folio `i` is done: every byte of it copied (or cleared) and
+    /// visible to this thread. `false` for a folio a failed piece covers,
+    /// and for `i` out of range.
+    pub fn folio_done(&self, i: usize) -> bool {
+        self.done
+            .per_folio
+            .get(i)
+            .is_some_and(|left| left.load(Ordering::Acquire) == 0)
+    }
+
+    /// The outcome if the batch has ended, without blocking.
+    pub fn try_wait(&mut self) -> Option<BatchOutcome> {
+        if self.outcome.is_none() && self.done.is_done() {
+            self.outcome = Some(self.collect());
+        }
+        self.outcome.clone()
+    }
+
+    /// Blocks until the batch ends.
+    pub fn wait(mut self) -> BatchOutcome {
+        self.wait_inner()
+    }
+
+    fn wait_inner(&mut self) -> BatchOutcome {
+        if self.outcome.is_none() {
+            self.done.wait();
+            self.outcome = Some(self.collect());
+        }
+        self.outcome.clone().unwrap_or_else(|| self.collect())
+    }
+
+    fn collect(&self) -> BatchOutcome {
+        let total = match self.done.done_ns.load(Ordering::Acquire) {
+            // An empty batch is done at once.
+            0 => Duration::ZERO,
+            ns => Duration::from_nanos(ns),
+        };
+        let first = Duration::from_nanos(self.done.first_ns.load(Ordering::Acquire));
+        let mut failed = self
+            .done
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        failed.sort_by_key(|f| f.seq);
+        BatchOutcome {
+            timing: BatchTiming {
+                first_folio: if first.is_zero() {
+                    total
+                } else {
+                    first.min(total)
+                },
+                done: total,
+            },
+            failed,
+        }
+    }
+
+    /// Waits, then finishes on this thread what channels failed: the
+    /// blocking calls' promise that every byte is done.
+    fn finish(mut self) -> BatchTiming {
+        let outcome = self.wait_inner();
+        for f in &outcome.failed {
+            let Some(p) = self.pieces.get(f.seq) else {
+                continue;
+            };
+            let rest = Piece {
+                dst: p.dst.wrapping_add(f.copied),
+                src: if p.src.is_null() {
+                    p.src
+                } else {
+                    p.src.wrapping_add(f.copied)
+                },
+                len: p.len - f.copied,
+                ..*p
+            };
+            // SAFETY: the batch's contract covers the piece's ranges until
+            // this returns; the failing channel gave the piece up for good
+            // (piece_failed), and `copied <= len` keeps the rest inside it.
+            unsafe { self.op.run(&rest) };
+        }
+        if !outcome.failed.is_empty() {
+            crate::arch::sfence();
+        }
+        outcome.timing
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        // The channels may still be writing into the caller's memory.
+        self.done.wait();
     }
 }
