@@ -56,6 +56,8 @@ fn strategy_err(e: &StrategyError) -> c_int {
         StrategyError::Unknown { .. } | StrategyError::Empty { .. } => -libc::ENOENT,
         StrategyError::Unavailable { .. } => -libc::EOPNOTSUPP,
         StrategyError::Unresolved { .. } => -libc::EINVAL,
+        // A newer error the C API does not know yet.
+        _ => -libc::EINVAL,
     }
 }
 
@@ -204,6 +206,7 @@ pub unsafe extern "C" fn fk_copy_mc(
             // Another SIGBUS handler replaced foliokit's after it started.
             Err(McError::HandlerReplaced) => Err(-libc::EBUSY),
             Err(McError::Batch(e)) => Err(batch_err(&e)),
+            Err(_) => Err(-libc::EINVAL),
         }
     })
 }

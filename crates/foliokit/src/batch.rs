@@ -22,6 +22,7 @@ pub enum Reuse {
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BatchError {
     #[error("folio size {0} is not a non-zero multiple of the {1}-byte page size")]
     BadFolioSize(usize, usize),

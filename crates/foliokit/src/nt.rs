@@ -23,6 +23,7 @@ use thiserror::Error;
 use crate::arch;
 
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum NtError {
     #[error("destination is {dst} bytes but source is {src}")]
     LengthMismatch { dst: usize, src: usize },

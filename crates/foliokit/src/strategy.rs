@@ -21,6 +21,7 @@ pub trait Strategy: Copy + Eq + std::fmt::Debug + 'static {
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StrategyError {
     #[error("unknown {op} strategy '{name}' (known: {known}; '-f help' describes them)")]
     Unknown {

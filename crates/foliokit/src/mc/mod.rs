@@ -58,6 +58,7 @@ pub struct McFault {
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum McError {
     #[error("{} bytes not copied: source page {} faulted ({})", .0.not_copied, .0.bad_page, .0.kind)]
     Fault(McFault),

@@ -16,6 +16,7 @@ use crate::batch::page_size;
 use crate::tune::POPULATE_CHUNK;
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum PopulateError {
     #[error("populate needs at least one channel")]
     ZeroChannels,

@@ -22,6 +22,7 @@ use crate::cpu::cpu;
 const GIB: usize = 1 << 30;
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum MemError {
     #[error("a region of 0 bytes was requested")]
     Empty,
