@@ -114,10 +114,7 @@ pub unsafe extern "C" fn fk_copy_folios(
             .into_iter()
             .map(<*mut u8>::cast_const)
             .collect();
-        let o = CopyOptions {
-            strategy: s,
-            reuse: reuse(write_once),
-        };
+        let o = CopyOptions::default().strategy(s).reuse(reuse(write_once));
         // SAFETY: the caller guarantees validity; overlap and alignment are
         // checked inside.
         unsafe { fk::copy_folios_raw(&dsts, &srcs, folio_size, o) }.map_err(|e| batch_err(&e))?;
@@ -142,11 +139,10 @@ pub unsafe extern "C" fn fk_clear_folios(
         // SAFETY: the caller's contract.
         let s: ClearStrategy = unsafe { strategy(strategy_name) }?;
         let dsts = fk::batch::folio_starts(dst.cast(), len, folio_size);
-        let o = ClearOptions {
-            strategy: s,
-            reuse: reuse(write_once),
-            hint_page: 0,
-        };
+        let o = ClearOptions::default()
+            .strategy(s)
+            .reuse(reuse(write_once))
+            .hint_page(0);
         // SAFETY: the caller guarantees validity; the rest is checked inside.
         unsafe { fk::clear_folios_raw(&dsts, folio_size, o) }.map_err(|e| batch_err(&e))?;
         Ok(0)

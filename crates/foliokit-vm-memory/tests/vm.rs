@@ -461,10 +461,7 @@ fn migrate_a_guest_range_to_node_0() {
     let out = migrate_range(&mem, GuestAddress(A + A_LEN - PAGE), PAGE, 0, &opts).unwrap();
     assert_eq!(out.len(), 1);
     // Relocation is opt-in through the unsafe entry point.
-    let reloc = MigrateOptions {
-        path: Path::Relocate,
-        ..Default::default()
-    };
+    let reloc = MigrateOptions::default().path(Path::Relocate);
     assert!(matches!(
         migrate_range(&mem, GuestAddress(A), A_LEN, 0, &reloc),
         Err(Error::RelocationNeedsUnsafe)

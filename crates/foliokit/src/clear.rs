@@ -73,14 +73,38 @@ impl Strategy for ClearStrategy {
     }
 }
 
-/// Options for a batched clear.
+/// Options for a batched clear: `ClearOptions::default().strategy(..)`.
+/// Fields are added in minor versions, so build it with the setters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClearOptions {
+    /// The primitive (`Auto`: chosen per batch).
     pub strategy: ClearStrategy,
+    /// Whether the zeroed memory is used again soon (decides streaming).
     pub reuse: Reuse,
     /// For `butterfly`: the page (index within each folio) the clearing
     /// converges on, as the faulting address does in the kernel.
     pub hint_page: usize,
+}
+
+impl ClearOptions {
+    /// Sets the strategy.
+    pub fn strategy(mut self, s: ClearStrategy) -> Self {
+        self.strategy = s;
+        self
+    }
+
+    /// Sets the reuse hint.
+    pub fn reuse(mut self, r: Reuse) -> Self {
+        self.reuse = r;
+        self
+    }
+
+    /// Sets the butterfly's hint page.
+    pub fn hint_page(mut self, page: usize) -> Self {
+        self.hint_page = page;
+        self
+    }
 }
 
 /// A resolved clear: butterfly needs the hint, the others are plain ranges.

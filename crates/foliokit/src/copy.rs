@@ -76,11 +76,29 @@ impl Strategy for CopyStrategy {
     }
 }
 
-/// Options for a batched copy.
+/// Options for a batched copy: `CopyOptions::default().strategy(..)`.
+/// Fields are added in minor versions, so build it with the setters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CopyOptions {
+    /// The primitive (`Auto`: chosen per batch).
     pub strategy: CopyStrategy,
+    /// Whether the data is read again soon (decides streaming stores).
     pub reuse: Reuse,
+}
+
+impl CopyOptions {
+    /// Sets the strategy.
+    pub fn strategy(mut self, s: CopyStrategy) -> Self {
+        self.strategy = s;
+        self
+    }
+
+    /// Sets the reuse hint.
+    pub fn reuse(mut self, r: Reuse) -> Self {
+        self.reuse = r;
+        self
+    }
 }
 
 impl CopyStrategy {

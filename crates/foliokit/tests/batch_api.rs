@@ -42,7 +42,7 @@ proptest! {
         let folio = pages * PAGE;
         let src = filled_region(folio, n, seed);
         let mut dst = Region::new(folio * n, PAGE).unwrap();
-        let r = copy_folios(dst.as_mut_slice(), src.as_slice(), folio, CopyOptions { strategy: s, reuse }).unwrap();
+        let r = copy_folios(dst.as_mut_slice(), src.as_slice(), folio, CopyOptions::default().strategy(s).reuse(reuse)).unwrap();
         prop_assert_eq!(r.bytes, folio * n);
         prop_assert_eq!(r.folios, n);
         prop_assert!(dst.as_slice() == src.as_slice());
@@ -62,7 +62,7 @@ proptest! {
         let dsts: Vec<*mut u8> = (0..n).map(|i| d.wrapping_add(i * folio)).collect();
         let srcs: Vec<*const u8> = (0..n).map(|i| src.as_ptr().wrapping_add((i + rot) % n * folio)).collect();
         // SAFETY: every pointer is a folio inside a live region.
-        unsafe { copy_folios_raw(&dsts, &srcs, folio, CopyOptions { strategy: s, reuse: Reuse::Reread }) }.unwrap();
+        unsafe { copy_folios_raw(&dsts, &srcs, folio, CopyOptions::default().strategy(s).reuse(Reuse::Reread)) }.unwrap();
         for i in 0..n {
             let j = (i + rot) % n;
             prop_assert!(dst.as_slice()[i * folio..][..folio] == src.as_slice()[j * folio..][..folio]);
@@ -74,7 +74,7 @@ proptest! {
                                hint in 0usize..5, reuse in reuse(), seed in any::<u64>()) {
         let folio = pages * PAGE;
         let mut dst = filled_region(folio, n, seed);
-        let opts = ClearOptions { strategy: s, reuse, hint_page: hint % pages };
+        let opts = ClearOptions::default().strategy(s).reuse(reuse).hint_page(hint % pages);
         let r = clear_folios(dst.as_mut_slice(), folio, opts).unwrap();
         prop_assert_eq!(r.bytes, folio * n);
         prop_assert!(dst.as_slice().iter().all(|&b| b == 0));
@@ -86,7 +86,7 @@ proptest! {
         let mut dst = Region::new(4 * PAGE, PAGE).unwrap();
         let before = dst.as_slice().to_vec();
         let e = copy_folios(&mut dst.as_mut_slice()[off..off + 2 * PAGE], &src.as_slice()[..2 * PAGE], PAGE,
-                            CopyOptions { strategy: s, reuse: Reuse::Reread });
+                            CopyOptions::default().strategy(s).reuse(Reuse::Reread));
         let is_misaligned = matches!(e, Err(BatchError::Misaligned { .. }));
         prop_assert!(is_misaligned);
         prop_assert!(dst.as_slice() == &before[..]);
@@ -248,11 +248,10 @@ fn misaligned_raw_pointers_and_wrapping_ranges() {
 fn hint_outside_the_folio() {
     let mut dst = Region::new(4 * PAGE, PAGE).unwrap();
     dst.as_mut_slice().fill(0xEE);
-    let o = ClearOptions {
-        strategy: ClearStrategy::Butterfly,
-        reuse: Reuse::Reread,
-        hint_page: 2,
-    };
+    let o = ClearOptions::default()
+        .strategy(ClearStrategy::Butterfly)
+        .reuse(Reuse::Reread)
+        .hint_page(2);
     let e = clear_folios(dst.as_mut_slice(), 2 * PAGE, o).unwrap_err();
     assert_eq!(e, BatchError::HintOutOfRange { hint: 2, pages: 2 });
     assert!(untouched(&dst));
@@ -282,10 +281,7 @@ fn strategy_lists_parse_and_refuse() {
         // And the batch API refuses it too, writing nothing.
         let mut dst = Region::new(PAGE, PAGE).unwrap();
         dst.as_mut_slice().fill(0xEE);
-        let o = ClearOptions {
-            strategy: *s,
-            ..ClearOptions::default()
-        };
+        let o = ClearOptions::default().strategy(*s);
         assert!(matches!(
             clear_folios(dst.as_mut_slice(), PAGE, o),
             Err(BatchError::Strategy(_))

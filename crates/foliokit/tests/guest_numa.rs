@@ -99,11 +99,7 @@ fn round_trip(path: Path, from: u32, to: u32) {
     let at = r.as_mut_ptr() as usize;
     let want = pattern(len, 77);
     r.as_mut_slice().copy_from_slice(&want);
-    let opts = MigrateOptions {
-        path,
-        channels: 2,
-        ..Default::default()
-    };
+    let opts = MigrateOptions::default().path(path).channels(2);
     let thp_before = thp_kb(at);
     for node in [from, to, from] {
         // SAFETY: our own private anonymous region, used by no one else.
@@ -203,10 +199,7 @@ fn a_sparse_range_moves_only_its_pages() {
             if path == Path::Relocate && !relocation_available() {
                 continue;
             }
-            let opts = MigrateOptions {
-                path,
-                ..Default::default()
-            };
+            let opts = MigrateOptions::default().path(path);
             // SAFETY: our own private anonymous region.
             unsafe { migrate(at as *mut u8, len, n[1], &opts) }.unwrap();
             let st = placement(at, len);

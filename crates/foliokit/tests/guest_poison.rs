@@ -96,10 +96,9 @@ fn a_poisoned_page_in_the_middle_of_a_batch() {
             return;
         }
         let mut dst = Region::new(4 * F, PAGE).unwrap();
-        let opts = CopyOptions {
-            strategy: CopyStrategy::Movsb,
-            reuse: Reuse::Reread,
-        };
+        let opts = CopyOptions::default()
+            .strategy(CopyStrategy::Movsb)
+            .reuse(Reuse::Reread);
         let r = copy_folios_mc(dst.as_mut_slice(), src.as_slice(), F, opts).unwrap();
         assert_eq!((r.folios, r.copied, r.faults.len()), (4, 3, 1));
         let f = r.faults[0];

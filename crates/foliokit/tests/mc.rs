@@ -112,10 +112,7 @@ fn a_bad_folio_does_not_stop_the_batch() {
         let file = TruncatedFile::new(F, 99, Some(hole_at));
         file.truncate(F / 2);
         let mut dst = Region::new(4 * F, PAGE).unwrap();
-        let opts = CopyOptions {
-            strategy: s,
-            reuse: Reuse::Reread,
-        };
+        let opts = CopyOptions::default().strategy(s).reuse(Reuse::Reread);
         let r = copy_folios_mc(dst.as_mut_slice(), src.as_slice(), F, opts).unwrap();
         let name = s.name();
         assert_eq!((r.folios, r.copied, r.faults.len()), (4, 3, 1), "{name}");

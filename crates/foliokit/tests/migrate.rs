@@ -18,10 +18,7 @@ fn node() -> u32 {
 
 fn relocation_available() -> bool {
     let mut r = Region::new(2 * MIB, 2 * MIB).unwrap();
-    let o = MigrateOptions {
-        path: Path::Relocate,
-        ..Default::default()
-    };
+    let o = MigrateOptions::default().path(Path::Relocate);
     // SAFETY: our own region, no other users.
     match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
         Err(e @ MigrateError::Refused { .. }) => {
@@ -129,12 +126,10 @@ fn relocation_keeps_contents_and_thp() {
     r.as_mut_slice().copy_from_slice(&p);
     let thp_before = r.backing().obtained.clone();
     for channels in [1, 2, 3] {
-        let o = MigrateOptions {
-            path: Path::Relocate,
-            channels,
-            batch_pages: 1024,
-            ..Default::default()
-        };
+        let o = MigrateOptions::default()
+            .path(Path::Relocate)
+            .channels(channels)
+            .batch_pages(1024);
         // SAFETY: our own region, no other users.
         let rep = unsafe { migrate(r.as_mut_ptr(), len, node(), &o) }.unwrap();
         assert_eq!(rep.path, MigratePath::Relocate);
@@ -160,12 +155,10 @@ fn relocation_under_writers_and_readers_loses_nothing() {
     if !relocation_available() {
         return;
     }
-    let o = MigrateOptions {
-        path: Path::Relocate,
-        channels: 2,
-        batch_pages: 512,
-        ..Default::default()
-    };
+    let o = MigrateOptions::default()
+        .path(Path::Relocate)
+        .channels(2)
+        .batch_pages(512);
     let n = migrate_under_load(32 * MIB, Duration::from_secs(2), &o);
     assert!(n >= 1);
 }
@@ -175,13 +168,11 @@ fn stress_relocation_for_ten_seconds_with_two_writers() {
     if !relocation_available() {
         return;
     }
-    let o = MigrateOptions {
-        path: Path::Relocate,
-        channels: 2,
-        batch_pages: 2048,
-        latency_budget: Some(Duration::from_millis(2)),
-        ..Default::default()
-    };
+    let o = MigrateOptions::default()
+        .path(Path::Relocate)
+        .channels(2)
+        .batch_pages(2048)
+        .latency_budget(Some(Duration::from_millis(2)));
     let n = migrate_under_load(64 * MIB, Duration::from_secs(10), &o);
     eprintln!("stress: {n} migrations of 64 MiB in 10 s, nothing lost");
     assert!(n >= 1);
@@ -189,21 +180,14 @@ fn stress_relocation_for_ten_seconds_with_two_writers() {
 
 #[test]
 fn kernel_path_under_writers_and_readers() {
-    let o = MigrateOptions {
-        path: Path::Kernel,
-        channels: 2,
-        ..Default::default()
-    };
+    let o = MigrateOptions::default().path(Path::Kernel).channels(2);
     migrate_under_load(16 * MIB, Duration::from_millis(500), &o);
 }
 
 #[test]
 fn kernel_path_on_one_node_says_there_is_nothing_to_move() {
     let mut r = Region::new(4 * MIB, PAGE).unwrap();
-    let o = MigrateOptions {
-        path: Path::Kernel,
-        ..Default::default()
-    };
+    let o = MigrateOptions::default().path(Path::Kernel);
     // SAFETY: our own region.
     let rep = unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) }.unwrap();
     assert_eq!(rep.path, MigratePath::Kernel);
@@ -223,10 +207,7 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
     let mut r = Region::new(4 * MIB, PAGE).unwrap();
     let p = pattern(r.len(), 5);
     r.as_mut_slice().copy_from_slice(&p);
-    let o = MigrateOptions {
-        path: Path::Relocate,
-        ..Default::default()
-    };
+    let o = MigrateOptions::default().path(Path::Relocate);
     let base = r.as_mut_ptr();
     // SAFETY: every call below is rejected before the memory is touched.
     unsafe {
@@ -246,7 +227,7 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
             migrate(base, PAGE, 9999, &o),
             Err(MigrateError::NoSuchNode { node: 9999, .. })
         ));
-        let zero = MigrateOptions { channels: 0, ..o };
+        let zero = o.channels(0);
         assert!(matches!(
             migrate(base, PAGE, node(), &zero),
             Err(MigrateError::ZeroBatch)
@@ -282,10 +263,7 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
             .iter()
             .all(|&b| b == 7));
         // Auto falls back to the kernel path and says why.
-        let auto = MigrateOptions {
-            path: Path::Auto,
-            ..o
-        };
+        let auto = o.path(Path::Auto);
         let rep = migrate(shared.cast(), MIB, node(), &auto).unwrap();
         assert_eq!(rep.path, MigratePath::Kernel);
         assert!(
@@ -316,12 +294,10 @@ fn relocation_of_a_range_that_is_not_whole_folios() {
     let len = 2 * MIB + 3 * PAGE;
     // One batch per folio, and one batch holding the folio and the tail.
     for batch_pages in [512, 4096] {
-        let o = MigrateOptions {
-            path: Path::Relocate,
-            channels: 2,
-            batch_pages,
-            ..Default::default()
-        };
+        let o = MigrateOptions::default()
+            .path(Path::Relocate)
+            .channels(2)
+            .batch_pages(batch_pages);
         // SAFETY: a sub-range of our own region, no other users.
         let rep = unsafe { migrate(r.as_mut_ptr().add(MIB), len, node(), &o) }.unwrap();
         assert_eq!(rep.bytes, len);

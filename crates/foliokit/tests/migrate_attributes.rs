@@ -37,12 +37,10 @@ fn node() -> u32 {
 }
 
 fn opts(path: Path) -> MigrateOptions {
-    MigrateOptions {
-        path,
-        batch_pages: 256,
-        channels: 2,
-        ..Default::default()
-    }
+    MigrateOptions::default()
+        .path(path)
+        .batch_pages(256)
+        .channels(2)
 }
 
 fn errno() -> io::Error {
@@ -1055,10 +1053,7 @@ fn children_forked_during_relocation() {
             }
             let _stop = StopOnDrop(&stop);
             let t = Instant::now();
-            let o = MigrateOptions {
-                batch_pages: 32,
-                ..opts(Path::Relocate)
-            };
+            let o = opts(Path::Relocate).batch_pages(32);
             while t.elapsed() < Duration::from_millis(1500) {
                 for at in [wf, df, plain] {
                     // SAFETY: our own mappings; the forker only forks.
@@ -1472,32 +1467,14 @@ fn bad_input_is_typed_and_touches_nothing_on_every_path() {
                     ("empty", res, 0, node(), o),
                     ("no such node", res, PAGE, 9999, o),
                     ("fully unmapped", hole, MIB, node(), o),
-                    (
-                        "zero channels",
-                        res,
-                        PAGE,
-                        node(),
-                        MigrateOptions { channels: 0, ..o },
-                    ),
-                    (
-                        "zero batch",
-                        res,
-                        PAGE,
-                        node(),
-                        MigrateOptions {
-                            batch_pages: 0,
-                            ..o
-                        },
-                    ),
+                    ("zero channels", res, PAGE, node(), o.channels(0)),
+                    ("zero batch", res, PAGE, node(), o.batch_pages(0)),
                     (
                         "folio size not a power of two",
                         res,
                         PAGE,
                         node(),
-                        MigrateOptions {
-                            folio_size: 3 * PAGE,
-                            ..o
-                        },
+                        o.folio_size(3 * PAGE),
                     ),
                     ("wraps", top, 2 * PAGE, node(), o),
                     ("hole in the middle", res, 3 * MIB, node(), o),

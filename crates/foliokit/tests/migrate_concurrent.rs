@@ -109,12 +109,10 @@ fn node() -> u32 {
 }
 
 fn opts(path: Path) -> MigrateOptions {
-    MigrateOptions {
-        path,
-        channels: 2,
-        batch_pages: 512,
-        ..Default::default()
-    }
+    MigrateOptions::default()
+        .path(path)
+        .channels(2)
+        .batch_pages(512)
 }
 
 /// One migration of `[addr, addr + len)`.

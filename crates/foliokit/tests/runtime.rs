@@ -244,10 +244,7 @@ fn after_init_the_hot_path_opens_no_file() {
         src.fill(7);
         forbid_files();
         for strategy in [CopyStrategy::Auto, CopyStrategy::Nt, CopyStrategy::Libc] {
-            let o = CopyOptions {
-                strategy,
-                ..Default::default()
-            };
+            let o = CopyOptions::default().strategy(strategy);
             copy_folios(dst, src, 2 << 20, o).unwrap();
         }
         foliokit::copy_mc(&mut dst[..4096], &src[..4096], CopyStrategy::Auto).unwrap();

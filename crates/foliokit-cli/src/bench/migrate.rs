@@ -258,11 +258,9 @@ struct Runs {
 
 /// Puts `src` on `node` with move_pages, outside any timing.
 fn place(src: &mut Region, node: u32, channels: usize) -> Result<(), CliError> {
-    let o = MigrateOptions {
-        path: Path::Kernel,
-        channels,
-        ..Default::default()
-    };
+    let o = MigrateOptions::default()
+        .path(Path::Kernel)
+        .channels(channels);
     // SAFETY: the region is ours and nothing else uses it meanwhile.
     let rep = unsafe { migrate(src.as_mut_ptr(), src.len(), node, &o) }?;
     if !rep.failed.is_empty() {
@@ -493,10 +491,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     };
     let pb = bar((t1 + t2 + t3) * a.loops as usize, "migrate");
     let tick = || pb.inc(1);
-    let base = MigrateOptions {
-        path: Path::Relocate,
-        ..Default::default()
-    };
+    let base = MigrateOptions::default().path(Path::Relocate);
 
     if a.tables.contains(&1) {
         let mut settings = MthpSettings::system();
@@ -508,13 +503,11 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
             }
             let (mut src, obtained) = source(a.size, folio)?;
             let batch = (a.table_batch as usize * PAGE).max(folio) / PAGE;
-            let o = MigrateOptions {
-                channels: 1,
-                strategy: CopyStrategy::PerPage,
-                batch_pages: batch,
-                folio_size: folio,
-                ..base
-            };
+            let o = base
+                .channels(1)
+                .strategy(CopyStrategy::PerPage)
+                .batch_pages(batch)
+                .folio_size(folio);
             let baseline = row(
                 1,
                 &main_label,
@@ -530,12 +523,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 ..baseline
             });
             for &c in &channels {
-                let o = MigrateOptions {
-                    channels: c,
-                    batch_pages: batch,
-                    folio_size: folio,
-                    ..base
-                };
+                let o = base.channels(c).batch_pages(batch).folio_size(folio);
                 let mut r = row(
                     1,
                     &main_label,
@@ -560,11 +548,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         for &c in &channels {
             let mut first_gbps = None;
             for &b in &batches {
-                let o = MigrateOptions {
-                    channels: c,
-                    batch_pages: b,
-                    ..base
-                };
+                let o = base.channels(c).batch_pages(b);
                 let mut r = row(
                     2,
                     &main_label,
@@ -579,12 +563,10 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 report.rows.push(r);
             }
             if let Some(budget) = a.latency_budget {
-                let o = MigrateOptions {
-                    channels: c,
-                    batch_pages: 512,
-                    latency_budget: Some(budget),
-                    ..base
-                };
+                let o = base
+                    .channels(c)
+                    .batch_pages(512)
+                    .latency_budget(Some(budget));
                 let mut r = row(
                     2,
                     &main_label,
@@ -610,12 +592,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         for &dir in &table3_dirs {
             let label = dir.label(&memory_only);
             for &c in &channels {
-                let o = MigrateOptions {
-                    path: Path::Kernel,
-                    channels: c,
-                    batch_pages,
-                    ..base
-                };
+                let o = base.path(Path::Kernel).channels(c).batch_pages(batch_pages);
                 let kernel = row(
                     3,
                     &label,
@@ -630,11 +607,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                     speedup: kmed.map(|_| 1.0),
                     ..kernel
                 });
-                let o = MigrateOptions {
-                    channels: c,
-                    batch_pages,
-                    ..base
-                };
+                let o = base.channels(c).batch_pages(batch_pages);
                 let mut r = row(
                     3,
                     &label,

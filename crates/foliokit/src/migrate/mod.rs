@@ -77,8 +77,12 @@ impl fmt::Display for MigratePath {
     }
 }
 
+/// How to migrate: `MigrateOptions::default().channels(4)...`. Fields are
+/// added in minor versions, so build it with the setters.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct MigrateOptions {
+    /// Kernel path (default), relocation, or `Auto`; see [`Path`].
     pub path: Path,
     /// Pages per batch (NR_MAX_BATCHED_MIGRATION is 512). With a latency
     /// budget, the starting size.
@@ -101,6 +105,50 @@ pub struct MigrateOptions {
     /// relocation also needs fork events, which the kernel grants only with
     /// CAP_SYS_PTRACE; a process without it is refused either way.
     pub allow_user_mode_only: bool,
+}
+
+impl MigrateOptions {
+    /// Sets the path.
+    pub fn path(mut self, p: Path) -> Self {
+        self.path = p;
+        self
+    }
+
+    /// Sets the pages per batch.
+    pub fn batch_pages(mut self, n: usize) -> Self {
+        self.batch_pages = n;
+        self
+    }
+
+    /// Sets the copy channels (relocation) or threads (kernel path).
+    pub fn channels(mut self, n: usize) -> Self {
+        self.channels = n;
+        self
+    }
+
+    /// Sets the copy relocation uses.
+    pub fn strategy(mut self, s: CopyStrategy) -> Self {
+        self.strategy = s;
+        self
+    }
+
+    /// Sets the first-folio latency budget.
+    pub fn latency_budget(mut self, b: Option<Duration>) -> Self {
+        self.latency_budget = b;
+        self
+    }
+
+    /// Sets the folio size relocation allocates.
+    pub fn folio_size(mut self, n: usize) -> Self {
+        self.folio_size = n;
+        self
+    }
+
+    /// Accepts a user-mode-only userfaultfd (see the field).
+    pub fn allow_user_mode_only(mut self, allow: bool) -> Self {
+        self.allow_user_mode_only = allow;
+        self
+    }
 }
 
 impl Default for MigrateOptions {

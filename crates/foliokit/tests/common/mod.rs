@@ -340,10 +340,7 @@ pub fn relocation_available() -> bool {
     use foliokit::migrate::{migrate, MigrateError, MigrateOptions, Path};
     let mut r = Region::new(2 << 20, 4096).expect("region");
     r.as_mut_slice().fill(1);
-    let o = MigrateOptions {
-        path: Path::Relocate,
-        ..Default::default()
-    };
+    let o = MigrateOptions::default().path(Path::Relocate);
     // SAFETY: our own region, nobody else uses it.
     match unsafe {
         migrate(
