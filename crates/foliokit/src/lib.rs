@@ -4,13 +4,18 @@
 //!   strategy is chosen per batch from the CPU, the batch size and reuse;
 //! - [`clear`]: the same for zero-filling, including the kernel's butterfly
 //!   order for comparison;
-//! - [`mem`]: huge-page-backed regions, guard pages, cache eviction and the
-//!   system's THP/hugetlb/NUMA state;
+//! - [`mem`]: huge-page-backed regions, guard pages, cache eviction,
+//!   populate, and the system's THP/hugetlb/NUMA state (read only: the
+//!   library never changes system settings);
 //! - [`tune`]: the thresholds and rules `auto` follows, and calibration
-//!   profiles; [`calibrate`] measures one.
+//!   profiles (the `foliokit-lab` crate measures one).
 //! - [`mc`]: machine-check-safe copies; [`nt`]: streaming stores with a
 //!   drain safe code cannot forget; [`channels`] and [`migrate`]: parallel
 //!   copy workers and NUMA migration/relocation.
+//!
+//! Measuring them (the runner, same-run limits, calibration, the seeds'
+//! loops, and the guards that change mTHP/hugetlb settings for a run) is
+//! the `foliokit-lab` crate's job, not this one's.
 //!
 //! ```
 //! use foliokit::mem::Region;
@@ -41,13 +46,11 @@
 
 pub mod arch;
 pub mod batch;
-pub mod calibrate;
 pub mod channels;
 pub mod clear;
 pub mod copy;
 pub mod cpu;
 pub mod mc;
-pub mod measure;
 pub mod mem;
 pub mod migrate;
 pub mod nt;
