@@ -1,8 +1,8 @@
 //! foliokit: the Linux kernel's large-folio memory techniques for user space.
 //!
-//! - [`copy`]: named copy strategies and a batched folio copy whose `auto`
+//! - [`copy`](mod@copy): named copy strategies and a batched folio copy whose `auto`
 //!   strategy is chosen per batch from the CPU, the batch size and reuse;
-//! - [`clear`]: the same for zero-filling, including the kernel's butterfly
+//! - [`clear`](mod@clear): the same for zero-filling, including the kernel's butterfly
 //!   order for comparison;
 //! - [`mem`]: huge-page-backed regions, guard pages, cache eviction,
 //!   populate, and the system's THP/hugetlb/NUMA state (read only: the
