@@ -1,8 +1,8 @@
 //! `foliokit calibrate`: measure the strategies and store the profile `auto` reads.
 
 use clap::Args;
-use foliokit::calibrate::{calibrate, total_ticks, CalibrateOptions};
 use foliokit::tune::save_profile;
+use foliokit_lab::calibrate::{calibrate, total_ticks, CalibrateOptions};
 use std::fmt::Write as _;
 
 use crate::args::{parse_size, show_size, Format};

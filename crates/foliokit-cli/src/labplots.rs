@@ -6,7 +6,7 @@ use crate::args::show_size;
 use crate::bench::{fault::FaultRow, init::InitRow, migrate::MigrateRow, mremap::MremapRow};
 use crate::plots::{self, Frame, Point, Reference, Series};
 use crate::report::{Report, Row};
-use foliokit::measure::Stats;
+use foliokit_lab::measure::Stats;
 
 const M2: usize = 2 << 20;
 

@@ -1,7 +1,7 @@
 //! One report per run, rendered as a table, JSON (DESIGN.md's schema) or
 //! CSV. Every experiment uses this one renderer with its own row type.
 
-use foliokit::measure::Stats;
+use foliokit_lab::measure::Stats;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
@@ -351,7 +351,7 @@ pub struct LimitNote {
     pub folio_size: usize,
     pub channels: usize,
     #[serde(flatten)]
-    pub limits: foliokit::measure::Limits,
+    pub limits: foliokit_lab::measure::Limits,
 }
 
 impl LimitNote {
@@ -366,10 +366,10 @@ impl LimitNote {
             l.write_zero.median,
             l.write.median,
             match l.op {
-                foliokit::measure::LimitOp::Copy => "copy",
-                foliokit::measure::LimitOp::Clear => "clear",
-                foliokit::measure::LimitOp::Init => "init",
-                foliokit::measure::LimitOp::Fault => "fault",
+                foliokit_lab::measure::LimitOp::Copy => "copy",
+                foliokit_lab::measure::LimitOp::Clear => "clear",
+                foliokit_lab::measure::LimitOp::Init => "init",
+                foliokit_lab::measure::LimitOp::Fault => "fault",
             },
             l.gbps()
         )

@@ -1,16 +1,21 @@
 //! foliokit: the Linux kernel's large-folio memory techniques for user space.
 //!
-//! - [`copy`]: named copy strategies and a batched folio copy whose `auto`
+//! - [`copy`](mod@copy): named copy strategies and a batched folio copy whose `auto`
 //!   strategy is chosen per batch from the CPU, the batch size and reuse;
-//! - [`clear`]: the same for zero-filling, including the kernel's butterfly
+//! - [`clear`](mod@clear): the same for zero-filling, including the kernel's butterfly
 //!   order for comparison;
-//! - [`mem`]: huge-page-backed regions, guard pages, cache eviction and the
-//!   system's THP/hugetlb/NUMA state;
+//! - [`mem`]: huge-page-backed regions, guard pages, cache eviction,
+//!   populate, and the system's THP/hugetlb/NUMA state (read only: the
+//!   library never changes system settings);
 //! - [`tune`]: the thresholds and rules `auto` follows, and calibration
-//!   profiles; [`calibrate`] measures one.
+//!   profiles (the `foliokit-lab` crate measures one).
 //! - [`mc`]: machine-check-safe copies; [`nt`]: streaming stores with a
 //!   drain safe code cannot forget; [`channels`] and [`migrate`]: parallel
 //!   copy workers and NUMA migration/relocation.
+//!
+//! Measuring them (the runner, same-run limits, calibration, the seeds'
+//! loops, and the guards that change mTHP/hugetlb settings for a run) is
+//! the `foliokit-lab` crate's job, not this one's.
 //!
 //! ```
 //! use foliokit::mem::Region;
@@ -27,7 +32,7 @@
 //! assert!(dst.as_slice().iter().all(|&b| b == 7));
 //!
 //! // Any strategy by name, e.g. write-once data streamed past the cache.
-//! let opts = CopyOptions { strategy: CopyStrategy::Nt, reuse: Reuse::Stream };
+//! let opts = CopyOptions::default().strategy(CopyStrategy::Nt).reuse(Reuse::Stream);
 //! copy_folios(dst.as_mut_slice(), src.as_slice(), 2 << 20, opts)?;
 //!
 //! // A source page that faults (poison, truncated file) is reported, not fatal.
@@ -41,13 +46,11 @@
 
 pub mod arch;
 pub mod batch;
-pub mod calibrate;
 pub mod channels;
 pub mod clear;
 pub mod copy;
 pub mod cpu;
 pub mod mc;
-pub mod measure;
 pub mod mem;
 pub mod migrate;
 pub mod nt;

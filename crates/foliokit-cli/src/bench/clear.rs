@@ -1,9 +1,9 @@
 //! `foliokit bench clear`: seed 002's huge-page clearing, in user space.
 
 use clap::Args;
-use foliokit::measure::{measure_clear, CacheMode, Plan};
-use foliokit::mem::Region;
 use foliokit::{ClearStrategy, Strategy};
+use foliokit_lab::hugetlb::PooledRegion;
+use foliokit_lab::measure::{measure_clear, CacheMode, Plan};
 use serde_json::json;
 
 use super::{check_shape, select, StrategyTables};
@@ -74,7 +74,7 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
     let mut report = Report::<Row>::new("clear", title, params);
     let mut tables = StrategyTables::new(&sel, ClearStrategy::Butterfly, &mut report);
     for &folio in &c.page {
-        let (mut dst, note) = super::with_mthp(folio, || Ok(Region::new(c.size, folio)?))?;
+        let (mut dst, note) = super::with_mthp(folio, || Ok(PooledRegion::new(c.size, folio)?))?;
         report.notes.extend(note);
         tables.backing(folio, "dst", &super::counted_backing(&dst, folio));
         for &t in &c.channels {

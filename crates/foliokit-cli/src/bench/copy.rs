@@ -1,9 +1,9 @@
 //! `foliokit bench copy`: seed 000's folio copy experiment.
 
 use clap::Args;
-use foliokit::measure::{measure_copy, CacheMode, CopyCandidate, Plan};
-use foliokit::mem::Region;
 use foliokit::{CopyStrategy, Strategy};
+use foliokit_lab::hugetlb::PooledRegion;
+use foliokit_lab::measure::{measure_copy, CacheMode, CopyCandidate, Plan};
 use serde_json::json;
 
 use super::{check_shape, select, StrategyTables};
@@ -82,7 +82,10 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
     }
     for &folio in &c.page {
         let ((mut src, mut dst), note) = super::with_mthp(folio, || {
-            Ok((Region::new(c.size, folio)?, Region::new(c.size, folio)?))
+            Ok((
+                PooledRegion::new(c.size, folio)?,
+                PooledRegion::new(c.size, folio)?,
+            ))
         })?;
         src.as_mut_slice().fill(0x5A);
         report.notes.extend(note);

@@ -3,8 +3,9 @@
 //! fault method and thread count.
 
 use clap::Args;
-use foliokit::measure::{gbps, probe, LimitOp, Limits, Probe, Stats};
-use foliokit::mem::{populate_chunked, HugetlbGrant, Region};
+use foliokit::mem::{populate_chunked, Region};
+use foliokit_lab::hugetlb::HugetlbGrant;
+use foliokit_lab::measure::{gbps, probe, LimitOp, Limits, Probe, Stats};
 use serde::Serialize;
 use serde_json::json;
 use std::time::Instant;

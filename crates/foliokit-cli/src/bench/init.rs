@@ -6,11 +6,11 @@
 
 use clap::Args;
 use foliokit::cpu::cpu;
-use foliokit::measure::{probe, LimitOp, Limits, Probe, Stats};
 use foliokit::mem::Region;
 use foliokit::nt::{
     fill_from_template, fill_from_template_cached, fill_records, fill_records_cached,
 };
+use foliokit_lab::measure::{probe, LimitOp, Limits, Probe, Stats};
 use serde::Serialize;
 use serde_json::json;
 use std::time::Instant;
@@ -390,7 +390,7 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
     let limit = limits.as_ref().map(Limits::gbps);
     for (c, &name) in chosen.iter().enumerate() {
         let rb = stats(&rebind_ms[c]);
-        let rebind_gbps = foliokit::measure::gbps(len, rb.median / 1e3);
+        let rebind_gbps = foliokit_lab::measure::gbps(len, rb.median / 1e3);
         report.rows.push(InitRow {
             function: name.to_string(),
             record_size: a.record,

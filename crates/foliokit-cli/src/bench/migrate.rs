@@ -10,12 +10,14 @@
 //! move_pages, outside the timing, so every run really moves every page.
 
 use clap::Args;
-use foliokit::measure::Stats;
-use foliokit::mem::mthp::{census, MthpSettings};
 use foliokit::mem::system::{is_root, memory_only_nodes, numa_nodes};
 use foliokit::mem::Region;
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use foliokit::CopyStrategy;
+use foliokit_lab::census::census;
+use foliokit_lab::hugetlb::PooledRegion;
+use foliokit_lab::measure::Stats;
+use foliokit_lab::mthp::MthpSettings;
 use serde::Serialize;
 use serde_json::json;
 use std::time::Duration;
@@ -404,8 +406,8 @@ fn row(
     }
 }
 
-fn source(size: usize, folio: usize) -> Result<(Region, String), CliError> {
-    let mut src = Region::new(size, folio)?;
+fn source(size: usize, folio: usize) -> Result<(PooledRegion, String), CliError> {
+    let mut src = PooledRegion::new(size, folio)?;
     src.as_mut_slice().fill(0x5A);
     let obtained = census(src.as_ptr(), src.len())
         .map(|c| c.summary())

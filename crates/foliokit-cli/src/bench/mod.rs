@@ -7,8 +7,8 @@ pub mod init;
 pub mod migrate;
 pub mod mremap;
 
-use foliokit::measure::Measurement;
 use foliokit::strategy::{parse_list, Selection, Strategy};
+use foliokit_lab::measure::Measurement;
 use std::fmt::Write as _;
 
 use crate::args::{approx_size, show_size};
@@ -314,8 +314,8 @@ pub fn with_mthp<T>(
     folio: usize,
     alloc: impl FnOnce() -> Result<T, CliError>,
 ) -> Result<(T, Option<String>), CliError> {
-    use foliokit::mem::mthp::MthpSettings;
     use foliokit::mem::system::{is_root, thp_state};
+    use foliokit_lab::mthp::MthpSettings;
     let thp = thp_state();
     let pmd = thp.pmd_size.unwrap_or(2 << 20);
     let is_mthp = folio > foliokit::batch::page_size() && folio < pmd;
@@ -374,7 +374,7 @@ pub fn with_mthp<T>(
             settings.set(s, "never")?;
             arm_interrupt_restore(&settings);
         }
-        Ok::<_, foliokit::mem::mthp::MthpError>(())
+        Ok::<_, foliokit_lab::mthp::MthpError>(())
     })();
     let made = match changed {
         Ok(()) => alloc(),
@@ -402,14 +402,17 @@ pub fn with_mthp<T>(
 /// The backing of a region, with the folios counted from the kernel's page
 /// flags when they can be (root; the first 32 MiB, which is enough to tell
 /// mTHP from 4 KiB pages and fast to read).
-pub fn counted_backing(region: &foliokit::mem::Region, folio: usize) -> foliokit::mem::Backing {
-    let mut b = region.backing().clone();
+pub fn counted_backing(
+    region: &foliokit_lab::hugetlb::PooledRegion,
+    folio: usize,
+) -> foliokit::mem::Backing {
+    let mut b = region.backing();
     let pmd = foliokit::mem::system::thp_state()
         .pmd_size
         .unwrap_or(2 << 20);
     if folio > foliokit::batch::page_size() && folio < pmd {
         let sample = region.len().min(32 << 20);
-        if let Some(c) = foliokit::mem::mthp::census(region.as_ptr(), sample) {
+        if let Some(c) = foliokit_lab::census::census(region.as_ptr(), sample) {
             b.obtained = format!(
                 "{} (census of the first {}: {})",
                 if c.folios.keys().any(|&s| s == folio) {
@@ -432,7 +435,7 @@ static RESTORE_ON_INTERRUPT: std::sync::Mutex<Vec<(std::path::PathBuf, String)>>
 
 /// Makes Ctrl-C (and SIGTERM) restore what `settings` changed so far, then
 /// exit; call again after every change.
-pub fn arm_interrupt_restore(settings: &foliokit::mem::mthp::MthpSettings) {
+pub fn arm_interrupt_restore(settings: &foliokit_lab::mthp::MthpSettings) {
     static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     *RESTORE_ON_INTERRUPT
         .lock()

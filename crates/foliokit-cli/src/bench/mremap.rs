@@ -3,10 +3,10 @@
 //! and PUD alignment.
 
 use clap::Args;
-use foliokit::measure::Stats;
-use foliokit::mem::mthp::MthpSettings;
-use foliokit::mem::remap::{mremap_1g, seed004_loop, Alignment, REGION};
 use foliokit::mem::system::{is_root, thp_state};
+use foliokit_lab::measure::Stats;
+use foliokit_lab::mthp::MthpSettings;
+use foliokit_lab::remap::{mremap_1g, seed004_loop, Alignment, REGION};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -111,11 +111,11 @@ pub fn report(a: MremapArgs) -> Result<Option<Report<MremapRow>>, CliError> {
     let title = format!(
         "mremap: seed 004's loop ({} x mmap 1M at {:#x}, memset, mremap +1M, munmap) per mTHP size, {} loops",
         a.iterations,
-        foliokit::mem::remap::HINT,
+        foliokit_lab::remap::HINT,
         a.loops
     );
     let params = json!({"iterations": a.iterations, "loops": a.loops, "region": REGION,
-                        "hint": foliokit::mem::remap::HINT});
+                        "hint": foliokit_lab::remap::HINT});
     let mut report = Report::<MremapRow>::new("mremap", title, params);
     let effective = |v: &str| if v == "inherit" { top.as_str() } else { v }.to_string();
     let runnable: Vec<Option<usize>> = if root {

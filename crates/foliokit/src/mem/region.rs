@@ -1,8 +1,9 @@
 //! Anonymous memory regions backed by the page size a folio size asks for.
 //!
-//! - 1 GiB folios: hugetlb 1 GiB pages. When the pool is short and we are
-//!   root, the pool is grown for the region's lifetime and shrunk again when
-//!   it is dropped; otherwise the region falls back to THP and says so.
+//! - 1 GiB folios: hugetlb 1 GiB pages already in the pool. A region never
+//!   grows the pool (that is a system setting, changed only explicitly, e.g.
+//!   by `foliokit_lab::hugetlb::HugetlbGrant`); when the pool is short the
+//!   region falls back to THP and its backing note says why.
 //! - the PMD size (2 MiB on x86): THP via `MADV_HUGEPAGE` on an aligned range.
 //! - sizes between 4 KiB and the PMD size: mTHP, when sysfs allows it.
 //! - 4 KiB: plain pages.
@@ -14,7 +15,7 @@ use serde::Serialize;
 use std::io;
 use thiserror::Error;
 
-use super::{sysfs, system};
+use super::system;
 use crate::arch;
 use crate::batch::page_size;
 use crate::cpu::cpu;
@@ -46,74 +47,6 @@ pub struct Backing {
     pub note: Option<String>,
 }
 
-/// Hugetlb pages added to a pool for as long as this value lives (one
-/// region, or a whole experiment); removed again on drop.
-#[derive(Debug)]
-pub struct HugetlbGrant {
-    dir: String,
-    added: usize,
-}
-
-impl HugetlbGrant {
-    /// Makes sure `need` pages of `size` are free for the grant's lifetime:
-    /// `Ok(None)` if they already were, `Ok(Some)` if the pool was grown,
-    /// `Err` saying why not.
-    pub fn reserve(size: usize, need: usize) -> Result<Option<HugetlbGrant>, String> {
-        let dir = system::hugetlb_dir(size);
-        let free = sysfs::read_usize(format!("{dir}/free_hugepages"))
-            .ok_or_else(|| format!("this kernel has no {} hugetlb pool", human(size)))?;
-        if free >= need {
-            return Ok(None);
-        }
-        if !system::is_root() {
-            return Err(format!(
-                "the {} hugetlb pool has {free} of {need} pages free and growing it needs root",
-                human(size)
-            ));
-        }
-        Self::grow(size, need).map(Some).ok_or_else(|| {
-            format!(
-                "the {} hugetlb pool could not be filled with {need} pages",
-                human(size)
-            )
-        })
-    }
-
-    /// Grows the `size` pool so `need` pages are free; `None` if we may not
-    /// or the kernel could not find the memory.
-    fn grow(size: usize, need: usize) -> Option<HugetlbGrant> {
-        if !system::is_root() {
-            return None;
-        }
-        let dir = system::hugetlb_dir(size);
-        let total = sysfs::read_usize(format!("{dir}/nr_hugepages"))?;
-        let free = sysfs::read_usize(format!("{dir}/free_hugepages"))?;
-        if free >= need {
-            return None;
-        }
-        let want = total + (need - free);
-        sysfs::write(format!("{dir}/nr_hugepages"), &want.to_string()).ok()?;
-        let got = sysfs::read_usize(format!("{dir}/nr_hugepages"))?;
-        let grant = HugetlbGrant {
-            dir,
-            added: got.saturating_sub(total),
-        };
-        // Dropping a partial grant gives back what we did get.
-        (got >= want).then_some(grant)
-    }
-}
-
-impl Drop for HugetlbGrant {
-    fn drop(&mut self) {
-        // Shrink by what we added, not back to a remembered total, so that
-        // grants for several regions can be released in any order.
-        let path = format!("{}/nr_hugepages", self.dir);
-        if let Some(now) = sysfs::read_usize(&path) {
-            let _ = sysfs::write(&path, &now.saturating_sub(self.added).to_string());
-        }
-    }
-}
-
 /// An owned, page-aligned anonymous mapping.
 pub struct Region {
     map: *mut u8,
@@ -123,9 +56,6 @@ pub struct Region {
     backing: Backing,
     /// The THP size madvised for, if any.
     huge: Option<usize>,
-    // Declared after the mapping fields; `Drop for Region` unmaps first, then
-    // this field's drop returns the hugetlb pages.
-    _pool: Option<HugetlbGrant>,
 }
 
 // SAFETY: a Region exclusively owns its mapping, like a Vec owns its buffer;
@@ -230,7 +160,6 @@ impl Region {
                 note,
             },
             huge: None,
-            _pool: None,
         };
         if huge {
             // SAFETY: [data, data+len) lies inside our own mapping.
@@ -261,25 +190,20 @@ impl Region {
         }
     }
 
-    /// Hugetlb-backed region, growing the pool when allowed.
+    /// Hugetlb-backed region from the pages already in the pool, or why not.
     fn hugetlb(len: usize, size: usize, prefault: bool) -> Result<Region, String> {
         let flags =
             libc::MAP_HUGETLB | ((size.trailing_zeros() as libc::c_int) << libc::MAP_HUGE_SHIFT);
         let need = len / size;
-        let (map, pool) = match mmap(len, flags) {
-            Ok(m) => (m, None),
-            Err(_) => {
-                let Some(grant) = HugetlbGrant::reserve(size, need)? else {
-                    return Err(format!(
-                        "hugetlb mmap failed with {need} free {} pages",
-                        human(size)
-                    ));
-                };
-                let m = mmap(len, flags)
-                    .map_err(|e| format!("hugetlb mmap after growing the pool: {e}"))?;
-                (m, Some(grant))
-            }
-        };
+        let map = mmap(len, flags).map_err(|_| match system::hugetlb_pool(size) {
+            None => format!("this kernel has no {} hugetlb pool", human(size)),
+            Some(p) if p.free < need => format!(
+                "the {} hugetlb pool has {} of {need} pages free",
+                human(size),
+                p.free
+            ),
+            Some(_) => format!("hugetlb mmap failed with {need} free {} pages", human(size)),
+        })?;
         let mut r = Region {
             map,
             map_len: len,
@@ -288,12 +212,9 @@ impl Region {
             backing: Backing {
                 requested: format!("hugetlb {}", human(size)),
                 obtained: format!("hugetlb {}", human(size)),
-                note: pool
-                    .as_ref()
-                    .map(|p| format!("grew the pool by {} pages for this run", p.added)),
+                note: None,
             },
             huge: None,
-            _pool: pool,
         };
         if prefault {
             r.prefault();
@@ -325,7 +246,6 @@ impl Region {
                 note: Some("guard pages on both sides".into()),
             },
             huge: None,
-            _pool: None,
         };
         for guard in [map, map.wrapping_add(page + body)] {
             // SAFETY: each guard page lies inside our own mapping.
@@ -465,5 +385,21 @@ mod tests {
         assert_eq!(r.as_ptr() as usize % 4096, 0);
         assert!(r.as_slice().iter().all(|&b| b == 0));
         assert!(matches!(Region::new(0, 4096), Err(MemError::Empty)));
+    }
+
+    #[test]
+    fn a_1g_region_never_grows_the_hugetlb_pool() {
+        let Some(before) = system::hugetlb_pool(GIB) else {
+            return; // no 1 GiB pool on this kernel: nothing to grow
+        };
+        // Not faulted in: the hugetlb mmap (or its THP fallback) is enough.
+        let r = Region::unpopulated(GIB, GIB).unwrap();
+        let after = system::hugetlb_pool(GIB).unwrap();
+        assert_eq!(after.total, before.total, "the pool was resized");
+        if before.free == 0 {
+            assert!(!r.backing().obtained.starts_with("hugetlb"));
+            let note = r.backing().note.as_deref().unwrap_or_default();
+            assert!(note.contains("pool has 0 of 1 pages free"), "{note}");
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! Reading and writing the kernel's one-value sysfs files.
+//! Reading the kernel's one-value sysfs files (the library never writes
+//! them: changing system settings is for explicit guards, see foliokit-lab).
 
 use std::path::Path;
 
@@ -17,10 +18,6 @@ pub fn selected(text: &str) -> Option<&str> {
     let start = text.find('[')? + 1;
     let end = start + text[start..].find(']')?;
     Some(&text[start..end])
-}
-
-pub fn write(path: impl AsRef<Path>, value: &str) -> std::io::Result<()> {
-    std::fs::write(path, value)
 }
 
 #[cfg(test)]

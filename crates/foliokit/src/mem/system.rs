@@ -5,7 +5,8 @@ use serde::Serialize;
 
 use super::sysfs;
 
-const THP: &str = "/sys/kernel/mm/transparent_hugepage";
+/// Where the kernel keeps the THP and mTHP knobs.
+pub const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
 const HUGETLB: &str = "/sys/kernel/mm/hugepages";
 
 /// One multi-size THP (mTHP) size and its sysfs setting.
@@ -42,13 +43,13 @@ pub struct SystemInfo {
 
 pub fn thp_state() -> ThpState {
     let choice = |f: &str| {
-        sysfs::read(format!("{THP}/{f}")).and_then(|t| sysfs::selected(&t).map(str::to_string))
+        sysfs::read(format!("{THP_DIR}/{f}")).and_then(|t| sysfs::selected(&t).map(str::to_string))
     };
-    let mthp = read_mthp(std::path::Path::new(THP));
+    let mthp = read_mthp(std::path::Path::new(THP_DIR));
     ThpState {
         enabled: choice("enabled"),
         defrag: choice("defrag"),
-        pmd_size: sysfs::read_usize(format!("{THP}/hpage_pmd_size")),
+        pmd_size: sysfs::read_usize(format!("{THP_DIR}/hpage_pmd_size")),
         mthp,
     }
 }
@@ -90,10 +91,11 @@ fn size_dirs(dir: &std::path::Path) -> Vec<(usize, std::path::PathBuf)> {
     v
 }
 
-/// Every mTHP `enabled` knob under `dir`, smallest first, with its setting
-/// (the bracketed word, or the whole text of a knob that has no brackets,
-/// as a fake sysfs in tests holds it).
-pub(crate) fn read_mthp(dir: &std::path::Path) -> Vec<MthpSize> {
+/// Every mTHP `enabled` knob under `dir` ([`THP_DIR`], or a directory laid
+/// out like it), smallest first, with its setting (the bracketed word, or
+/// the whole text of a knob that has no brackets, as a fake sysfs in tests
+/// holds it). Reads only.
+pub fn read_mthp(dir: &std::path::Path) -> Vec<MthpSize> {
     size_dirs(dir)
         .into_iter()
         .filter_map(|(size, path)| {
@@ -119,7 +121,21 @@ pub fn hugetlb_pools() -> Vec<HugetlbPool> {
         .collect()
 }
 
-pub(crate) fn hugetlb_dir(size: usize) -> String {
+/// The `size` hugetlb pool's page counts, if this kernel has that pool.
+pub fn hugetlb_pool(size: usize) -> Option<HugetlbPool> {
+    let dir = hugetlb_dir(size);
+    Some(HugetlbPool {
+        size,
+        total: sysfs::read_usize(format!("{dir}/nr_hugepages"))?,
+        free: sysfs::read_usize(format!("{dir}/free_hugepages"))?,
+    })
+}
+
+/// The sysfs directory of the `size` hugetlb pool (`nr_hugepages`,
+/// `free_hugepages`, ...). foliokit only reads it; growing a pool is a
+/// system setting left to the administrator (or an explicit guard such as
+/// `foliokit_lab::hugetlb::HugetlbGrant`).
+pub fn hugetlb_dir(size: usize) -> String {
     format!("{HUGETLB}/hugepages-{}kB", size >> 10)
 }
 

@@ -290,13 +290,26 @@ impl MigrateReport {
         }
     }
 
+    /// Bytes moved per second, in GB/s with GB = 2^30 bytes (as `perf
+    /// bench` prints).
     pub fn gbps(&self) -> f64 {
-        crate::measure::gbps(self.bytes, self.secs)
+        self.bytes as f64 / (1u64 << 30) as f64 / self.secs
     }
 
+    /// The median first-folio latency over the batches, in microseconds.
     pub fn first_folio_us(&self) -> Option<f64> {
-        let v: Vec<f64> = self.batches.iter().map(|b| b.first_folio_us).collect();
-        crate::measure::Stats::of(&v).map(|s| s.median)
+        median(self.batches.iter().map(|b| b.first_folio_us).collect())
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
 }
 
@@ -392,5 +405,17 @@ pub unsafe fn migrate(
             }
             other => other,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 }

@@ -2,7 +2,6 @@
 
 pub mod clear;
 pub mod copy;
-pub mod limit;
 
 use core::arch::asm;
 
@@ -141,7 +140,6 @@ pub unsafe fn stream_nodrain(dst: *mut u8, src: *const u8, len: usize) {
 }
 
 pub use copy::{stream_record_nodrain, stream_words_nodrain};
-pub use limit::{read_probe, write_probe, write_zero_probe, PATTERN as PROBE_PATTERN};
 
 /// Whether this build has real streaming stores (else they are ordinary).
 pub const HAS_STREAMING: bool = true;

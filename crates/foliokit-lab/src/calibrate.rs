@@ -9,18 +9,18 @@
 
 use serde::Serialize;
 
-use crate::batch::Reuse;
-use crate::cpu::cpu;
 use crate::measure::{
     measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Plan, Stats,
 };
-use crate::mem::Region;
-use crate::strategy::Strategy;
-use crate::tune::{
+use foliokit::batch::Reuse;
+use foliokit::cpu::cpu;
+use foliokit::mem::Region;
+use foliokit::strategy::Strategy;
+use foliokit::tune::{
     builtin_clear, builtin_copy, Choice, FolioClass, Profile, Regime, CALIBRATION_MARGIN,
     PROFILE_VERSION,
 };
-use crate::{ClearStrategy, CopyStrategy};
+use foliokit::{ClearStrategy, CopyStrategy};
 
 /// Batch bytes and loops per regime.
 #[derive(Debug, Clone)]

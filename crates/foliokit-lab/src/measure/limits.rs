@@ -23,9 +23,10 @@
 use serde::Serialize;
 
 use super::{gbps, Stats};
-use crate::arch::{self, ClearFn};
-use crate::batch::folio_starts;
-use crate::channels::{ChannelError, ChannelPool};
+use crate::probe;
+use foliokit::arch::ClearFn;
+use foliokit::batch::folio_starts;
+use foliokit::channels::{ChannelError, ChannelPool};
 
 /// One probe of what memory can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -54,9 +55,9 @@ impl Probe {
     /// The primitive, with the clear signature so channels can spread it.
     pub(crate) fn function(self) -> ClearFn {
         match self {
-            Probe::Read => arch::read_probe,
-            Probe::WriteZero => arch::write_zero_probe,
-            Probe::Write => arch::write_probe,
+            Probe::Read => probe::read_probe,
+            Probe::WriteZero => probe::write_zero_probe,
+            Probe::Write => probe::write_probe,
         }
     }
 
@@ -65,7 +66,7 @@ impl Probe {
         match self {
             Probe::Read => true,
             Probe::WriteZero => buf.iter().all(|&b| b == 0),
-            Probe::Write => buf.iter().all(|&b| b == arch::PROBE_PATTERN),
+            Probe::Write => buf.iter().all(|&b| b == probe::PATTERN),
         }
     }
 }
@@ -187,7 +188,7 @@ pub fn probe(
 ) -> Result<(), ChannelError> {
     let (ptr, len) = (buf.as_mut_ptr(), buf.len());
     if channels > 1 {
-        let pool = crate::channels::shared(channels)?;
+        let pool = foliokit::channels::shared(channels)?;
         let starts = folio_starts(ptr, len, folio_size);
         // SAFETY: `buf` is borrowed exclusively; the starts cover it.
         unsafe { run_probe(probe, ptr, len, Some((&pool, &starts, folio_size))) }
@@ -229,7 +230,7 @@ mod tests {
             assert!(Probe::Write.left(&buf));
             probe(Probe::WriteZero, &mut buf, 1, 4096).unwrap();
             assert!(Probe::WriteZero.left(&buf));
-            let mut paged = crate::mem::Region::new(16 * 4096, 4096).unwrap();
+            let mut paged = foliokit::mem::Region::new(16 * 4096, 4096).unwrap();
             paged.as_mut_slice().fill(7);
             probe(Probe::Read, paged.as_mut_slice(), channels, 4096).unwrap();
             assert!(paged.as_slice().iter().all(|&b| b == 7));

@@ -1,17 +1,12 @@
-//! mTHP sysfs settings that restore themselves, and a census of the folio
-//! sizes that actually back a range.
+//! mTHP sysfs settings that restore themselves: the condition one
+//! experiment row needs, changed explicitly and put back on drop.
 
-use serde::Serialize;
 use std::collections::BTreeMap;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-use super::sysfs;
-use crate::batch::page_size;
-
-/// Where the kernel keeps the THP knobs.
-pub const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
+use foliokit::mem::system::{read_mthp, THP_DIR};
 
 #[derive(Debug, Error)]
 pub enum MthpError {
@@ -23,12 +18,6 @@ pub enum MthpError {
         value: String,
         source: io::Error,
     },
-}
-
-/// The value a knob holds: the bracketed word of a choice list, or the
-/// whole text (as a fake sysfs in tests holds it).
-fn current(text: &str) -> String {
-    sysfs::selected(text).unwrap_or(text.trim()).to_string()
 }
 
 /// Changes mTHP `enabled` knobs and puts every one it touched back as it
@@ -61,7 +50,7 @@ impl MthpSettings {
 
     /// Every mTHP size the directory offers, with its current setting.
     pub fn snapshot(&self) -> BTreeMap<usize, String> {
-        super::system::read_mthp(&self.dir)
+        read_mthp(&self.dir)
             .into_iter()
             .map(|m| (m.size, m.enabled))
             .collect()
@@ -71,13 +60,18 @@ impl MthpSettings {
     /// remembering the original the first time it is changed.
     pub fn set(&mut self, size: usize, value: &str) -> Result<(), MthpError> {
         let path = self.knob(size);
-        let old = sysfs::read(&path).ok_or_else(|| MthpError::Read(path.clone()))?;
-        sysfs::write(&path, value).map_err(|source| MthpError::Write {
+        // The knob's current word (the bracketed one of a choice list, or
+        // the whole text, as a fake sysfs in tests holds it).
+        let old = self
+            .snapshot()
+            .remove(&size)
+            .ok_or_else(|| MthpError::Read(path.clone()))?;
+        std::fs::write(&path, value).map_err(|source| MthpError::Write {
             path: path.clone(),
             value: value.into(),
             source,
         })?;
-        self.saved.entry(size).or_insert_with(|| current(&old));
+        self.saved.entry(size).or_insert(old);
         Ok(())
     }
 
@@ -95,7 +89,7 @@ impl MthpSettings {
         let mut first = None;
         for (size, value) in std::mem::take(&mut self.saved) {
             let path = self.knob(size);
-            if let Err(source) = sysfs::write(&path, &value) {
+            if let Err(source) = std::fs::write(&path, &value) {
                 first.get_or_insert(MthpError::Write {
                     path,
                     value,
@@ -120,88 +114,6 @@ impl Drop for MthpSettings {
     fn drop(&mut self) {
         let _ = self.restore();
     }
-}
-
-/// The folio sizes backing a range, from the kernel's page flags.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Census {
-    /// Folio size in bytes → number of such folios (mapped pages only).
-    pub folios: BTreeMap<usize, usize>,
-    /// Pages with no physical page behind them.
-    pub unmapped_pages: usize,
-}
-
-impl Census {
-    /// "64K x16" style summary, largest first.
-    pub fn summary(&self) -> String {
-        let mut parts: Vec<String> = self
-            .folios
-            .iter()
-            .rev()
-            .map(|(&size, &n)| format!("{}K x{n}", size >> 10))
-            .collect();
-        if self.unmapped_pages > 0 {
-            parts.push(format!("{} pages unmapped", self.unmapped_pages));
-        }
-        parts.join(", ")
-    }
-}
-
-const KPF_COMPOUND_HEAD: u64 = 1 << 15;
-const KPF_COMPOUND_TAIL: u64 = 1 << 16;
-const PM_PRESENT: u64 = 1 << 63;
-const PM_PFN_MASK: u64 = (1 << 55) - 1;
-
-/// Counts the folios behind `[ptr, ptr + len)` by reading
-/// `/proc/self/pagemap` and `/proc/kpageflags`. `None` where the kernel
-/// hides PFNs (needs CAP_SYS_ADMIN) or the files are missing. Folios that
-/// extend beyond the range are counted by the part inside it.
-pub fn census(ptr: *const u8, len: usize) -> Option<Census> {
-    let page = page_size();
-    let pages = len / page;
-    let mut pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
-    let mut flags = std::fs::File::open("/proc/kpageflags").ok()?;
-    let mut entries = vec![0u8; pages * 8];
-    pagemap
-        .seek(SeekFrom::Start((ptr as usize / page * 8) as u64))
-        .ok()?;
-    pagemap.read_exact(&mut entries).ok()?;
-    let mut c = Census {
-        folios: BTreeMap::new(),
-        unmapped_pages: 0,
-    };
-    let mut run = 0usize; // pages in the folio being counted
-    let mut saw_pfn = false;
-    let flush = |run: &mut usize, c: &mut Census| {
-        if *run > 0 {
-            *c.folios.entry(*run * page).or_default() += 1;
-            *run = 0;
-        }
-    };
-    for e in entries.chunks_exact(8) {
-        let e = u64::from_le_bytes(e.try_into().ok()?);
-        let pfn = e & PM_PFN_MASK;
-        if e & PM_PRESENT == 0 {
-            flush(&mut run, &mut c);
-            c.unmapped_pages += 1;
-            continue;
-        }
-        saw_pfn |= pfn != 0;
-        let mut f = [0u8; 8];
-        flags.seek(SeekFrom::Start(pfn * 8)).ok()?;
-        flags.read_exact(&mut f).ok()?;
-        let f = u64::from_le_bytes(f);
-        // A tail continues the current folio; anything else starts one.
-        if f & KPF_COMPOUND_TAIL == 0 || run == 0 {
-            flush(&mut run, &mut c);
-        }
-        run += 1;
-        if f & (KPF_COMPOUND_HEAD | KPF_COMPOUND_TAIL) == 0 {
-            flush(&mut run, &mut c);
-        }
-    }
-    flush(&mut run, &mut c);
-    saw_pfn.then_some(c)
 }
 
 #[cfg(test)]

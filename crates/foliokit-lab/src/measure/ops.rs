@@ -4,12 +4,12 @@ use serde::Serialize;
 
 use super::limits::{run_probe, LimitOp, Limits, Probe};
 use super::{gbps, run_interleaved, Stats};
-use crate::batch::{folio_starts, Reuse};
-use crate::mc::copy_folios_mc;
-use crate::mem::Region;
-use crate::strategy::Strategy;
-use crate::tune::Shape;
-use crate::{
+use foliokit::batch::{folio_starts, Reuse};
+use foliokit::mc::copy_folios_mc;
+use foliokit::mem::Region;
+use foliokit::strategy::Strategy;
+use foliokit::tune::Shape;
+use foliokit::{
     clear_folios, copy_folios, BatchError, ClearOptions, ClearStrategy, CopyOptions, CopyStrategy,
 };
 
@@ -94,9 +94,9 @@ pub enum MeasureError {
     #[error(transparent)]
     Batch(#[from] BatchError),
     #[error(transparent)]
-    Mem(#[from] crate::mem::MemError),
+    Mem(#[from] foliokit::mem::MemError),
     #[error(transparent)]
-    Mc(#[from] crate::mc::McError),
+    Mc(#[from] foliokit::mc::McError),
     #[error("{0} produced wrong bytes in its verification pass")]
     Wrong(String),
     #[error("{0} reported a fault copying healthy memory")]
@@ -104,14 +104,14 @@ pub enum MeasureError {
     #[error("{0}: machine-check-safe copies run on one channel (the fault record is per thread)")]
     McChannels(String),
     #[error(transparent)]
-    Channel(#[from] crate::channels::ChannelError),
+    Channel(#[from] foliokit::channels::ChannelError),
 }
 
 /// Whether a hot-mode loop should first re-run the candidate untimed: only
 /// when the working set can be cache-resident at all. Interleaving would
 /// otherwise let a streaming candidate evict the buffers of the next one.
 fn rewarm(plan: &Plan, working_set: usize) -> bool {
-    plan.cache == CacheMode::Hot && working_set <= crate::cpu::cpu().caches.llc
+    plan.cache == CacheMode::Hot && working_set <= foliokit::cpu::cpu().caches.llc
 }
 
 /// Measures copying `src` into `dst` in `plan.folio_size` folios with each
@@ -130,7 +130,7 @@ pub fn measure_copy(
         if let Some(c) = candidates.iter().find(|c| c.mc) {
             return Err(MeasureError::McChannels(c.name()));
         }
-        Some(crate::channels::shared(plan.channels)?)
+        Some(foliokit::channels::shared(plan.channels)?)
     } else {
         None
     };
@@ -149,10 +149,9 @@ pub fn measure_copy(
     };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
         let cand = candidates[c];
-        let opts = CopyOptions {
-            strategy: cand.strategy,
-            reuse: plan.reuse,
-        };
+        let opts = CopyOptions::default()
+            .strategy(cand.strategy)
+            .reuse(plan.reuse);
         let (d, s) = (&mut dst.as_mut_slice()[..len], &src.as_slice()[..len]);
         if let Some(pool) = &pool {
             let resolved = cand.strategy.resolve(
@@ -256,7 +255,7 @@ pub fn measure_clear(
 ) -> Result<Measurement, MeasureError> {
     let len = dst.len();
     let pool = if plan.channels > 1 {
-        Some(crate::channels::shared(plan.channels)?)
+        Some(foliokit::channels::shared(plan.channels)?)
     } else {
         None
     };
@@ -276,11 +275,10 @@ pub fn measure_clear(
             unsafe { pool.clear_folios(&dsts, plan.folio_size, f) }?;
             return Ok(resolved.name().to_string());
         }
-        let opts = ClearOptions {
-            strategy: strategies[c],
-            reuse: plan.reuse,
-            hint_page: plan.hint_page,
-        };
+        let opts = ClearOptions::default()
+            .strategy(strategies[c])
+            .reuse(plan.reuse)
+            .hint_page(plan.hint_page);
         Ok(clear_folios(dst.as_mut_slice(), plan.folio_size, opts)?
             .strategy
             .to_string())

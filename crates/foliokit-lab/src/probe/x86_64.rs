@@ -1,7 +1,7 @@
 //! x86_64 probes of what memory can do: a plain sequential read and
 //! streaming writes of zeros and of other bytes. They have the clear
 //! primitives' signature (`unsafe fn(ptr, len)`) so the channel pool can
-//! spread them like any clear; `crate::measure` runs them beside the
+//! spread them like any clear; [`crate::measure`] runs them beside the
 //! strategies to give each run its own limit.
 
 use core::arch::asm;
@@ -89,7 +89,7 @@ pub unsafe fn write_probe(dst: *mut u8, len: usize) {
     let done = head + blocks * 64;
     // SAFETY: done <= len.
     unsafe { core::ptr::write_bytes(dst.add(done), PATTERN, len - done) };
-    super::sfence();
+    foliokit::arch::sfence();
 }
 
 /// Writes zeros the fastest way this CPU streams them: `clzero` where the
@@ -100,11 +100,11 @@ pub unsafe fn write_probe(dst: *mut u8, len: usize) {
 /// # Safety
 /// The range must be valid for writes.
 pub unsafe fn write_zero_probe(dst: *mut u8, len: usize) {
-    if crate::cpu::cpu().features.clzero {
+    if foliokit::cpu::cpu().features.clzero {
         // SAFETY: forwarded contract; the CPU has CLZERO.
-        unsafe { super::clear::clear_clzero(dst, len) }
+        unsafe { foliokit::arch::x86_64::clear::clear_clzero(dst, len) }
     } else {
         // SAFETY: forwarded contract.
-        unsafe { super::clear::clear_nt(dst, len) }
+        unsafe { foliokit::arch::x86_64::clear::clear_nt(dst, len) }
     }
 }

@@ -5,8 +5,8 @@ use std::io;
 use std::time::Instant;
 use thiserror::Error;
 
-use super::mthp::census;
-use crate::batch::page_size;
+use crate::census::census;
+use foliokit::batch::page_size;
 
 /// Seed 004's region size and mmap hint.
 pub const REGION: usize = 1 << 20;
