@@ -133,6 +133,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         s.secs,
         s.bad.len(),
         s.strategy
+            .map_or_else(|| "none".to_string(), |c| c.to_string())
     );
 
     // 3. Destination VM.

@@ -52,8 +52,9 @@ pub struct SnapshotReport {
     /// Guest ranges that raised SIGBUS while read; saved as zeros and
     /// listed in the snapshot's trailer.
     pub bad: Vec<BadRange>,
-    /// The machine-check-safe copy strategy that ran last.
-    pub strategy: &'static str,
+    /// The machine-check-safe copy strategy that ran last (`None`: no
+    /// copy ran).
+    pub strategy: Option<CopyStrategy>,
     /// Wall time, in seconds.
     pub secs: f64,
 }
@@ -183,7 +184,7 @@ pub fn snapshot<B: Bitmap, W: Write + ?Sized>(
         .map_err(io_err("writing the snapshot header"))?;
     let mut written = header.len() as u64;
     let mut bad = Vec::new();
-    let mut strategy = "none";
+    let mut strategy = None;
     let mut buf = vec![0u8; CHUNK];
     for (region, &(g, l, _)) in mem.iter().zip(&layout.regions) {
         let host = region_host(region);
@@ -209,7 +210,7 @@ pub fn snapshot<B: Bitmap, W: Write + ?Sized>(
                 };
                 match r {
                     Ok(s) => {
-                        strategy = s;
+                        strategy = Some(s);
                         k = n;
                     }
                     Err(McError::Fault(f)) => {

@@ -60,11 +60,14 @@ pub enum BatchError {
     Strategy(#[from] StrategyError),
 }
 
-/// What a batch did: every path reports the bytes it completed.
+/// What a batch did: the strategy that ran (`S`: [`crate::CopyStrategy`]
+/// or [`crate::ClearStrategy`], what `auto` resolved to) and the bytes it
+/// completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct BatchReport {
+#[non_exhaustive]
+pub struct BatchReport<S> {
     /// The concrete strategy that ran (what `auto` resolved to).
-    pub strategy: &'static str,
+    pub strategy: S,
     pub folios: usize,
     pub bytes: usize,
 }

@@ -114,6 +114,12 @@ enum Clear {
     Range(ClearFn),
 }
 
+impl std::fmt::Display for ClearStrategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl ClearStrategy {
     /// The concrete strategy for a request of this shape.
     pub fn resolve(self, shape: Shape) -> ClearStrategy {
@@ -233,7 +239,7 @@ unsafe fn libc_memset(dst: *mut u8, len: usize) {
 
 /// Zeroes `dst` (any length and alignment) with `strategy`; `butterfly`
 /// converges on page 0. Returns the concrete strategy that ran.
-pub fn clear(dst: &mut [u8], strategy: ClearStrategy) -> Result<&'static str, BatchError> {
+pub fn clear(dst: &mut [u8], strategy: ClearStrategy) -> Result<ClearStrategy, BatchError> {
     // SAFETY: the slice is valid for writes of its length and this call
     // holds the only reference to it.
     unsafe { clear_raw(dst.as_mut_ptr(), dst.len(), strategy) }
@@ -260,7 +266,7 @@ pub unsafe fn clear_raw(
     dst: *mut u8,
     len: usize,
     strategy: ClearStrategy,
-) -> Result<&'static str, BatchError> {
+) -> Result<ClearStrategy, BatchError> {
     let addr = dst as usize;
     if addr.checked_add(len).is_none() {
         return Err(BatchError::Wraps { addr, len });
@@ -270,7 +276,7 @@ pub unsafe fn clear_raw(
     // SAFETY: validity is the caller's contract; hint 0 is always a valid
     // page index (an empty range clears no page).
     unsafe { apply(c, dst, len, 0) };
-    Ok(s.name())
+    Ok(s)
 }
 
 /// # Safety
@@ -289,7 +295,7 @@ pub fn clear_folios(
     dst: &mut [u8],
     folio_size: usize,
     opts: ClearOptions,
-) -> Result<BatchReport, BatchError> {
+) -> Result<BatchReport<ClearStrategy>, BatchError> {
     let n = batch::folio_count("destination", dst.len(), folio_size)?;
     batch::check_bases(&[("destination", dst.as_ptr() as usize)], dst.len())?;
     let d = dst.as_mut_ptr();
@@ -306,7 +312,7 @@ pub unsafe fn clear_folios_raw(
     dsts: &[*mut u8],
     folio_size: usize,
     opts: ClearOptions,
-) -> Result<BatchReport, BatchError> {
+) -> Result<BatchReport<ClearStrategy>, BatchError> {
     batch::check_folio_size(folio_size)?;
     let d: Vec<usize> = dsts.iter().map(|&p| p as usize).collect();
     batch::check_addrs("destination", d.iter().copied(), folio_size)?;
@@ -322,7 +328,7 @@ unsafe fn run(
     folio_size: usize,
     opts: ClearOptions,
     folio: impl Fn(usize) -> *mut u8,
-) -> Result<BatchReport, BatchError> {
+) -> Result<BatchReport<ClearStrategy>, BatchError> {
     let pages = folio_size / page_size();
     if opts.hint_page >= pages {
         return Err(BatchError::HintOutOfRange {
@@ -339,7 +345,7 @@ unsafe fn run(
         unsafe { apply(c, folio(i), folio_size, opts.hint_page) };
     }
     Ok(BatchReport {
-        strategy: s.name(),
+        strategy: s,
         folios: n,
         bytes: n * folio_size,
     })

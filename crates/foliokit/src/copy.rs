@@ -101,6 +101,12 @@ impl CopyOptions {
     }
 }
 
+impl std::fmt::Display for CopyStrategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl CopyStrategy {
     /// The concrete strategy for a request of this shape (`Auto` asks the
     /// tuning rules; every other strategy is itself).
@@ -170,7 +176,7 @@ pub fn copy(
     dst: &mut [u8],
     src: &[u8],
     strategy: CopyStrategy,
-) -> Result<&'static str, BatchError> {
+) -> Result<CopyStrategy, BatchError> {
     if dst.len() != src.len() {
         return Err(BatchError::LengthMismatch {
             dst: dst.len(),
@@ -214,14 +220,14 @@ pub unsafe fn copy_raw(
     src: *const u8,
     len: usize,
     strategy: CopyStrategy,
-) -> Result<&'static str, BatchError> {
+) -> Result<CopyStrategy, BatchError> {
     batch::check_raw_pair(dst as usize, src as usize, len)?;
     let s = strategy.resolve(Shape::single(dst as usize, len));
     let f = s.function()?;
     // SAFETY: validity and the concurrency rules are the caller's contract;
     // the ranges were checked to be disjoint and not to wrap.
     unsafe { f(dst, src, len) };
-    Ok(s.name())
+    Ok(s)
 }
 
 /// Copies a contiguous region folio by folio: `dst` and `src` are split into
@@ -231,7 +237,7 @@ pub fn copy_folios(
     src: &[u8],
     folio_size: usize,
     opts: CopyOptions,
-) -> Result<BatchReport, BatchError> {
+) -> Result<BatchReport<CopyStrategy>, BatchError> {
     let n = batch::check_contiguous_copy(dst, src, folio_size)?;
     let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
     // SAFETY: folio i lies at offset i*folio_size < len of both slices, which
@@ -255,7 +261,7 @@ pub unsafe fn copy_folios_raw(
     srcs: &[*const u8],
     folio_size: usize,
     opts: CopyOptions,
-) -> Result<BatchReport, BatchError> {
+) -> Result<BatchReport<CopyStrategy>, BatchError> {
     if dsts.len() != srcs.len() {
         return Err(BatchError::CountMismatch(dsts.len(), srcs.len()));
     }
@@ -278,7 +284,7 @@ unsafe fn run(
     folio_size: usize,
     opts: CopyOptions,
     folio: impl Fn(usize) -> (*mut u8, *const u8),
-) -> Result<BatchReport, BatchError> {
+) -> Result<BatchReport<CopyStrategy>, BatchError> {
     let shape = Shape::batch(folio_size, n, opts.reuse);
     let s = opts.strategy.resolve(shape);
     let f = s.function()?;
@@ -288,7 +294,7 @@ unsafe fn run(
         unsafe { f(d, src, folio_size) };
     }
     Ok(BatchReport {
-        strategy: s.name(),
+        strategy: s,
         folios: n,
         bytes: n * folio_size,
     })

@@ -216,7 +216,7 @@ pub fn copy_mc(
     dst: &mut [u8],
     src: &[u8],
     strategy: CopyStrategy,
-) -> Result<&'static str, McError> {
+) -> Result<CopyStrategy, McError> {
     if dst.len() != src.len() {
         return Err(BatchError::LengthMismatch {
             dst: dst.len(),
@@ -264,7 +264,7 @@ pub unsafe fn copy_mc_raw(
     src: *const u8,
     len: usize,
     strategy: CopyStrategy,
-) -> Result<&'static str, McError> {
+) -> Result<CopyStrategy, McError> {
     batch::check_raw_pair(dst as usize, src as usize, len)?;
     let s = resolve_mc(strategy, Shape::single(dst as usize, len))?;
     let f = mc_fn(s)?;
@@ -273,7 +273,7 @@ pub unsafe fn copy_mc_raw(
     // SIGBUS reading `src` is turned into a short copy by the handler
     // mc_fn installed.
     unsafe { run_one(f, dst, src, len) }.map_err(McError::Fault)?;
-    Ok(s.name())
+    Ok(s)
 }
 
 /// One folio that could not be copied whole.
@@ -286,7 +286,7 @@ pub struct FolioFault {
 /// What a batched mc copy did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct McReport {
-    pub strategy: &'static str,
+    pub strategy: CopyStrategy,
     pub folios: usize,
     /// Folios copied whole.
     pub copied: usize,
@@ -316,7 +316,7 @@ pub fn copy_folios_mc(
         }
     }
     Ok(McReport {
-        strategy: s.name(),
+        strategy: s,
         folios: n,
         copied: n - faults.len(),
         faults,

@@ -259,8 +259,8 @@ pub struct MigrateReport {
     pub pages_to_move: usize,
     /// Pages move_pages could not move, with the errno.
     pub failed: Vec<(usize, i32)>,
-    /// The copy strategy relocation ran ("kernel" on the kernel path).
-    pub strategy: &'static str,
+    /// The copy strategy relocation ran (`None` on the kernel path).
+    pub strategy: Option<CopyStrategy>,
     /// Relocation: pages now in new folios on the target node.
     pub relocated_pages: usize,
     /// Relocation: pages it left where they were (pinned for DMA, shared
@@ -283,7 +283,7 @@ impl MigrateReport {
             batches: Vec::new(),
             pages_to_move: 0,
             failed: Vec::new(),
-            strategy: "kernel",
+            strategy: None,
             relocated_pages: 0,
             left_in_place: 0,
             dropped_pages: 0,

@@ -163,7 +163,7 @@ pub fn relocate(
         copy: copy_fn,
     };
     let mut r = MigrateReport::new(MigratePath::Relocate, len);
-    r.strategy = crate::strategy::Strategy::name(copy);
+    r.strategy = Some(copy);
     let mut ctl = o
         .latency_budget
         .map(|b| BatchController::new(b, o.batch_pages, folio / page, len / page));
