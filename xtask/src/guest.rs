@@ -34,11 +34,12 @@ const GUESTS: &[Guest] = &[
     },
 ];
 
-/// Test binaries of the foliokit crate that exercise the kernel: NUMA,
-/// userfaultfd, poison, THP. The CPU sweeps (strategies, mc's fault
+/// Test binaries that exercise the kernel: NUMA, userfaultfd, poison, THP
+/// (the library's), and mTHP backing of the benches (the CLI's). The CPU sweeps (strategies, mc's fault
 /// injection by truncated files) run on the host only: under emulation
 /// they take many minutes and test nothing the guest kernel changes.
 const BINARIES: &[&str] = &[
+    "guest_mthp",
     "guest_numa",
     "guest_poison",
     "migrate",
@@ -60,6 +61,8 @@ fn build(ws: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
             "--locked",
             "-p",
             "foliokit",
+            "-p",
+            "foliokit-cli",
             "--message-format=json",
         ])
         .current_dir(ws)
