@@ -242,29 +242,62 @@ fn snapshot(addr: usize, len: usize) -> Snap {
         entries.iter().map(|(r, _, _)| *r).collect::<Vec<_>>(),
         "maps and smaps disagree (the mappings changed while read)"
     );
-    let field = |k: &str| {
+    // The kernel may merge the mapping with a neighbour that has the same
+    // flags (a thread stack mapped next to it, say), so a VMA can reach past
+    // the range: describe only the part inside it. Rss comes from mincore
+    // over exactly the range; Locked and AnonHugePages from smaps for VMAs
+    // inside the range, from the flags (lo: all resident pages locked; nh:
+    // none huge) for one that reaches past it.
+    let inside = |(s, e): (usize, usize)| s >= addr && e <= end;
+    let rss_kb = (resident_pages(addr, len) * PAGE / 1024) as u64;
+    let field = |k: &str, from_flags: &dyn Fn(&[String]) -> Option<u64>| {
         entries
             .iter()
-            .map(|(_, _, m)| m.get(k).copied().unwrap_or(0))
+            .map(|(r, f, m)| {
+                if inside(*r) {
+                    m.get(k).copied().unwrap_or(0)
+                } else {
+                    from_flags(f).unwrap_or_else(|| m.get(k).copied().unwrap_or(0))
+                }
+            })
             .sum()
     };
+    let has = |f: &[String], x: &str| f.iter().any(|g| g == x);
     Snap {
-        rss_kb: field("Rss"),
-        locked_kb: field("Locked"),
-        anon_huge_kb: field("AnonHugePages"),
+        rss_kb,
+        locked_kb: field("Locked", &|f| Some(if has(f, "lo") { rss_kb } else { 0 })),
+        anon_huge_kb: field("AnonHugePages", &|f| has(f, "nh").then_some(0)),
         vmas: lines
             .iter()
             .zip(&entries)
-            .map(|((r, line), (_, flags, _))| VmaAttrs {
-                line: line.clone(),
+            .map(|(((s, e), line), (_, flags, _))| VmaAttrs {
+                line: clip(line, (*s).max(addr), (*e).min(end)),
                 flags: flags.clone(),
                 policy: policy
-                    .get(&r.0)
+                    .get(s)
                     .cloned()
                     .unwrap_or_else(|| "<not in numa_maps>".into()),
             })
             .collect(),
     }
+}
+
+/// A maps line with its range replaced by `[s, e)`.
+fn clip(line: &str, s: usize, e: usize) -> String {
+    match line.split_once(' ') {
+        Some((_, rest)) => format!("{s:x}-{e:x} {rest}"),
+        None => line.to_string(),
+    }
+}
+
+/// Pages of `[addr, addr + len)` resident now.
+fn resident_pages(addr: usize, len: usize) -> usize {
+    let mut v = vec![0u8; len.div_ceil(PAGE)];
+    // SAFETY: mincore writes one byte per page into `v`, which has one
+    // per page of the (page-aligned) range.
+    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore: {}", errno());
+    v.iter().filter(|&&b| b & 1 != 0).count()
 }
 
 fn show(s: &Snap) -> String {
