@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{pattern, TruncatedFile};
+use common::{in_child, pattern, TruncatedFile};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, Path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -202,6 +202,27 @@ fn kernel_path_on_one_node_says_there_is_nothing_to_move() {
     }
 }
 
+/// An unmapped range, in a process of its own: in the test process,
+/// another test's thread could map something at the freed address
+/// meanwhile, and the call would then move that instead.
+#[test]
+fn an_unmapped_range_is_a_typed_error() {
+    in_child(
+        "an_unmapped_range_is_a_typed_error",
+        Duration::from_secs(60),
+        || {
+            let o = MigrateOptions::default().path(Path::Relocate);
+            let hole = Region::new(2 * MIB, PAGE).unwrap();
+            let hole_ptr = hole.as_ptr() as *mut u8;
+            drop(hole);
+            // SAFETY: nothing is mapped there (this process runs one test);
+            // rejected before use.
+            let e = unsafe { migrate(hole_ptr, 2 * MIB, node(), &o) }.unwrap_err();
+            assert!(matches!(e, MigrateError::Unmapped { .. }), "{e}");
+        },
+    );
+}
+
 #[test]
 fn bad_input_is_a_typed_error_and_memory_is_untouched() {
     let mut r = Region::new(4 * MIB, PAGE).unwrap();
@@ -234,13 +255,6 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
         ));
     }
     assert!(r.as_slice() == &p[..]);
-    // An unmapped range.
-    let hole = Region::new(2 * MIB, PAGE).unwrap();
-    let hole_ptr = hole.as_ptr() as *mut u8;
-    drop(hole);
-    // SAFETY: rejected before use.
-    let e = unsafe { migrate(hole_ptr, 2 * MIB, node(), &o) }.unwrap_err();
-    assert!(matches!(e, MigrateError::Unmapped { .. }), "{e}");
     // Shared anonymous memory on the relocation path.
     // SAFETY: a fresh shared mapping of our own.
     let shared = unsafe {
