@@ -51,6 +51,13 @@ int main(void)
     printf("    (foliokit %u.%u.%u)\n", fk_version() / 1000000, fk_version() / 1000 % 1000,
            fk_version() % 1000);
 
+    /* Start-up, explicitly: unknown flags are refused and change nothing,
+     * then the defaults (SIGBUS handler now, no profile file, unpinned
+     * workers); a second fk_init is refused. */
+    check(fk_init(1u << 30) == -EINVAL, "fk_init with an unknown flag is -EINVAL");
+    check(fk_init(0) == 0, "fk_init(0)");
+    check(fk_init(0) == -EALREADY, "a second fk_init is -EALREADY");
+
     /* Fault the destination in from two threads, then fill the source. */
     rc = fk_populate(dst, LEN, 2);
     check(rc == 0, "fk_populate 16 MiB with 2 channels");

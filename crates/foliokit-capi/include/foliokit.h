@@ -20,8 +20,8 @@
  * plain accesses) write the same bytes at once - the rule memcpy has.
  * fk_migrate is the exception: other threads may keep reading and writing
  * the range it migrates. The library's state (detected CPU features, the
- * tuning profile, the copy worker pool, the SIGBUS handler) is created
- * once, on first use, safely under concurrent first calls. fk_drain orders
+ * tuning profile, the copy worker pool, the SIGBUS handler) is created by
+ * fk_init, or else once, on first use, safely under concurrent first calls. fk_drain orders
  * the calling thread's streaming stores only. fk_populate and fk_migrate
  * with several channels run part of the work on foliokit's worker threads
  * and return after all of it is done. The relocation path of fk_migrate
@@ -178,6 +178,23 @@ struct fk_migrate_result {
  * for this memory or this process; nothing was touched). */
 int fk_migrate(void *addr, size_t len, unsigned node,
                const struct fk_migrate_opts *opts, struct fk_migrate_result *out);
+
+/* Explicit start-up, once, before any other call but fk_version (optional:
+ * without it each piece of state is created on first use, and no
+ * calibration profile is read). It detects the CPU, installs the SIGBUS
+ * handler fk_copy_mc needs (unless FK_INIT_NO_SIGBUS_HANDLER: fk_copy_mc
+ * then fails with -EOPNOTSUPP), reads the profile `foliokit calibrate`
+ * wrote if FK_INIT_PROFILE_FILE asks, and pins copy workers round-robin on
+ * the allowed CPUs if FK_INIT_SPREAD_CHANNELS asks (else unpinned). After
+ * it no copy or clear call opens a file. A SIGBUS handler of your own must
+ * be installed before fk_init; one installed after it makes fk_copy_mc
+ * return -EBUSY rather than run.
+ * Errors: -EALREADY (fk_init ran, or a call already set things up with the
+ * defaults), -EINVAL unknown flags, -errno if sigaction failed. */
+#define FK_INIT_NO_SIGBUS_HANDLER 1u
+#define FK_INIT_PROFILE_FILE 2u
+#define FK_INIT_SPREAD_CHANNELS 4u
+int fk_init(unsigned flags);
 
 /* A static, human-readable name for a code returned above. */
 const char *fk_strerror(int code);

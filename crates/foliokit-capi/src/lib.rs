@@ -467,6 +467,35 @@ pub unsafe extern "C" fn fk_migrate(
     })
 }
 
+/// `fk_init` flags (the header's FK_INIT_*).
+const INIT_NO_SIGBUS_HANDLER: c_uint = 1;
+const INIT_PROFILE_FILE: c_uint = 2;
+const INIT_SPREAD_CHANNELS: c_uint = 4;
+
+/// Explicit start-up; see the header.
+#[no_mangle]
+pub extern "C" fn fk_init(flags: c_uint) -> c_int {
+    guard(|| {
+        let known = INIT_NO_SIGBUS_HANDLER | INIT_PROFILE_FILE | INIT_SPREAD_CHANNELS;
+        if flags & !known != 0 {
+            return Err(-libc::EINVAL);
+        }
+        let mut c = fk::Config::new().sigbus_handler(flags & INIT_NO_SIGBUS_HANDLER == 0);
+        if flags & INIT_PROFILE_FILE != 0 {
+            c = c.profile(fk::ProfileChoice::DefaultFile);
+        }
+        if flags & INIT_SPREAD_CHANNELS != 0 {
+            c = c.channel_cpus(fk::ChannelCpus::Spread);
+        }
+        match fk::init(c) {
+            Ok(_) => Ok(0),
+            Err(fk::InitError::AlreadyInitialized) => Err(-libc::EALREADY),
+            Err(fk::InitError::Sigbus(errno)) => Err(-errno),
+            Err(_) => Err(-libc::EINVAL),
+        }
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn fk_strerror(code: c_int) -> *const c_char {
     // wrapping_neg: even c_int::MIN must not overflow (no panic here).
@@ -485,6 +514,8 @@ pub extern "C" fn fk_strerror(code: c_int) -> *const c_char {
         libc::EPERM => c"relocation refused for this memory or this process",
         libc::ENOMEM => c"out of memory",
         libc::ENOTRECOVERABLE => c"internal error in foliokit",
+        libc::EALREADY => c"foliokit was already initialised (fk_init must come first)",
+        libc::EBUSY => c"another SIGBUS handler replaced foliokit's; install yours before fk_init",
         _ => c"unknown error",
     };
     s.as_ptr()
