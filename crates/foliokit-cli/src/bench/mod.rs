@@ -260,6 +260,27 @@ impl StrategyTables {
                 l.limits.formula
             ));
         }
+        // Where more streams get less from memory than one, more channels
+        // cannot be faster: say so next to the rows that show it.
+        for l in self.limits.iter().filter(|l| l.channels > 1) {
+            let one = self
+                .limits
+                .iter()
+                .find(|o| o.channels == 1 && o.folio_size == l.folio_size);
+            if let Some(one) = one {
+                let (n, o) = (l.limits.gbps(), one.limits.gbps());
+                if n < o * 0.95 {
+                    report.footer.push(format!(
+                        "{} x{}: memory gave {} streams {n:.2} GB/s against {o:.2} for one in this run ({:.2}x): rows on {} channels are bounded by that, not by how the batch was split",
+                        show_size(l.folio_size),
+                        l.channels,
+                        l.channels,
+                        n / o,
+                        l.channels
+                    ));
+                }
+            }
+        }
         for a in &self.auto {
             report.footer.push(format!(
                 "auto at {} x{} ran {}: {} of the limit, {:.2}x {}{}, {:.2}x the best named ({})",
