@@ -3,7 +3,6 @@
 //! A batch is a list of equal-size folios. Every check happens before the
 //! first byte is written, so a rejected batch leaves memory untouched.
 
-use serde::Serialize;
 use std::sync::OnceLock;
 use thiserror::Error;
 
@@ -11,8 +10,9 @@ use crate::strategy::StrategyError;
 
 /// Whether the caller will read the data again soon. Decides, together with
 /// the batch's size, between cache-filling and streaming stores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Reuse {
     /// The data will be read again soon: keep it in cache if it fits.
     #[default]
@@ -113,7 +113,8 @@ pub enum BatchError {
 /// What a batch did: the strategy that ran (`S`: [`crate::CopyStrategy`]
 /// or [`crate::ClearStrategy`], what `auto` resolved to) and the bytes it
 /// completed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct BatchReport<S> {
     /// The concrete strategy that ran (what `auto` resolved to).

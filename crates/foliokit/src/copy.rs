@@ -1,6 +1,5 @@
 //! Named copy strategies, `auto`, and the batched folio copy.
 
-use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 
 use crate::arch::{self, CopyFn};
@@ -11,8 +10,9 @@ use crate::tune::{self, Shape};
 
 /// A way of copying memory. Every variant is callable by name; `Auto` picks
 /// one of the others for the shape of the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum CopyStrategy {
     /// 4 KiB at a time with a yield point between pages: the kernel's old
     /// per-page folio copy loop, kept as the baseline.

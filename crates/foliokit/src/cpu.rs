@@ -5,14 +5,14 @@
 //! first, because CPUID cache leaves are often zero or invented inside VMs,
 //! and fall back to the defaults in [`crate::tune`] when neither answers.
 
-use serde::Serialize;
 use std::sync::OnceLock;
 
 use crate::tune;
 
 /// CPU vendor, as far as the strategy rules care.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Vendor {
     /// GenuineIntel.
     Intel,
@@ -23,7 +23,8 @@ pub enum Vendor {
 }
 
 /// The feature flags that decide which primitives exist and which are fast.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Features {
     /// Linux's synthetic "rep string ops are good" flag (`copy_page` uses `rep movsq`).
     pub rep_good: bool,
@@ -46,7 +47,8 @@ pub struct Features {
 }
 
 /// Cache sizes in bytes (per instance as the OS reports them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Caches {
     /// Level-1 data cache.
     pub l1d: usize,
@@ -59,7 +61,8 @@ pub struct Caches {
 }
 
 /// Everything foliokit knows about the CPU it runs on.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CpuInfo {
     /// `std::env::consts::ARCH`, e.g. `"x86_64"`.
     pub arch: &'static str,

@@ -44,7 +44,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod arch;
 pub mod batch;
@@ -58,7 +58,11 @@ pub mod migrate;
 pub mod nt;
 pub mod runtime;
 pub mod strategy;
-pub mod sys;
+// Raw userfaultfd/NUMA/pagemap wrappers: the library's own plumbing, with
+// invariants (uffd registration, event reading) only migrate/ keeps. Users
+// get the safe operations; the one query tools need is
+// `migrate::page_nodes`.
+pub(crate) mod sys;
 pub mod tune;
 
 pub use batch::{BatchError, BatchReport, Reuse};

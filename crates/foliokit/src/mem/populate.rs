@@ -5,7 +5,6 @@
 //! fault in with `MADV_POPULATE_WRITE`; where the kernel refuses that
 //! (before 5.14, or for some mappings) a thread touches each page instead.
 
-use serde::Serialize;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -50,7 +49,8 @@ pub enum PopulateError {
 }
 
 /// What `populate` did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PopulateReport {
     /// Length of the range, in bytes.
     pub bytes: usize,

@@ -11,7 +11,6 @@
 //! Every region records the backing it asked for and what it actually got,
 //! so that no table ever claims huge pages it did not have.
 
-use serde::Serialize;
 use std::io;
 use thiserror::Error;
 
@@ -52,7 +51,8 @@ pub enum MemError {
 }
 
 /// What backing a region asked for and what it got.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Backing {
     /// What the folio size asked for: `"4K"`, `"THP 2M"`, `"mTHP 64K"`,
     /// `"hugetlb 1G"`.
@@ -62,7 +62,7 @@ pub struct Backing {
     /// `"not faulted in yet"`.
     pub obtained: String,
     /// Why the two differ, when they do.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub note: Option<String>,
 }
 

@@ -1,8 +1,6 @@
 //! The system's huge-page and NUMA state, as `info` reports it and as
 //! regions consult it before asking for a page size.
 
-use serde::Serialize;
-
 use super::sysfs;
 
 /// Where the kernel keeps the THP and mTHP knobs.
@@ -10,7 +8,8 @@ pub const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
 const HUGETLB: &str = "/sys/kernel/mm/hugepages";
 
 /// One multi-size THP (mTHP) size and its sysfs setting.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MthpSize {
     /// Folio size in bytes (e.g. 65536).
     pub size: usize,
@@ -20,7 +19,8 @@ pub struct MthpSize {
 
 /// Transparent huge page settings, as read from [`THP_DIR`]. Every field is
 /// `None`/empty when the kernel lacks THP or sysfs is not mounted.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ThpState {
     /// Top-level mode: always, madvise or never (None: no THP support).
     pub enabled: Option<String>,
@@ -33,7 +33,8 @@ pub struct ThpState {
 }
 
 /// One hugetlb pool's page counts (pages of `size` bytes, not bytes).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HugetlbPool {
     /// Page size in bytes (2 MiB, 1 GiB).
     pub size: usize,
@@ -45,7 +46,8 @@ pub struct HugetlbPool {
 
 /// A snapshot of the system settings that decide what backing memory gets
 /// (what `foliokit info` prints).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct SystemInfo {
     /// Kernel release (`uname -r`), or `"unknown"`.
     pub kernel: String,
