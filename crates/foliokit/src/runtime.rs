@@ -164,11 +164,14 @@ pub fn init(config: Config) -> Result<Started, InitError> {
     // The file variants exist in every build, so code choosing them
     // compiles either way; a build that cannot read profile files says so
     // before anything is set up, and the application may call init again.
+    // (A second init is still AlreadyInitialized, whatever it asks for.)
     #[cfg(not(feature = "serde"))]
-    if matches!(
-        config.profile,
-        ProfileChoice::File(_) | ProfileChoice::DefaultFile
-    ) {
+    if CONFIG.get().is_none()
+        && matches!(
+            config.profile,
+            ProfileChoice::File(_) | ProfileChoice::DefaultFile
+        )
+    {
         return Err(ProfileError::FilesNeedSerde.into());
     }
     CONFIG
