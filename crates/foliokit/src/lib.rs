@@ -251,7 +251,7 @@
 //!
 //! - `serde` (default): `Serialize` on reports and system descriptions,
 //!   `Serialize`/`Deserialize` on strategies and calibration profiles, and
-//!   the profile files ([`tune::read_profile`], [`tune::save_profile`],
+//!   the profile files (`tune::read_profile`, `tune::save_profile`,
 //!   [`ProfileChoice::File`], [`ProfileChoice::DefaultFile`]). With
 //!   `default-features = false` the library depends only on `libc` and
 //!   `thiserror`; every operation is still there, the file choices stay in
