@@ -3,7 +3,6 @@
 //! A batch is a list of equal-size folios. Every check happens before the
 //! first byte is written, so a rejected batch leaves memory untouched.
 
-use serde::Serialize;
 use std::sync::OnceLock;
 use thiserror::Error;
 
@@ -11,8 +10,9 @@ use crate::strategy::StrategyError;
 
 /// Whether the caller will read the data again soon. Decides, together with
 /// the batch's size, between cache-filling and streaming stores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Reuse {
     /// The data will be read again soon: keep it in cache if it fits.
     #[default]
@@ -21,41 +21,91 @@ pub enum Reuse {
     Stream,
 }
 
+/// Why a batch was rejected. Every check runs before the first byte is
+/// written, so memory is untouched when one of these is returned.
+///
+/// `what` fields name the offending side (`"destination"` or `"source"`);
+/// `index` fields count folios (or pointers, for the raw entry points)
+/// from 0; lengths and addresses are in bytes.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BatchError {
+    /// The folio size (first field) is zero or not a multiple of the base
+    /// page size (second field).
     #[error("folio size {0} is not a non-zero multiple of the {1}-byte page size")]
     BadFolioSize(usize, usize),
+    /// A folio does not start on a base-page boundary.
     #[error("{what} {index} at {addr:#x} is not aligned to the {page}-byte page size")]
     Misaligned {
+        /// `"destination"` or `"source"`.
         what: &'static str,
+        /// The folio's index in the batch.
         index: usize,
+        /// Its start address.
         addr: usize,
+        /// The base page size it must be aligned to.
         page: usize,
     },
+    /// A contiguous range does not divide into whole folios.
     #[error("{what} is {len} bytes, not a multiple of the {folio_size}-byte folio size")]
     NotFolioMultiple {
+        /// `"destination"` or `"source"`.
         what: &'static str,
+        /// The range's length.
         len: usize,
+        /// The batch's folio size.
         folio_size: usize,
     },
+    /// Destination and source of a contiguous copy differ in length.
     #[error("destination is {dst} bytes but source is {src}")]
-    LengthMismatch { dst: usize, src: usize },
+    LengthMismatch {
+        /// Destination length.
+        dst: usize,
+        /// Source length.
+        src: usize,
+    },
+    /// One folio of a list batch has a different length from the others.
     #[error("{what} {index} is {len} bytes but the batch's folio size is {folio_size}")]
     UnequalFolio {
+        /// `"destination"` or `"source"`.
         what: &'static str,
+        /// The folio's index in the batch.
         index: usize,
+        /// Its length.
         len: usize,
+        /// The batch's folio size.
         folio_size: usize,
     },
+    /// A list copy has a different number of destinations (first field)
+    /// and sources (second field).
     #[error("{0} destinations but {1} sources")]
     CountMismatch(usize, usize),
+    /// A destination folio overlaps another destination or a source; the
+    /// result would depend on the order the folios are copied in.
     #[error("destination {index} overlaps {other}")]
-    Overlap { index: usize, other: String },
+    Overlap {
+        /// The destination folio's index.
+        index: usize,
+        /// What it overlaps, e.g. `"source 3"`.
+        other: String,
+    },
+    /// `addr + len` overflows: the range cannot be real memory.
     #[error("address range at {addr:#x} + {len} wraps around the address space")]
-    Wraps { addr: usize, len: usize },
+    Wraps {
+        /// Start of the range.
+        addr: usize,
+        /// Its length.
+        len: usize,
+    },
+    /// The butterfly clear's hint page lies outside the folio.
     #[error("hint page {hint} is outside a folio of {pages} pages")]
-    HintOutOfRange { hint: usize, pages: usize },
+    HintOutOfRange {
+        /// The hint, in base pages from the folio's start.
+        hint: usize,
+        /// The folio's length in base pages.
+        pages: usize,
+    },
+    /// The strategy cannot run here (or `auto` was not resolved).
     #[error(transparent)]
     Strategy(#[from] StrategyError),
 }
@@ -63,12 +113,16 @@ pub enum BatchError {
 /// What a batch did: the strategy that ran (`S`: [`crate::CopyStrategy`]
 /// or [`crate::ClearStrategy`], what `auto` resolved to) and the bytes it
 /// completed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct BatchReport<S> {
     /// The concrete strategy that ran (what `auto` resolved to).
     pub strategy: S,
+    /// Folios processed: the whole batch, since a batch that passes
+    /// validation is never stopped part-way.
     pub folios: usize,
+    /// Bytes copied or cleared.
     pub bytes: usize,
 }
 

@@ -1,6 +1,5 @@
 //! Named clear (zero-fill) strategies, `auto`, and the batched folio clear.
 
-use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 
 use crate::arch::{self, ClearFn};
@@ -12,16 +11,29 @@ use crate::tune::{self, Shape};
 
 /// A way of zeroing memory. `Butterfly` and `PerPage` work 4 KiB at a time
 /// like the kernel's `clear_huge_page` paths; the rest clear whole extents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum ClearStrategy {
+    /// 4 KiB clears from both ends converging on a hint page: the kernel's
+    /// `process_huge_page` order, kept for comparison.
     Butterfly,
+    /// 4 KiB clears in address order with a yield point between pages.
     PerPage,
+    /// `rep stosb` over the whole extent. x86_64 only.
     Stosb,
+    /// `rep stosq` over the whole extent. x86_64 only.
     Stosq,
+    /// Streaming (non-temporal) stores of whole lines, fenced before
+    /// returning: for memory not read again soon. x86_64 only.
     Nt,
+    /// AMD `clzero`, one instruction per 64-byte line, fenced. x86_64 with
+    /// the CLZERO flag (AMD only).
     Clzero,
+    /// The platform `memset`.
     Libc,
+    /// Chosen per batch from the CPU, its cache sizes, the batch's total size,
+    /// the reuse hint and the calibration profile; reports say what it ran.
     #[default]
     Auto,
 }

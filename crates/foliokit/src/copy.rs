@@ -1,6 +1,5 @@
 //! Named copy strategies, `auto`, and the batched folio copy.
 
-use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 
 use crate::arch::{self, CopyFn};
@@ -11,17 +10,33 @@ use crate::tune::{self, Shape};
 
 /// A way of copying memory. Every variant is callable by name; `Auto` picks
 /// one of the others for the shape of the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum CopyStrategy {
+    /// 4 KiB at a time with a yield point between pages: the kernel's old
+    /// per-page folio copy loop, kept as the baseline.
     PerPage,
+    /// `rep movsq` over the whole extent (the kernel's `copy_page` on
+    /// REP_GOOD CPUs). x86_64 only.
     Movsq,
+    /// `rep movsb` over the whole extent; fast with ERMS/FSRM, slow on
+    /// some AMD parts with a misaligned destination. x86_64 only.
     Movsb,
+    /// Unrolled 64-bit register moves, 64 bytes per iteration (the kernel's
+    /// `memcpy_orig`, used when FSRM is absent). x86_64 only.
     Unrolled,
+    /// 32-byte AVX2 loads and stores. x86_64 with AVX2.
     Avx2,
+    /// 64-byte AVX-512 loads and stores. x86_64 with AVX-512F.
     Avx512,
+    /// Streaming (non-temporal) stores that bypass the cache, fenced before
+    /// returning: for write-once data larger than the cache. x86_64 only.
     Nt,
+    /// The platform `memcpy`.
     Libc,
+    /// Chosen per batch from the CPU, its cache sizes, the batch's total size,
+    /// the reuse hint and the calibration profile; reports say what it ran.
     #[default]
     Auto,
 }

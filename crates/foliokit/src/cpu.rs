@@ -5,22 +5,26 @@
 //! first, because CPUID cache leaves are often zero or invented inside VMs,
 //! and fall back to the defaults in [`crate::tune`] when neither answers.
 
-use serde::Serialize;
 use std::sync::OnceLock;
 
 use crate::tune;
 
 /// CPU vendor, as far as the strategy rules care.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Vendor {
+    /// GenuineIntel.
     Intel,
+    /// AuthenticAMD (and Hygon, which the rules treat alike).
     Amd,
+    /// Any other vendor, or not x86_64.
     Other,
 }
 
 /// The feature flags that decide which primitives exist and which are fast.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Features {
     /// Linux's synthetic "rep string ops are good" flag (`copy_page` uses `rep movsq`).
     pub rep_good: bool,
@@ -28,19 +32,27 @@ pub struct Features {
     pub erms: bool,
     /// Fast short REP MOVSB.
     pub fsrm: bool,
+    /// AVX2, with the OS saving the YMM state (enables the `avx2` copy).
     pub avx2: bool,
+    /// AVX-512 Foundation, with the OS saving the ZMM state (enables the
+    /// `avx512` copy).
     pub avx512f: bool,
     /// AMD's zero-a-cache-line instruction.
     pub clzero: bool,
+    /// CLFLUSHOPT: faster cache eviction for `--evict` and
+    /// [`crate::mem::Region::evict`].
     pub clflushopt: bool,
     /// SSE2 non-temporal stores (always present on x86_64).
     pub sse2: bool,
 }
 
 /// Cache sizes in bytes (per instance as the OS reports them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Caches {
+    /// Level-1 data cache.
     pub l1d: usize,
+    /// Level-2 (unified) cache.
     pub l2: usize,
     /// Last-level cache size (L3 where present, else L2).
     pub llc: usize,
@@ -49,13 +61,20 @@ pub struct Caches {
 }
 
 /// Everything foliokit knows about the CPU it runs on.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CpuInfo {
+    /// `std::env::consts::ARCH`, e.g. `"x86_64"`.
     pub arch: &'static str,
+    /// The vendor the rules for `auto` distinguish.
     pub vendor: Vendor,
+    /// `model name` from /proc/cpuinfo, or `"unknown"`.
     pub model: String,
+    /// Flags that decide which strategies exist and which are fast.
     pub features: Features,
+    /// Cache sizes `auto` compares batch sizes against.
     pub caches: Caches,
+    /// CPUs this process may run on (`available_parallelism`), at least 1.
     pub logical_cpus: usize,
 }
 

@@ -22,23 +22,49 @@ use thiserror::Error;
 
 use crate::arch;
 
+/// Why a streaming write was refused. Every check happens before the
+/// first store; all sizes are in bytes.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NtError {
+    /// [`memcpy_nt`] was given slices of different lengths.
     #[error("destination is {dst} bytes but source is {src}")]
-    LengthMismatch { dst: usize, src: usize },
+    LengthMismatch {
+        /// Destination length.
+        dst: usize,
+        /// Source length.
+        src: usize,
+    },
+    /// [`NtWriter::write_at`] would write past the end of its buffer.
     #[error("write of {len} bytes at offset {offset} overruns the {cap}-byte destination")]
     OutOfBounds {
+        /// Where the write would start.
         offset: usize,
+        /// Its length.
         len: usize,
+        /// The writer's capacity.
         cap: usize,
     },
+    /// [`fill_from_template`]'s array is not a whole number of templates.
     #[error("array of {len} bytes is not a whole number of {record}-byte records")]
-    NotRecordMultiple { len: usize, record: usize },
+    NotRecordMultiple {
+        /// The array's length.
+        len: usize,
+        /// The template's length.
+        record: usize,
+    },
+    /// [`fill_from_template`] needs 16-byte records on a 16-byte-aligned
+    /// array (the streaming instruction stores 16 bytes at a time).
     #[error(
         "template of {size} bytes at alignment {align} cannot be streamed: records must be a non-zero multiple of 16 bytes on a 16-byte-aligned array"
     )]
-    MisalignedTemplate { size: usize, align: usize },
+    MisalignedTemplate {
+        /// The template's length.
+        size: usize,
+        /// The array's alignment: the largest power of two dividing its
+        /// address (capped at 4096).
+        align: usize,
+    },
 }
 
 /// Orders every streaming store this thread issued before any later store:
@@ -88,6 +114,7 @@ pub struct NtWriter<'a> {
 }
 
 impl<'a> NtWriter<'a> {
+    /// A writer that holds `dst` until [`NtWriter::finish`] or drop.
     pub fn new(dst: &'a mut [u8]) -> Self {
         NtWriter {
             dst,
@@ -95,6 +122,7 @@ impl<'a> NtWriter<'a> {
         }
     }
 
+    /// The buffer's length in bytes.
     pub fn capacity(&self) -> usize {
         self.dst.len()
     }

@@ -30,10 +30,15 @@ pub enum ProfileChoice {
     /// This profile (e.g. one the application stores itself).
     Given(Profile),
     /// The profile in this file; an unreadable or foreign file is an error.
+    ///
+    /// Needs the `serde` feature: without it [`init`] refuses this choice
+    /// with [`ProfileError::FilesNeedSerde`] before doing anything.
     File(PathBuf),
-    /// The file `foliokit calibrate` writes ([`tune::profile_path`]), if it
+    /// The file `foliokit calibrate` writes (`tune::profile_path`), if it
     /// exists and suits this CPU; otherwise the built-in rules. The CLI's
     /// choice.
+    ///
+    /// Needs the `serde` feature, as [`ProfileChoice::File`] does.
     DefaultFile,
 }
 
@@ -156,6 +161,19 @@ pub(crate) fn config() -> &'static Config {
 /// foliokit call (plain copies and clears before it are harmless; a channel
 /// pool or an mc copy fixes the defaults). See the [module docs](self).
 pub fn init(config: Config) -> Result<Started, InitError> {
+    // The file variants exist in every build, so code choosing them
+    // compiles either way; a build that cannot read profile files says so
+    // before anything is set up, and the application may call init again.
+    // (A second init is still AlreadyInitialized, whatever it asks for.)
+    #[cfg(not(feature = "serde"))]
+    if CONFIG.get().is_none()
+        && matches!(
+            config.profile,
+            ProfileChoice::File(_) | ProfileChoice::DefaultFile
+        )
+    {
+        return Err(ProfileError::FilesNeedSerde.into());
+    }
     CONFIG
         .set(config)
         .map_err(|_| InitError::AlreadyInitialized)?;
@@ -166,12 +184,17 @@ pub fn init(config: Config) -> Result<Started, InitError> {
         ProfileChoice::Given(p) => {
             tune::use_profile(Some(p.clone()), "given by the application")?;
         }
+        #[cfg(feature = "serde")]
         ProfileChoice::File(path) => {
             tune::use_profile(Some(tune::read_profile(path)?), &path.display().to_string())?;
         }
+        #[cfg(feature = "serde")]
         ProfileChoice::DefaultFile => {
             tune::use_default_file();
         }
+        // Refused above, before the configuration was taken.
+        #[cfg(not(feature = "serde"))]
+        ProfileChoice::File(_) | ProfileChoice::DefaultFile => {}
     }
     if c.sigbus_handler {
         crate::mc::install_handler().map_err(InitError::Sigbus)?;

@@ -10,35 +10,59 @@ pub trait Strategy: Copy + Eq + std::fmt::Debug + 'static {
     /// Every strategy, in the order tables list them.
     const ALL: &'static [Self];
 
+    /// The name `-f` lists, the C API and JSON output use (`"movsb"`,
+    /// `"per-page"`, `"auto"`).
     fn name(self) -> &'static str;
+    /// One line on what the strategy does, for `-f help`.
     fn description(self) -> &'static str;
     /// `Some(reason)` when this CPU or architecture cannot run it.
     fn unavailable(self) -> Option<&'static str>;
 
+    /// The strategy called `name` (exact match), available here or not.
     fn from_name(name: &str) -> Option<Self> {
         Self::ALL.iter().copied().find(|s| s.name() == name)
     }
 }
 
+/// Why a strategy cannot be used. `op` is always [`Strategy::OP`]
+/// (`"copy"` or `"clear"`).
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StrategyError {
+    /// A name matched no strategy of this operation.
     #[error("unknown {op} strategy '{name}' (known: {known}; '-f help' describes them)")]
     Unknown {
+        /// `"copy"` or `"clear"`.
         op: &'static str,
+        /// The name as given.
         name: String,
+        /// The valid names, comma-separated.
         known: String,
     },
+    /// The strategy exists but this CPU or architecture lacks what it
+    /// needs (never emulated: callers choose another or `auto`).
     #[error("{op} strategy '{name}' is not available here: {reason}")]
     Unavailable {
+        /// `"copy"` or `"clear"`.
         op: &'static str,
+        /// The strategy's name.
         name: &'static str,
+        /// What is missing, e.g. a CPU flag.
         reason: &'static str,
     },
+    /// A `-f` list held no names.
     #[error("no {op} strategy given")]
-    Empty { op: &'static str },
+    Empty {
+        /// `"copy"` or `"clear"`.
+        op: &'static str,
+    },
+    /// `auto` was asked for its function before being resolved for a
+    /// batch shape (`CopyStrategy::resolve` / `ClearStrategy::resolve`).
     #[error("{op} strategy 'auto' must be resolved for a batch shape first; call resolve()")]
-    Unresolved { op: &'static str },
+    Unresolved {
+        /// `"copy"` or `"clear"`.
+        op: &'static str,
+    },
 }
 
 /// Returns `s` if it can run here, or why not.
@@ -56,7 +80,9 @@ pub fn require<S: Strategy>(s: S) -> Result<S, StrategyError> {
 /// The strategies a `-f` list selects, and those `all` had to skip.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection<S> {
+    /// The strategies to run, in list order, without duplicates.
     pub run: Vec<S>,
+    /// For `all` only: strategies this CPU lacks, with the reason.
     pub skipped: Vec<(S, &'static str)>,
 }
 

@@ -9,7 +9,6 @@
 //! 2. the primitive for that regime, from CPU flags, or from the profile
 //!    `foliokit calibrate` measured on this machine when one exists.
 
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::RwLock;
@@ -21,15 +20,20 @@ use crate::copy::CopyStrategy;
 use crate::cpu::{cpu, Vendor};
 use crate::strategy::Strategy;
 
-/// Cache sizes assumed when neither sysfs nor CPUID tells (VMs can report 0).
+/// L1 data cache size in bytes assumed when sysfs does not tell (VMs can
+/// report 0): a typical 32 KiB.
 pub const DEFAULT_L1D: usize = 32 << 10;
+/// L2 size in bytes assumed when sysfs does not tell.
 pub const DEFAULT_L2: usize = 1 << 20;
+/// Last-level cache size in bytes assumed when sysfs does not tell; it sets
+/// where `auto` switches to streaming stores, and calibration corrects it.
 pub const DEFAULT_LLC: usize = 8 << 20;
 
 /// A working set above `STREAM_NUM/STREAM_DEN` of the LLC will not survive
 /// in cache, so temporal stores only add write-allocate traffic (glibc uses
 /// 3/4 of the shared cache for the same decision).
 pub const STREAM_NUM: usize = 3;
+/// Denominator of the LLC fraction; see [`STREAM_NUM`].
 pub const STREAM_DEN: usize = 4;
 
 /// Write-once requests smaller than this use temporal stores anyway: the
@@ -39,6 +43,8 @@ pub const STREAM_MIN_BYTES: usize = 4096;
 /// Folio-size class bounds used by the profile: small ≤ 16 KiB < medium ≤
 /// 1 MiB < large.
 pub const SMALL_FOLIO_MAX: usize = 16 << 10;
+/// Upper bound (inclusive, bytes) of the medium folio class; see
+/// [`SMALL_FOLIO_MAX`].
 pub const MEDIUM_FOLIO_MAX: usize = 1 << 20;
 
 /// `populate` faults memory in chunks of this size, aligned to it, so each
@@ -67,9 +73,11 @@ pub const PROFILE_VERSION: u32 = 1;
 /// The shape of a request, which is what `auto` decides on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
+    /// Bytes per folio (for a single request, its length).
     pub folio_size: usize,
     /// Destination bytes in the whole batch.
     pub total: usize,
+    /// The caller's reuse hint.
     pub reuse: Reuse,
     /// Destination not 64-byte aligned (string ops are slow there on AMD).
     pub misaligned: bool,
@@ -112,23 +120,34 @@ impl Shape {
 }
 
 /// Whether the data will be cache-resident afterwards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Regime {
+    /// The working set fits in the cache and will be read again: temporal
+    /// stores.
     Resident,
+    /// It will not survive in cache (too big, or marked write-once):
+    /// streaming stores, or string instructions that avoid the
+    /// write-allocate read.
     Stream,
 }
 
 /// Folio-size class, the other axis of the profile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum FolioClass {
+    /// Up to [`SMALL_FOLIO_MAX`] (4 KiB and 16 KiB folios).
     Small,
+    /// Up to [`MEDIUM_FOLIO_MAX`] (mTHP sizes).
     Medium,
+    /// Larger: PMD-size THP and hugetlb pages.
     Large,
 }
 
 impl FolioClass {
+    /// The class of a folio of `folio_size` bytes.
     pub fn of(folio_size: usize) -> FolioClass {
         if folio_size <= SMALL_FOLIO_MAX {
             FolioClass::Small
@@ -163,29 +182,40 @@ pub fn regime(working_set: usize, total: usize, reuse: Reuse) -> Regime {
 
 /// One measured decision: the best strategy for an (op, regime, class,
 /// channels) cell.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Choice {
+    /// `"copy"` or `"clear"` ([`Strategy::OP`]).
     pub op: String,
+    /// The cell's regime.
     pub regime: Regime,
+    /// The cell's folio-size class.
     pub class: FolioClass,
     /// Channels the cell was measured on (profiles written before channel
     /// counts were measured hold one-channel cells).
-    #[serde(default = "one_channel")]
+    #[cfg_attr(feature = "serde", serde(default = "one_channel"))]
     pub channels: usize,
+    /// The winning strategy's name. A name this CPU cannot run (a profile
+    /// copied from elsewhere) is ignored and the built-in rule applies.
     pub strategy: String,
     /// The best strategy's median GB/s in calibration, for `info`.
     pub gbps: f64,
 }
 
+#[cfg(feature = "serde")]
 fn one_channel() -> usize {
     1
 }
 
 /// A calibration profile, stored as JSON in the user's cache directory.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Profile {
+    /// Format version; anything but [`PROFILE_VERSION`] is refused as stale.
     pub version: u32,
+    /// The CPU's model name it was measured on; another CPU's is refused.
     pub cpu_model: String,
+    /// The measured cells; a cell not listed follows the built-in rules.
     pub choices: Vec<Choice>,
 }
 
@@ -193,24 +223,55 @@ pub struct Profile {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ProfileError {
+    /// Neither `FOLIOKIT_PROFILE` nor a cache directory (`XDG_CACHE_HOME`,
+    /// `HOME`) is set, so there is no default profile path.
     #[error("no cache directory (set FOLIOKIT_PROFILE or XDG_CACHE_HOME)")]
     NoCacheDir,
+    /// The file could not be read (missing, permissions).
     #[error("cannot read profile {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         source: std::io::Error,
     },
+    /// The file is not profile JSON.
     #[error("profile {path} is not a foliokit profile: {reason}")]
-    Parse { path: PathBuf, reason: String },
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the JSON parser said.
+        reason: String,
+    },
+    /// The profile was written by a build with another format.
     #[error("profile version {found} is stale (this build reads version {expected}): recalibrate")]
-    Stale { found: u32, expected: u32 },
+    Stale {
+        /// Its version.
+        found: u32,
+        /// [`PROFILE_VERSION`].
+        expected: u32,
+    },
+    /// The profile was measured on another CPU model.
     #[error("profile is for '{profile}', this CPU is '{cpu}': recalibrate here")]
-    OtherCpu { profile: String, cpu: String },
+    OtherCpu {
+        /// The profile's CPU model.
+        profile: String,
+        /// This CPU's model.
+        cpu: String,
+    },
+    /// Saving failed (directory not creatable, disk full, permissions).
     #[error("cannot write profile {path}: {source}")]
     Write {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         source: std::io::Error,
     },
+    /// A profile file was asked for ([`crate::ProfileChoice::File`] or
+    /// [`crate::ProfileChoice::DefaultFile`]) by a build without the
+    /// `serde` feature, which is what reads and writes profile files.
+    #[error("profile files need foliokit's `serde` cargo feature, which this build left out")]
+    FilesNeedSerde,
 }
 
 impl Profile {
@@ -228,7 +289,9 @@ impl Profile {
 }
 
 /// Where the profile lives: `$FOLIOKIT_PROFILE`, else
-/// `$XDG_CACHE_HOME/foliokit/profile.json` (or the platform cache dir).
+/// `$XDG_CACHE_HOME/foliokit/profile.json` (or `~/.cache/foliokit/...`).
+/// Needs the `serde` feature.
+#[cfg(feature = "serde")]
 pub fn profile_path() -> Result<PathBuf, ProfileError> {
     if let Some(p) = std::env::var_os("FOLIOKIT_PROFILE") {
         return Ok(PathBuf::from(p));
@@ -239,10 +302,15 @@ pub fn profile_path() -> Result<PathBuf, ProfileError> {
 }
 
 /// What `auto` found when it looked for a profile, for `info` to report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ProfileStatus {
+    /// Where the profile came from: a file path, `"given by the
+    /// application"`, or `None` for the built-in rules.
     pub path: Option<String>,
+    /// Whether a profile is in force (else the built-in rules).
     pub loaded: bool,
+    /// One line for humans: why this profile, or why none.
     pub note: String,
 }
 
@@ -282,6 +350,8 @@ fn check(p: &Profile) -> Result<(), ProfileError> {
 }
 
 /// Reads a profile file (it is not put in force: see [`use_profile`]).
+/// Needs the `serde` feature.
+#[cfg(feature = "serde")]
 pub fn read_profile(path: &std::path::Path) -> Result<Profile, ProfileError> {
     let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
         path: path.to_path_buf(),
@@ -323,7 +393,8 @@ fn set(t: Tuning) {
 
 /// Puts the profile at [`profile_path`] in force when it exists and suits
 /// this CPU; otherwise the built-in rules, with the reason in
-/// [`profile_status`]. What the CLI does.
+/// [`profile_status`]. What the CLI does. Needs the `serde` feature.
+#[cfg(feature = "serde")]
 pub fn use_default_file() -> ProfileStatus {
     let t = load_default_file();
     let status = t.status.clone();
@@ -331,6 +402,7 @@ pub fn use_default_file() -> ProfileStatus {
     status
 }
 
+#[cfg(feature = "serde")]
 fn load_default_file() -> Tuning {
     let path = match profile_path() {
         Ok(p) => p,
@@ -377,6 +449,8 @@ pub fn profile_status() -> ProfileStatus {
 }
 
 /// What the default profile file holds now, read afresh; nothing changes.
+/// Needs the `serde` feature.
+#[cfg(feature = "serde")]
 pub fn profile_status_on_disk() -> ProfileStatus {
     load_default_file().status
 }
@@ -388,7 +462,9 @@ fn profiled<S: Strategy>(r: Regime, class: FolioClass, channels: usize) -> Optio
 }
 
 /// Writes `profile` where [`profile_path`] says. Takes effect in the next
-/// process (the running one has cached its tuning).
+/// process (the running one has cached its tuning). Needs the `serde`
+/// feature.
+#[cfg(feature = "serde")]
 pub fn save_profile(profile: &Profile) -> Result<PathBuf, ProfileError> {
     let path = profile_path()?;
     let write = || -> std::io::Result<()> {
@@ -552,11 +628,14 @@ mod tests {
         assert_eq!(at(2), Some(CopyStrategy::Movsq));
         assert_eq!(at(3), None, "an unmeasured count falls back to the rules");
         // A profile written before channel counts reads as one-channel cells.
-        let old: Choice = serde_json::from_str(
-            r#"{"op":"copy","regime":"stream","class":"large","strategy":"nt","gbps":1.0}"#,
-        )
-        .unwrap();
-        assert_eq!(old.channels, 1);
+        #[cfg(feature = "serde")]
+        {
+            let old: Choice = serde_json::from_str(
+                r#"{"op":"copy","regime":"stream","class":"large","strategy":"nt","gbps":1.0}"#,
+            )
+            .unwrap();
+            assert_eq!(old.channels, 1);
+        }
         assert_eq!(
             Shape::batch(4096, 4, Reuse::Reread).on_channels(0).channels,
             1

@@ -63,6 +63,7 @@ fn a_profile_for_another_cpu_is_refused() {
     });
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn a_missing_profile_file_is_an_error_when_asked_for_by_name() {
     in_child(
@@ -257,5 +258,25 @@ fn after_init_the_hot_path_opens_no_file() {
         unsafe { pool.copy_folios(&dsts, &srcs, 2 << 20, f) }.unwrap();
         assert!(dst.iter().all(|&b| b == 0));
         println!("after_init_the_hot_path_opens_no_file: copy, copy_mc, clear and channels ran under a filter that kills open/openat/stat");
+    });
+}
+
+/// Without the `serde` feature the file choices still exist, and `init`
+/// refuses them before taking the configuration, so it can be called again.
+#[cfg(not(feature = "serde"))]
+#[test]
+fn profile_files_need_the_serde_feature() {
+    in_child("profile_files_need_the_serde_feature", T, || {
+        for choice in [
+            ProfileChoice::File("/nonexistent/profile.json".into()),
+            ProfileChoice::DefaultFile,
+        ] {
+            let r = init(Config::new().profile(choice));
+            assert!(
+                matches!(r, Err(InitError::Profile(ProfileError::FilesNeedSerde))),
+                "{r:?}"
+            );
+        }
+        init(Config::new()).expect("the refusal left init possible");
     });
 }

@@ -284,7 +284,7 @@ fn off_node(src: &Region, node: u32) -> usize {
         .map(|o| src.as_ptr() as usize + o)
         .collect();
     let mut status = vec![0i32; pages.len()];
-    match foliokit::sys::numa::page_nodes(&pages, &mut status) {
+    match foliokit::migrate::page_nodes(&pages, &mut status) {
         Ok(()) => status.iter().filter(|&&s| s != node as i32).count(),
         Err(_) => 0,
     }

@@ -72,6 +72,10 @@ fn pin(cpu: usize) {
 }
 
 impl CpuChannel {
+    /// Starts the worker thread of channel `index` (named `cpu<index>`),
+    /// pinned as [`crate::Config::channel_cpus`] says. If the thread cannot
+    /// be spawned the channel refuses every batch, and its pool does the
+    /// work on the calling thread.
     pub fn new(index: usize) -> Self {
         let (tx, rx) = channel::<Work>();
         let name = format!("cpu{index}");

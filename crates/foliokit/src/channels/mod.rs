@@ -82,14 +82,25 @@ use crate::batch::page_size;
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ChannelError {
+    /// A pool was asked for 0 channels.
     #[error("a channel pool needs at least one channel")]
     Zero,
+    /// The named channel takes no more work (its worker is gone, e.g. in a
+    /// forked child). From [`Channel::submit`]; the pool then runs the
+    /// pieces on the calling thread, so pool calls do not return it.
     #[error("copy channel '{0}' has stopped")]
     Stopped(String),
+    /// A batch's folio size was 0.
     #[error("a batch's folio size must not be zero")]
     ZeroFolio,
+    /// A copy batch's destination and source lists differ in length.
     #[error("{dsts} destinations but {srcs} sources")]
-    LengthMismatch { dsts: usize, srcs: usize },
+    LengthMismatch {
+        /// Destinations given.
+        dsts: usize,
+        /// Sources given.
+        srcs: usize,
+    },
 }
 
 /// What a channel does with each piece.
@@ -185,10 +196,12 @@ impl Piece {
         self.src
     }
 
+    /// Bytes in the piece.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the piece has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -382,6 +395,7 @@ impl Completion {
 /// - with [`Channel::claims_pieces`], a piece is run only after
 ///   `done.claim` returned `true` for it.
 pub unsafe trait Channel: Send + Sync {
+    /// A short name for messages and worker threads, e.g. `"cpu0"`.
     fn name(&self) -> &str;
 
     /// Whether this channel runs a piece only after [`Completion::claim`]
@@ -416,7 +430,10 @@ pub unsafe trait Channel: Send + Sync {
 /// When a batch's first folio and last piece completed, from submission.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchTiming {
+    /// Until the first folio was wholly done: the latency a migration's
+    /// first page waits (seed 001's first-folio figure).
     pub first_folio: Duration,
+    /// Until every piece was done or had failed.
     pub done: Duration,
 }
 
@@ -626,10 +643,12 @@ impl ChannelPool {
         Ok(ChannelPool { channels })
     }
 
+    /// Channels in the pool (at least 1).
     pub fn len(&self) -> usize {
         self.channels.len()
     }
 
+    /// Always false: a pool has at least one channel.
     pub fn is_empty(&self) -> bool {
         self.channels.is_empty()
     }

@@ -14,7 +14,6 @@ mod arch;
 #[cfg(target_arch = "x86_64")]
 mod handler;
 
-use serde::Serialize;
 use thiserror::Error;
 
 use crate::batch::{self, page_size, BatchError};
@@ -23,8 +22,9 @@ use crate::strategy::{require, Strategy};
 use crate::tune::{self, Regime, Shape};
 
 /// Why a source page could not be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum FaultKind {
     /// Hardware memory error (`BUS_MCEERR_AR`/`AO`).
     Poison,
@@ -45,29 +45,43 @@ impl std::fmt::Display for FaultKind {
 }
 
 /// Where an mc copy stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct McFault {
     /// Bytes not copied, counted from the end (the kernel's return value).
     pub not_copied: usize,
     /// Index of the first bad page, counted in base pages from the page
     /// holding the first source byte.
     pub bad_page: usize,
+    /// What the SIGBUS said about the page.
     pub kind: FaultKind,
     /// The faulting address the kernel reported.
     pub addr: usize,
 }
 
+/// Why an mc copy did not complete. Only [`McError::Fault`] happens after
+/// bytes were written; the others are returned before anything is.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum McError {
+    /// A source page faulted: the destination holds the source's bytes up
+    /// to `len - not_copied`, the rest is untouched.
     #[error("{} bytes not copied: source page {} faulted ({})", .0.not_copied, .0.bad_page, .0.kind)]
     Fault(McFault),
+    /// The named strategy has no machine-check-safe variant (only those in
+    /// [`MC_STRATEGIES`] and `auto` do).
     #[error("{0} has no machine-check-safe variant (have: movsb, avx2, nt, auto)")]
     NoVariant(&'static str),
+    /// No mc copy can run: not x86_64, the application refused the SIGBUS
+    /// handler (`Config::sigbus_handler(false)`), or installing it failed.
     #[error("machine-check-safe copy is not available: {0}")]
     Unavailable(&'static str),
+    /// Another SIGBUS handler was installed after foliokit's; see
+    /// [`handler_state`].
     #[error("another SIGBUS handler replaced foliokit's: a fault would reach it instead of being reported (install yours before foliokit::init)")]
     HandlerReplaced,
+    /// The arguments were refused (lengths, alignment, overlap, or an
+    /// unavailable strategy).
     #[error(transparent)]
     Batch(#[from] BatchError),
 }
@@ -277,16 +291,23 @@ pub unsafe fn copy_mc_raw(
 }
 
 /// One folio that could not be copied whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct FolioFault {
+    /// The folio's index in the batch.
     pub index: usize,
+    /// Where it stopped, relative to the folio's own start (`bad_page` 0 is
+    /// the folio's first page).
     pub fault: McFault,
 }
 
 /// What a batched mc copy did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct McReport {
+    /// The mc strategy that ran (what `auto` resolved to).
     pub strategy: CopyStrategy,
+    /// Folios in the batch.
     pub folios: usize,
     /// Folios copied whole.
     pub copied: usize,

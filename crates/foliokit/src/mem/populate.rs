@@ -5,7 +5,6 @@
 //! fault in with `MADV_POPULATE_WRITE`; where the kernel refuses that
 //! (before 5.14, or for some mappings) a thread touches each page instead.
 
-use serde::Serialize;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -15,31 +14,54 @@ use thiserror::Error;
 use crate::batch::page_size;
 use crate::tune::POPULATE_CHUNK;
 
+/// Why a populate failed. The argument errors come before any page is
+/// touched; [`PopulateError::Fault`] stops all threads at their next chunk,
+/// so part of the range may already be resident.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum PopulateError {
+    /// `channels` was 0.
     #[error("populate needs at least one channel")]
     ZeroChannels,
+    /// The range's start address is not on a base-page boundary.
     #[error("range start {0:#x} is not page-aligned")]
     Misaligned(usize),
+    /// `addr + len` overflows.
     #[error("range at {addr:#x} + {len} bytes wraps around the address space")]
-    Wraps { addr: usize, len: usize },
+    Wraps {
+        /// Start of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The kernel could not fault a chunk in: `ENOMEM` (no memory, or the
+    /// hugetlb pool ran dry), `EFAULT` (not mapped), `EHWPOISON` (a
+    /// poisoned page). The first failure any thread hit is reported.
     #[error("faulting in {addr:#x} + {len}: {source}")]
     Fault {
+        /// Start of the chunk that failed.
         addr: usize,
+        /// The chunk's length in bytes.
         len: usize,
+        /// The error `MADV_POPULATE_WRITE` returned.
         source: io::Error,
     },
 }
 
 /// What `populate` did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PopulateReport {
+    /// Length of the range, in bytes.
     pub bytes: usize,
+    /// Chunks it was cut into (one PMD each unless `populate_chunked` was
+    /// given larger ones; partial chunks at either end count).
     pub chunks: usize,
+    /// Threads that actually ran: the request, capped at the chunk count.
     pub channels: usize,
     /// Chunks faulted by `MADV_POPULATE_WRITE`; the rest were touched.
     pub madvised_chunks: usize,
+    /// Wall-clock time of the whole call, in seconds.
     pub secs: f64,
 }
 

@@ -11,7 +11,6 @@
 //! Every region records the backing it asked for and what it actually got,
 //! so that no table ever claims huge pages it did not have.
 
-use serde::Serialize;
 use std::io;
 use thiserror::Error;
 
@@ -22,28 +21,48 @@ use crate::cpu::cpu;
 
 const GIB: usize = 1 << 30;
 
+/// Why a [`Region`] could not be made or evicted.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum MemError {
+    /// [`Region::new`] or [`Region::unpopulated`] was asked for 0 bytes.
     #[error("a region of 0 bytes was requested")]
     Empty,
+    /// The requested length (in bytes), rounded up to whole folios plus
+    /// alignment slack, does not fit in `usize`.
     #[error("region size {0} bytes overflows the address space")]
     TooLarge(usize),
+    /// The kernel refused the mapping (typically `ENOMEM`: address space
+    /// or overcommit limits).
     #[error("mmap of {len} bytes failed: {source}")]
-    Map { len: usize, source: io::Error },
+    Map {
+        /// Bytes asked of mmap, including alignment slack or guard pages.
+        len: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Making a guard page of [`Region::guarded`] inaccessible failed.
     #[error("mprotect of a guard page failed: {0}")]
     Guard(io::Error),
+    /// [`Region::evict`] on an architecture without a cache-flush
+    /// instruction foliokit uses (anything but x86_64).
     #[error("cache eviction is not available on this architecture")]
     NoFlush,
 }
 
 /// What backing a region asked for and what it got.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Backing {
+    /// What the folio size asked for: `"4K"`, `"THP 2M"`, `"mTHP 64K"`,
+    /// `"hugetlb 1G"`.
     pub requested: String,
+    /// What the kernel actually gave, read back from smaps after faulting
+    /// (e.g. `"THP 2M on 100% of the range"`, `"4K"`), or
+    /// `"not faulted in yet"`.
     pub obtained: String,
     /// Why the two differ, when they do.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub note: Option<String>,
 }
 
@@ -291,33 +310,41 @@ impl Region {
         }
     }
 
+    /// Length in bytes (the request rounded up to whole folios).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Always false: a region has at least one page.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Start of the region, aligned to the backing's page size.
     pub fn as_ptr(&self) -> *const u8 {
         self.data
     }
 
+    /// Start of the region, for writes through raw pointers (the `_raw`
+    /// entry points).
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.data
     }
 
+    /// The region's bytes (zero until written).
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: [data, data+len) is our mapped, initialised (zero-filled or
         // written) memory for the lifetime of &self.
         unsafe { std::slice::from_raw_parts(self.data, self.len) }
     }
 
+    /// The region's bytes, writable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, with exclusive access through &mut self.
         unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }
     }
 
+    /// What backs the region, as last observed.
     pub fn backing(&self) -> &Backing {
         &self.backing
     }

@@ -1,8 +1,6 @@
 //! The system's huge-page and NUMA state, as `info` reports it and as
 //! regions consult it before asking for a page size.
 
-use serde::Serialize;
-
 use super::sysfs;
 
 /// Where the kernel keeps the THP and mTHP knobs.
@@ -10,37 +8,62 @@ pub const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
 const HUGETLB: &str = "/sys/kernel/mm/hugepages";
 
 /// One multi-size THP (mTHP) size and its sysfs setting.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MthpSize {
+    /// Folio size in bytes (e.g. 65536).
     pub size: usize,
+    /// Its `enabled` setting: `always`, `madvise`, `inherit` or `never`.
     pub enabled: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// Transparent huge page settings, as read from [`THP_DIR`]. Every field is
+/// `None`/empty when the kernel lacks THP or sysfs is not mounted.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ThpState {
     /// Top-level mode: always, madvise or never (None: no THP support).
     pub enabled: Option<String>,
+    /// Fault-time compaction mode (`always`, `defer`, `madvise`, ...).
     pub defrag: Option<String>,
+    /// The PMD-mapped THP size in bytes (2 MiB on x86_64).
     pub pmd_size: Option<usize>,
+    /// Multi-size THP knobs, smallest first (empty before Linux 6.8).
     pub mthp: Vec<MthpSize>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// One hugetlb pool's page counts (pages of `size` bytes, not bytes).
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HugetlbPool {
+    /// Page size in bytes (2 MiB, 1 GiB).
     pub size: usize,
+    /// Pages in the pool (`nr_hugepages`).
     pub total: usize,
+    /// Pages not yet mapped by anyone (`free_hugepages`).
     pub free: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A snapshot of the system settings that decide what backing memory gets
+/// (what `foliokit info` prints).
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct SystemInfo {
+    /// Kernel release (`uname -r`), or `"unknown"`.
     pub kernel: String,
+    /// Online NUMA nodes ([`numa_nodes`]).
     pub numa_nodes: Vec<u32>,
+    /// THP and mTHP settings.
     pub thp: ThpState,
+    /// Every hugetlb pool the kernel offers, smallest page first.
     pub hugetlb: Vec<HugetlbPool>,
+    /// Whether the effective user is root (some benches need it to change
+    /// settings; the library never does).
     pub root: bool,
 }
 
+/// Reads the THP settings now (not cached: an administrator may change
+/// them at any time).
 pub fn thp_state() -> ThpState {
     let choice = |f: &str| {
         sysfs::read(format!("{THP_DIR}/{f}")).and_then(|t| sysfs::selected(&t).map(str::to_string))
@@ -108,6 +131,7 @@ pub fn read_mthp(dir: &std::path::Path) -> Vec<MthpSize> {
         .collect()
 }
 
+/// Every hugetlb pool the kernel offers, smallest page size first.
 pub fn hugetlb_pools() -> Vec<HugetlbPool> {
     size_dirs(std::path::Path::new(HUGETLB))
         .into_iter()
@@ -155,6 +179,8 @@ pub fn parse_list(text: &str) -> Vec<u32> {
     out
 }
 
+/// Online NUMA node ids, ascending; `[0]` when sysfs does not say (a
+/// kernel without NUMA has one node, 0).
 pub fn numa_nodes() -> Vec<u32> {
     sysfs::read("/sys/devices/system/node/online")
         .map(|t| parse_list(&t))
@@ -174,11 +200,13 @@ pub fn memory_only_nodes() -> Vec<u32> {
         .collect()
 }
 
+/// Whether the effective user id is 0.
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail and has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Reads everything in [`SystemInfo`] now.
 pub fn system() -> SystemInfo {
     SystemInfo {
         kernel: sysfs::read("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),

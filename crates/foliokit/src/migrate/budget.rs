@@ -15,6 +15,7 @@ pub struct BatchController {
 }
 
 impl BatchController {
+    /// Starts at `start` pages, kept within `min..=max` (`min` at least 1).
     pub fn new(budget: Duration, start: usize, min: usize, max: usize) -> Self {
         let min = min.max(1);
         BatchController {

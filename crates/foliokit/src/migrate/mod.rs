@@ -23,9 +23,9 @@ mod stage;
 mod track;
 mod vma;
 
-pub use budget::BatchController;
+pub use crate::sys::numa::page_nodes;
+pub(crate) use budget::BatchController;
 
-use serde::Serialize;
 use std::fmt;
 use std::io;
 use std::time::Duration;
@@ -38,8 +38,9 @@ use crate::mem::system::numa_nodes;
 use crate::strategy::StrategyError;
 
 /// Which way to migrate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Path {
     /// `move_pages(2)`: safe for every kind of memory.
     #[default]
@@ -55,14 +56,18 @@ pub enum Path {
 }
 
 /// The path a migration took.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum MigratePath {
+    /// `move_pages(2)`.
     Kernel,
+    /// Relocation by userfaultfd and the copy channels.
     Relocate,
 }
 
 impl MigratePath {
+    /// `"kernel"` or `"relocate"`, as JSON output spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             MigratePath::Kernel => "kernel",
@@ -170,33 +175,64 @@ impl Default for MigrateOptions {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum Refusal {
+    /// Shared, file-backed or special memory: only private anonymous pages
+    /// can be moved by `UFFDIO_MOVE`.
     #[error("relocation needs private anonymous memory, but this is {what}")]
-    NotPrivateAnon { what: String },
+    NotPrivateAnon {
+        /// What the mapping is, e.g. its backing file.
+        what: String,
+    },
+    /// The mapping is not readable and writable.
     #[error("the mapping is {perms}: relocation moves pages only between read-write mappings")]
-    NotReadWrite { perms: String },
+    NotReadWrite {
+        /// Its permissions as /proc/self/maps prints them, e.g. `"r-x"`.
+        perms: String,
+    },
+    /// A VmFlag relocation cannot preserve or work under: shared, I/O or
+    /// PFN mappings, hugetlb, shadow or grows-down stacks, sealed mappings,
+    /// another userfaultfd already registered on the range.
     #[error("{meaning} (VmFlags '{flag}')")]
     Flag {
+        /// The two-letter flag from /proc/self/smaps, e.g. `"sl"`.
         flag: &'static str,
+        /// What it means, for the message.
         meaning: &'static str,
     },
+    /// No userfaultfd could be opened (disabled, seccomp, or
+    /// `vm.unprivileged_userfaultfd=0` without privileges).
     #[error("no userfaultfd: {0}")]
     NoUffd(io::Error),
+    /// The kernel is too old for a feature relocation depends on.
     #[error("this kernel lacks {feature} (Linux {since})")]
     KernelLacks {
+        /// The missing feature, e.g. `"UFFDIO_MOVE"`.
         feature: &'static str,
+        /// The first Linux version that has it.
         since: &'static str,
     },
+    /// Only a user-mode-only userfaultfd is available and
+    /// [`MigrateOptions::allow_user_mode_only`] is off.
     #[error(
         "only a user-mode userfaultfd is available ({0}): kernel-side accesses would fail \
          with EFAULT instead of waiting; set allow_user_mode_only to accept that"
     )]
     UserModeOnly(io::Error),
+    /// The kernel refused fork events (they need CAP_SYS_PTRACE).
     #[error("fork events need CAP_SYS_PTRACE ({0}); without them a child forked mid-batch would see zeros")]
     NoForkEvents(io::Error),
+    /// The range holds the calling thread's stack or allocator space it may
+    /// touch while a batch is out.
     #[error("the range holds {what}: the migrating thread would wait on itself")]
-    OwnMemory { what: &'static str },
+    OwnMemory {
+        /// What was found, e.g. "the calling thread's stack".
+        what: &'static str,
+    },
+    /// The mapping is mlocked and the staging area could not be locked too
+    /// (`RLIMIT_MEMLOCK`).
     #[error("the mapping is mlocked and the staging area cannot be ({0})")]
     Mlock(io::Error),
+    /// The kernel refused `UFFDIO_MOVE` on the range before anything was
+    /// moved.
     #[error(
         "the kernel refused to move pages out of this mapping ({0}); e.g. soft-dirty \
          tracking (clear_refs) gives it protections a new mapping does not have"
@@ -204,48 +240,96 @@ pub enum Refusal {
     Incompatible(io::Error),
 }
 
+/// Why [`migrate`] failed. All but [`MigrateError::Sys`] and
+/// [`MigrateError::Channel`] are returned before any page is moved.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum MigrateError {
+    /// The range does not start on, or is not a whole number of, base pages.
     #[error("range {addr:#x} + {len} is not page-aligned and a whole number of pages")]
-    Misaligned { addr: usize, len: usize },
+    Misaligned {
+        /// Start of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The range has length 0.
     #[error("empty range")]
     Empty,
+    /// `addr + len` overflows.
     #[error("range {addr:#x} + {len} wraps around the address space")]
-    Wraps { addr: usize, len: usize },
+    Wraps {
+        /// Start of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Part of the range is not mapped.
     #[error("{addr:#x} is not mapped")]
-    Unmapped { addr: usize },
+    Unmapped {
+        /// The first address no mapping covers.
+        addr: usize,
+    },
+    /// The target node is not online.
     #[error("NUMA node {node} does not exist (online: {online:?})")]
-    NoSuchNode { node: u32, online: Vec<u32> },
+    NoSuchNode {
+        /// The node asked for.
+        node: u32,
+        /// The nodes that are online.
+        online: Vec<u32>,
+    },
+    /// [`Path::Relocate`] cannot run on this range or in this process;
+    /// nothing was touched. ([`Path::Auto`] takes the kernel path instead.)
     #[error("relocation refused at {addr:#x}: {why}")]
-    Refused { addr: usize, why: Refusal },
+    Refused {
+        /// Start of the mapping (or page) that caused the refusal.
+        addr: usize,
+        /// Why.
+        why: Refusal,
+    },
+    /// `batch_pages` or `channels` is 0, or `folio_size` is not a power of
+    /// two.
     #[error("batch size must be at least one page, channels at least one and the folio size a power of two")]
     ZeroBatch,
+    /// A system call failed mid-way; pages in earlier batches have moved.
     #[error("{what}: {source}")]
     Sys {
+        /// The call, e.g. `"move_pages"`.
         what: &'static str,
+        /// Its error.
         source: io::Error,
     },
+    /// The copy channels could not start.
     #[error(transparent)]
     Channel(#[from] ChannelError),
+    /// The copy strategy asked for cannot run here.
     #[error(transparent)]
     Strategy(#[from] StrategyError),
 }
 
 /// One batch: its size, and when its first folio was usable again.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct BatchStat {
+    /// Base pages in the batch.
     pub pages: usize,
+    /// Microseconds from the batch's start until its first folio could be
+    /// used again (kernel path: the whole `move_pages` call, since the
+    /// kernel does not say sooner).
     pub first_folio_us: f64,
+    /// Microseconds for the whole batch.
     pub total_us: f64,
 }
 
 /// What a migration did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MigrateReport {
+    /// The path that ran (with [`Path::Auto`], the one it settled on).
     pub path: MigratePath,
     /// Why the path differs from the one asked for, or what it could not do.
     pub notes: Vec<String>,
+    /// Length of the range in bytes.
     pub bytes: usize,
     /// Wall time of the migration proper.
     pub secs: f64,
@@ -253,11 +337,14 @@ pub struct MigrateReport {
     /// node before each batch's pages were taken (inside `secs`, outside
     /// the time threads wait).
     pub pool_secs: f64,
+    /// Every batch, in order.
     pub batches: Vec<BatchStat>,
     /// Kernel path: pages that were not on the target node before.
     /// Relocation: populated pages found in the range.
     pub pages_to_move: usize,
-    /// Pages move_pages could not move, with the errno.
+    /// Pages `move_pages` could not move: (page address, positive errno,
+    /// e.g. `EBUSY` for a pinned page, `ENOMEM` for a full node). The data
+    /// is intact; those pages just stayed where they were.
     pub failed: Vec<(usize, i32)>,
     /// The copy strategy relocation ran (`None` on the kernel path).
     pub strategy: Option<CopyStrategy>,

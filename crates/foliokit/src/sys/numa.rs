@@ -56,8 +56,25 @@ pub fn move_pages(pages: &[usize], node: u32, status: &mut [i32]) -> io::Result<
     }
 }
 
-/// The node each page is on now (or a negative errno), via move_pages with
-/// no target nodes.
+/// Which NUMA node each page is on now: `status[i]` becomes the node of
+/// the page holding address `pages[i]`, or a negative errno for that page
+/// (`-ENOENT`: not faulted in, or the zero page; `-EFAULT`: not mapped).
+/// Moves nothing (`move_pages(2)` with no target nodes), so it is safe on
+/// any address; a tiering agent uses it to see where memory landed.
+///
+/// `Err` only when the query as a whole fails (e.g. `ENOSYS` on a kernel
+/// without NUMA support).
+///
+/// # Panics
+/// If `pages` and `status` differ in length.
+///
+/// ```
+/// let buf = vec![1u8; 4096];
+/// let mut status = [0i32; 1];
+/// foliokit::migrate::page_nodes(&[buf.as_ptr() as usize], &mut status)?;
+/// assert!(status[0] >= 0, "a written page is on some node");
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn page_nodes(pages: &[usize], status: &mut [i32]) -> io::Result<()> {
     assert_eq!(pages.len(), status.len());
     // SAFETY: as in move_pages; a null node array asks for the current node.

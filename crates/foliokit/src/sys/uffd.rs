@@ -87,7 +87,6 @@ struct RawMsg {
 const UFFDIO_API: u64 = ioc(RW, 0x3F, std::mem::size_of::<Api>());
 const UFFDIO_REGISTER: u64 = ioc(RW, 0x00, std::mem::size_of::<Register>());
 const UFFDIO_UNREGISTER: u64 = ioc(READ, 0x01, std::mem::size_of::<Range>());
-const UFFDIO_WAKE: u64 = ioc(READ, 0x02, std::mem::size_of::<Range>());
 const UFFDIO_COPY: u64 = ioc(RW, 0x03, std::mem::size_of::<Transfer>());
 const UFFDIO_MOVE: u64 = ioc(RW, 0x05, std::mem::size_of::<Transfer>());
 /// `USERFAULTFD_IOC_NEW` on /dev/userfaultfd (Linux 6.1).
@@ -106,9 +105,13 @@ pub enum Reach {
 /// One message read from a userfaultfd.
 #[derive(Debug)]
 pub enum Msg {
-    /// A thread waits on a fault at `addr`; it is woken by a fill, a wake
-    /// or unregistration.
-    Fault { addr: usize },
+    /// A thread waits on a fault at `addr`; it is woken by a fill or
+    /// unregistration. (Relocation needs no address: the install or
+    /// unregistration wakes every waiter; it is kept for `Debug`.)
+    Fault {
+        #[allow(dead_code)]
+        addr: usize,
+    },
     /// The process forked; the child's registered ranges now belong to
     /// this new descriptor.
     Fork(Uffd),
@@ -266,12 +269,6 @@ impl Uffd {
         ioctl(&self.fd, UFFDIO_UNREGISTER, &mut r)
     }
 
-    /// Wakes threads waiting on faults in the range (they retry the access).
-    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
-        let mut r = range(start, len);
-        ioctl(&self.fd, UFFDIO_WAKE, &mut r)
-    }
-
     fn transfer(&self, req: u64, dst: usize, src: usize, len: usize) -> Result<usize, Partial> {
         let mut t = Transfer {
             dst: dst as u64,
@@ -376,7 +373,6 @@ mod tests {
         assert_eq!(UFFDIO_API, 0xc018aa3f);
         assert_eq!(UFFDIO_REGISTER, 0xc020aa00);
         assert_eq!(UFFDIO_UNREGISTER, 0x8010aa01);
-        assert_eq!(UFFDIO_WAKE, 0x8010aa02);
         assert_eq!(UFFDIO_COPY, 0xc028aa03);
         assert_eq!(UFFDIO_MOVE, 0xc028aa05);
         assert_eq!(std::mem::size_of::<RawMsg>(), 32);
