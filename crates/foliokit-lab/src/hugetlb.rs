@@ -11,18 +11,9 @@ use std::ops::{Deref, DerefMut};
 
 use foliokit::batch::page_size;
 use foliokit::mem::system::{hugetlb_dir, hugetlb_pool, is_root};
-use foliokit::mem::{Backing, MemError, Region};
+use foliokit::mem::{size_name, Backing, MemError, Region};
 
 const GIB: usize = 1 << 30;
-
-/// "1G", "2M": how the pool messages name a page size.
-fn human(size: usize) -> String {
-    match size {
-        s if s >= GIB && s % GIB == 0 => format!("{}G", s / GIB),
-        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
-        s => format!("{}K", s >> 10),
-    }
-}
 
 fn read_usize(path: &str) -> Option<usize> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -42,7 +33,7 @@ impl HugetlbGrant {
     /// `Err` saying why not.
     pub fn reserve(size: usize, need: usize) -> Result<Option<HugetlbGrant>, String> {
         let free = hugetlb_pool(size)
-            .ok_or_else(|| format!("this kernel has no {} hugetlb pool", human(size)))?
+            .ok_or_else(|| format!("this kernel has no {} hugetlb pool", size_name(size)))?
             .free;
         if free >= need {
             return Ok(None);
@@ -50,13 +41,13 @@ impl HugetlbGrant {
         if !is_root() {
             return Err(format!(
                 "the {} hugetlb pool has {free} of {need} pages free and growing it needs root",
-                human(size)
+                size_name(size)
             ));
         }
         Self::grow(size, need).map(Some).ok_or_else(|| {
             format!(
                 "the {} hugetlb pool could not be filled with {need} pages",
-                human(size)
+                size_name(size)
             )
         })
     }
@@ -171,13 +162,6 @@ impl DerefMut for PooledRegion {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human(4096), "4K");
-        assert_eq!(human(2 << 20), "2M");
-        assert_eq!(human(1 << 30), "1G");
-    }
 
     #[test]
     fn a_pool_the_kernel_lacks_is_an_error_and_enough_is_no_grant() {

@@ -11,4 +11,4 @@ pub mod system;
 pub use populate::{
     populate, populate_chunked, populate_raw, resident_pages, PopulateError, PopulateReport,
 };
-pub use region::{Backing, MemError, Region};
+pub use region::{size_name, Backing, MemError, Region};

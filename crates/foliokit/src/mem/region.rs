@@ -103,7 +103,9 @@ fn mmap(len: usize, extra_flags: libc::c_int) -> io::Result<*mut u8> {
     }
 }
 
-fn human(size: usize) -> String {
+/// A folio or page size as the kernel's sysfs and these reports name it:
+/// "4K", "64K", "2M", "1G" (whole GiB or MiB where it is one, else KiB).
+pub fn size_name(size: usize) -> String {
     match size {
         s if s >= GIB && s % GIB == 0 => format!("{}G", s / GIB),
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
@@ -149,15 +151,15 @@ impl Region {
         } else if folio == page {
             "4K".to_string()
         } else if want == pmd {
-            format!("THP {}", human(pmd))
+            format!("THP {}", size_name(pmd))
         } else {
-            format!("mTHP {}", human(want))
+            format!("mTHP {}", size_name(want))
         };
         let huge = want > page && thp.madvise_allows(want);
         if want > page && !huge && note.is_none() {
             note = Some(format!(
                 "sysfs does not allow {} THP via madvise (enable it under {})",
-                human(want),
+                size_name(want),
                 "/sys/kernel/mm/transparent_hugepage"
             ));
         }
@@ -215,13 +217,16 @@ impl Region {
             libc::MAP_HUGETLB | ((size.trailing_zeros() as libc::c_int) << libc::MAP_HUGE_SHIFT);
         let need = len / size;
         let map = mmap(len, flags).map_err(|_| match system::hugetlb_pool(size) {
-            None => format!("this kernel has no {} hugetlb pool", human(size)),
+            None => format!("this kernel has no {} hugetlb pool", size_name(size)),
             Some(p) if p.free < need => format!(
                 "the {} hugetlb pool has {} of {need} pages free",
-                human(size),
+                size_name(size),
                 p.free
             ),
-            Some(_) => format!("hugetlb mmap failed with {need} free {} pages", human(size)),
+            Some(_) => format!(
+                "hugetlb mmap failed with {need} free {} pages",
+                size_name(size)
+            ),
         })?;
         let mut r = Region {
             map,
@@ -229,8 +234,8 @@ impl Region {
             data: map,
             len,
             backing: Backing {
-                requested: format!("hugetlb {}", human(size)),
-                obtained: format!("hugetlb {}", human(size)),
+                requested: format!("hugetlb {}", size_name(size)),
+                obtained: format!("hugetlb {}", size_name(size)),
                 note: None,
             },
             huge: None,
@@ -295,15 +300,15 @@ impl Region {
             // smaps only counts PMD-mapped THP; mTHP sizes cannot be seen there.
             return format!(
                 "mTHP {} (allowed by sysfs; smaps cannot confirm)",
-                human(want)
+                size_name(want)
             );
         }
         match smaps_anon_huge(self.data as usize, self.data as usize + self.len) {
-            Some(huge) if huge >= self.len => format!("THP {}", human(pmd)),
+            Some(huge) if huge >= self.len => format!("THP {}", size_name(pmd)),
             Some(0) => "4K (no THP obtained)".into(),
             Some(huge) => format!(
                 "THP {} on {}% of the range",
-                human(pmd),
+                size_name(pmd),
                 huge * 100 / self.len
             ),
             None => "unknown (no smaps)".into(),
@@ -400,9 +405,9 @@ mod tests {
 
     #[test]
     fn human_sizes() {
-        assert_eq!(human(4096), "4K");
-        assert_eq!(human(2 << 20), "2M");
-        assert_eq!(human(1 << 30), "1G");
+        assert_eq!(size_name(4096), "4K");
+        assert_eq!(size_name(2 << 20), "2M");
+        assert_eq!(size_name(1 << 30), "1G");
     }
 
     #[test]
