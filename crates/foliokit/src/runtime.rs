@@ -116,8 +116,10 @@ impl Config {
     }
 }
 
-/// Why [`init`] failed. Nothing it did before the failure is undone, except
-/// that a refused profile leaves the built-in rules in force.
+/// Why [`init`] failed. A refused profile, a zero channel count or a build
+/// without the `serde` feature asked for a file is reported before
+/// anything is set up: init may be called again. A failure after that
+/// (sigaction, starting a pool) leaves the configuration taken.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum InitError {
@@ -160,41 +162,63 @@ pub(crate) fn config() -> &'static Config {
 /// Sets foliokit up for this process; call it once, before any other
 /// foliokit call (plain copies and clears before it are harmless; a channel
 /// pool or an mc copy fixes the defaults). See the [module docs](self).
-pub fn init(config: Config) -> Result<Started, InitError> {
-    // The file variants exist in every build, so code choosing them
-    // compiles either way; a build that cannot read profile files says so
-    // before anything is set up, and the application may call init again.
-    // (A second init is still AlreadyInitialized, whatever it asks for.)
+pub fn init(mut config: Config) -> Result<Started, InitError> {
+    // Everything that can fail without side effects is checked before the
+    // configuration is taken, so a refused init changes nothing and may be
+    // called again with other choices. (A second init after a successful
+    // one is AlreadyInitialized, whatever it asks for.)
+    if CONFIG.get().is_some() {
+        return Err(InitError::AlreadyInitialized);
+    }
+    if config.start_channels.contains(&0) {
+        return Err(ChannelError::Zero.into());
+    }
+    let cpu = crate::cpu::cpu();
+    // The profile to put in force, read and checked now: (profile, where
+    // it came from), or `None` for the default file's own status logic.
+    let profile: Option<(Profile, String)> = match &config.profile {
+        ProfileChoice::BuiltIn | ProfileChoice::DefaultFile => None,
+        ProfileChoice::Given(p) => {
+            tune::check(p)?;
+            Some((p.clone(), "given by the application".into()))
+        }
+        #[cfg(feature = "serde")]
+        ProfileChoice::File(path) => {
+            let p = tune::read_profile(path)?;
+            tune::check(&p)?;
+            Some((p, path.display().to_string()))
+        }
+        #[cfg(not(feature = "serde"))]
+        ProfileChoice::File(_) => return Err(ProfileError::FilesNeedSerde.into()),
+    };
     #[cfg(not(feature = "serde"))]
-    if CONFIG.get().is_none()
-        && matches!(
-            config.profile,
-            ProfileChoice::File(_) | ProfileChoice::DefaultFile
-        )
-    {
+    if config.profile == ProfileChoice::DefaultFile {
         return Err(ProfileError::FilesNeedSerde.into());
+    }
+    // "Spread" means the CPUs the application may use now, on the thread
+    // that starts foliokit: fixed here, not on whichever (perhaps pinned)
+    // thread later makes a pool.
+    if config.channel_cpus == ChannelCpus::Spread {
+        let allowed = channels::allowed_cpus();
+        config.channel_cpus = if allowed.is_empty() {
+            ChannelCpus::Unpinned
+        } else {
+            ChannelCpus::Cpus(allowed)
+        };
     }
     CONFIG
         .set(config)
         .map_err(|_| InitError::AlreadyInitialized)?;
     let c = self::config();
-    let cpu = crate::cpu::cpu();
-    match &c.profile {
-        ProfileChoice::BuiltIn => {}
-        ProfileChoice::Given(p) => {
-            tune::use_profile(Some(p.clone()), "given by the application")?;
+    match profile {
+        Some((p, from)) => {
+            tune::use_profile(Some(p), &from)?;
         }
         #[cfg(feature = "serde")]
-        ProfileChoice::File(path) => {
-            tune::use_profile(Some(tune::read_profile(path)?), &path.display().to_string())?;
-        }
-        #[cfg(feature = "serde")]
-        ProfileChoice::DefaultFile => {
+        None if c.profile == ProfileChoice::DefaultFile => {
             tune::use_default_file();
         }
-        // Refused above, before the configuration was taken.
-        #[cfg(not(feature = "serde"))]
-        ProfileChoice::File(_) | ProfileChoice::DefaultFile => {}
+        None => {}
     }
     if c.sigbus_handler {
         crate::mc::install_handler().map_err(InitError::Sigbus)?;

@@ -333,7 +333,7 @@ fn builtin_status() -> ProfileStatus {
 }
 
 /// Checks that `p` suits this build and CPU.
-fn check(p: &Profile) -> Result<(), ProfileError> {
+pub(crate) fn check(p: &Profile) -> Result<(), ProfileError> {
     if p.version != PROFILE_VERSION {
         return Err(ProfileError::Stale {
             found: p.version,

@@ -60,6 +60,8 @@ fn a_profile_for_another_cpu_is_refused() {
             "{r:?}"
         );
         assert!(!foliokit::tune::profile_status().loaded);
+        // Refused before anything was set up: the application may retry.
+        init(Config::new()).expect("init after a refused profile");
     });
 }
 
@@ -77,6 +79,7 @@ fn a_missing_profile_file_is_an_error_when_asked_for_by_name() {
                 matches!(r, Err(InitError::Profile(ProfileError::Read { .. }))),
                 "{r:?}"
             );
+            init(Config::new()).expect("init after a missing profile file");
         },
     );
 }
@@ -134,7 +137,19 @@ fn a_handler_installed_after_foliokit_is_detected_and_mc_copies_refuse() {
 #[test]
 fn channels_run_on_the_cpus_the_application_chose() {
     in_child("channels_run_on_the_cpus_the_application_chose", T, || {
-        init(Config::new().channel_cpus(ChannelCpus::Cpus(vec![0]))).unwrap();
+        // The first CPU this process may use (CPU 0 may be outside its set).
+        // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: writes only `set`.
+        assert_eq!(
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) },
+            0
+        );
+        // SAFETY: indices below CPU_SETSIZE.
+        let first = (0..libc::CPU_SETSIZE as usize)
+            .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .expect("some CPU");
+        init(Config::new().channel_cpus(ChannelCpus::Cpus(vec![first]))).unwrap();
         let pool = foliokit::channels::shared(2).unwrap();
         assert_eq!(pool.len(), 2);
         // Every worker of the pool is pinned to CPU 0: read the affinity
@@ -159,77 +174,123 @@ fn channels_run_on_the_cpus_the_application_chose() {
         };
         let start = std::time::Instant::now();
         let mut found = workers();
-        while !(found.len() >= 2 && found.iter().all(|(_, a)| a == "0"))
+        while !(found.len() >= 2 && found.iter().all(|(_, a)| *a == first.to_string()))
             && start.elapsed() < Duration::from_secs(10)
         {
             std::thread::sleep(Duration::from_millis(10));
             found = workers();
         }
         assert!(found.len() >= 2, "channel workers: {found:?}");
-        assert!(found.iter().all(|(_, a)| a == "0"), "{found:?}");
+        let want = first.to_string();
+        assert!(found.iter().all(|(_, a)| *a == want), "{found:?}");
         foliokit::channels::release_shared();
     });
 }
 
-/// Installs a seccomp filter that kills the process on open/openat/stat-
-/// like calls: after `init`, copies, clears and `auto` must not need them.
+/// Installs, on every thread of the process (TSYNC: the channel workers
+/// too), a seccomp filter that kills the process on any call that names a
+/// file by path: after `init`, copies, clears, mc copies and channel
+/// batches must not need one. (`fstat` on an open descriptor stays allowed:
+/// it reads no file.)
 #[cfg(target_arch = "x86_64")]
 fn forbid_files() {
     const RET_ALLOW: u32 = 0x7fff_0000;
     const RET_KILL_PROCESS: u32 = 0x8000_0000;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const SECCOMP_SET_MODE_FILTER: libc::c_long = 1;
+    const SECCOMP_FILTER_FLAG_TSYNC: libc::c_long = 1;
     let nr = |n: i64| n as u32;
     let forbidden = [
         nr(libc::SYS_open),
         nr(libc::SYS_openat),
         nr(libc::SYS_openat2),
-        nr(libc::SYS_newfstatat),
-        nr(libc::SYS_statx),
+        nr(libc::SYS_creat),
+        nr(libc::SYS_stat),
+        nr(libc::SYS_lstat),
+        nr(libc::SYS_access),
+        nr(libc::SYS_faccessat),
+        nr(libc::SYS_faccessat2),
+        nr(libc::SYS_readlink),
+        nr(libc::SYS_readlinkat),
     ];
-    let mut prog: Vec<libc::sock_filter> = vec![libc::sock_filter {
-        code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
         jt: 0,
         jf: 0,
-        k: 0, // seccomp_data.nr
-    }];
-    for (i, n) in forbidden.iter().enumerate() {
-        // Jump to the kill at the end when equal.
-        let to_kill = (forbidden.len() - i) as u8;
-        prog.push(libc::sock_filter {
-            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-            jt: to_kill,
-            jf: 0,
-            k: *n,
-        });
+        k,
+    };
+    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u32;
+    let ret = (libc::BPF_RET | libc::BPF_K) as u32;
+    let n = forbidden.len();
+    // 0: arch; 1: not x86_64 -> kill (the last instruction); 2: nr;
+    // 3..3+n: forbidden -> kill; then allow; then kill.
+    let mut prog = vec![
+        stmt(load, 4), // seccomp_data.arch
+        jeq(AUDIT_ARCH_X86_64, 0, (n + 2) as u8),
+        stmt(load, 0), // seccomp_data.nr
+    ];
+    for (i, &f) in forbidden.iter().enumerate() {
+        prog.push(jeq(f, (n - i) as u8, 0));
     }
-    prog.push(libc::sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k: RET_ALLOW,
-    });
-    prog.push(libc::sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k: RET_KILL_PROCESS,
-    });
+    prog.push(stmt(ret, RET_ALLOW));
+    prog.push(stmt(ret, RET_KILL_PROCESS));
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,
         filter: prog.as_mut_ptr(),
     };
-    // SAFETY: no_new_privs then a filter program that lives until the call
-    // returns (the kernel copies it).
+    // SAFETY: no_new_privs, then a filter program that lives until the
+    // call returns (the kernel copies it).
     unsafe {
         assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-        assert_eq!(
-            libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &fprog as *const libc::sock_fprog
-            ),
-            0
+        let rc = libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            SECCOMP_FILTER_FLAG_TSYNC,
+            &fprog as *const libc::sock_fprog,
         );
+        assert_eq!(rc, 0, "seccomp: {}", std::io::Error::last_os_error());
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_file_filter_kills_a_process_that_opens_a_file() {
+    // The filter is what the next test relies on: show it bites.
+    in_child(
+        "the_file_filter_kills_a_process_that_opens_a_file",
+        T,
+        || {
+            if std::env::var("FOLIOKIT_FILTER_PROBE").is_ok() {
+                forbid_files();
+                let _ = std::fs::read_to_string("/proc/self/status");
+                std::process::exit(0);
+            }
+            let exe = std::env::current_exe().unwrap();
+            let status = std::process::Command::new(exe)
+                .args([
+                    "the_file_filter_kills_a_process_that_opens_a_file",
+                    "--exact",
+                    "--test-threads=1",
+                ])
+                .env("FOLIOKIT_FILTER_PROBE", "1")
+                .env(
+                    common::CHILD_ENV,
+                    "the_file_filter_kills_a_process_that_opens_a_file",
+                )
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGSYS), "{status:?}");
+        },
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -257,7 +318,7 @@ fn after_init_the_hot_path_opens_no_file() {
         // SAFETY: each pair is a disjoint 2 MiB folio of our own buffers.
         unsafe { pool.copy_folios(&dsts, &srcs, 2 << 20, f) }.unwrap();
         assert!(dst.iter().all(|&b| b == 0));
-        println!("after_init_the_hot_path_opens_no_file: copy, copy_mc, clear and channels ran under a filter that kills open/openat/stat");
+        println!("after_init_the_hot_path_opens_no_file: copy, copy_mc, clear and a channel batch ran with every thread (workers too) under a filter that kills any call naming a file by path");
     });
 }
 

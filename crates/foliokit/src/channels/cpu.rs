@@ -36,26 +36,31 @@ fn target(index: usize) -> Option<usize> {
         ChannelCpus::Unpinned => return None,
         ChannelCpus::Cpus(list) if list.is_empty() => return None,
         ChannelCpus::Cpus(list) => list[index % list.len()],
+        // `init` turns Spread into the list of CPUs allowed when it ran;
+        // a default configuration never holds it. Still, take this
+        // thread's mask rather than fail.
         ChannelCpus::Spread => {
-            // SAFETY: cpu_set_t is plain data; the call writes only `set`.
-            let set = unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
-                    return None;
-                }
-                set
-            };
-            let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-                // SAFETY: `c` is below CPU_SETSIZE, the set's size.
-                .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-                .collect();
-            if allowed.is_empty() {
-                return None;
-            }
-            allowed[index % allowed.len()]
+            let allowed = allowed_cpus();
+            *allowed.get(index % allowed.len().max(1))?
         }
     };
     (cpu < libc::CPU_SETSIZE as usize).then_some(cpu)
+}
+
+/// The CPUs the calling thread may run on, in order.
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; the call writes only `set`.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
+            return Vec::new();
+        }
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE, the set's size.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
 }
 
 /// Pins the calling thread to `cpu`.

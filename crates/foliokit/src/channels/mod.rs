@@ -67,6 +67,7 @@
 
 mod cpu;
 
+pub(crate) use cpu::allowed_cpus;
 pub use cpu::CpuChannel;
 
 use std::cell::UnsafeCell;

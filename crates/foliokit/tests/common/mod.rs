@@ -246,7 +246,7 @@ impl Drop for TruncatedFile {
 }
 
 /// Set in a child process started by [`in_child`] to the test it runs.
-const CHILD_ENV: &str = "FOLIOKIT_TEST_CHILD";
+pub const CHILD_ENV: &str = "FOLIOKIT_TEST_CHILD";
 
 /// Runs a test's body in a fresh process (this test binary, re-executed
 /// with only that test selected), so a crash, a signal or a hang is this
