@@ -141,18 +141,16 @@ fn channels_run_on_the_cpus_the_application_chose() {
         // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         // SAFETY: writes only `set`.
-        assert_eq!(
-            unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) },
-            0
-        );
-        // SAFETY: indices below CPU_SETSIZE.
+        let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+        assert_eq!(rc, 0);
         let first = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: indices below CPU_SETSIZE.
             .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
             .expect("some CPU");
         init(Config::new().channel_cpus(ChannelCpus::Cpus(vec![first]))).unwrap();
         let pool = foliokit::channels::shared(2).unwrap();
         assert_eq!(pool.len(), 2);
-        // Every worker of the pool is pinned to CPU 0: read the affinity
+        // Every worker of the pool is pinned to that CPU: read the affinity
         // of the process's threads named foliokit-cpu*. Workers name and
         // pin themselves as they start, so look until both have.
         let workers = || {
