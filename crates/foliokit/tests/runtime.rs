@@ -223,8 +223,8 @@ fn forbid_files() {
         jf,
         k,
     };
-    let load = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u32;
-    let ret = (libc::BPF_RET | libc::BPF_K) as u32;
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
     let n = forbidden.len();
     // 0: arch; 1: not x86_64 -> kill (the last instruction); 2: nr;
     // 3..3+n: forbidden -> kill; then allow; then kill.
