@@ -97,22 +97,22 @@ int fk_clear_folios(void *dst, size_t len, size_t folio_size,
  * bad_page may be NULL. Other errors: -EINVAL (overlap), -ENOENT,
  * -EOPNOTSUPP (no such strategy, or no mc routines on this CPU).
  *
- * The SIGBUS handler. The first fk_copy_mc call installs a process-wide
- * SIGBUS handler (SA_SIGINFO | SA_ONSTACK) once. It recovers only faults
- * whose instruction lies inside foliokit's mc copy routines; every other
- * SIGBUS goes to the handler that was installed before it, or gets the
- * default action (the process dies, as without foliokit). So:
- *  - a handler you install BEFORE the first fk_copy_mc call keeps working;
- *  - a handler you install AFTER it replaces foliokit's: then pass the
- *    faults you do not handle to the previous handler that sigaction()
- *    returned in its third argument (call its sa_sigaction with the same
- *    three arguments). If you do not, a fault inside fk_copy_mc reaches
- *    your handler instead: returning from it re-runs the faulting load
- *    (a loop), and restoring SIG_DFL kills the process;
+ * The SIGBUS handler. fk_init (or, without it, the first fk_copy_mc
+ * call) installs a process-wide SIGBUS handler (SA_SIGINFO | SA_ONSTACK)
+ * once. It recovers only faults whose instruction lies inside foliokit's
+ * mc copy routines; every other SIGBUS goes to the handler that was
+ * installed before it, or gets the default action (the process dies, as
+ * without foliokit). So:
+ *  - install a handler of your own BEFORE fk_init: it keeps working, and
+ *    foliokit passes it every fault that is not its own;
+ *  - a handler installed AFTER foliokit's would receive the copy's faults
+ *    itself, so fk_copy_mc then refuses to run and returns -EBUSY (the
+ *    check is one sigaction query per call; if the query itself is
+ *    refused, e.g. by a seccomp filter, the copy runs as before);
  *  - SIGBUS must not be blocked in a thread that calls fk_copy_mc (the
  *    kernel kills a process whose blocked synchronous signal fires).
- * Call fk_copy_mc(NULL, NULL, 0, NULL, NULL, NULL) early to install the
- * handler at a time of your choosing. */
+ * Other errors: -EBUSY (handler replaced, see above), -EOPNOTSUPP also
+ * when fk_init was told FK_INIT_NO_SIGBUS_HANDLER. */
 int fk_copy_mc(void *dst, const void *src, size_t len, const char *strategy,
                size_t *not_copied, size_t *bad_page);
 

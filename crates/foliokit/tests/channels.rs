@@ -690,9 +690,31 @@ fn a_failed_piece_is_reported_with_what_it_copied_and_the_blocking_call_finishes
         at += f.len;
     }
     dst.as_mut_slice().fill(0);
-    // SAFETY: as above; the blocking call finishes the failed halves.
-    unsafe { pool.copy_folios(&dsts, &srcs, folio, copy_fn(CopyStrategy::Movsb)) }.unwrap();
+    // The blocking call finishes the failed halves on this thread: every
+    // byte copied exactly once (the channel's halves plus the rest), which
+    // a counting copy function shows; re-running a whole piece would not.
+    COUNTED.store(0, Ordering::SeqCst);
+    // SAFETY: as above.
+    unsafe { pool.copy_folios(&dsts, &srcs, folio, counting_copy) }.unwrap();
     assert!(dst.as_slice() == src.as_slice());
+    assert_eq!(
+        COUNTED.load(Ordering::SeqCst),
+        folios * folio,
+        "bytes copied"
+    );
+}
+
+/// Bytes [`counting_copy`] copied.
+static COUNTED: AtomicUsize = AtomicUsize::new(0);
+
+/// A copy that counts its bytes.
+///
+/// # Safety
+/// As `ptr::copy_nonoverlapping`.
+unsafe fn counting_copy(dst: *mut u8, src: *const u8, len: usize) {
+    COUNTED.fetch_add(len, Ordering::SeqCst);
+    // SAFETY: forwarded contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
 #[test]

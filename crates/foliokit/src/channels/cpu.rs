@@ -98,11 +98,21 @@ impl CpuChannel {
                         if !w.done.claim(p) {
                             continue;
                         }
-                        // SAFETY: the submitter guarantees the piece's ranges
-                        // stay valid and unaliased until it is reported done
-                        // just below; the claim makes this its only run, and
-                        // it is not touched after.
-                        unsafe { w.op.run(p) };
+                        // A copy function that panics (a caller's own `Op`)
+                        // would end this thread with the piece claimed and
+                        // never reported: the batch would wait forever, or
+                        // its caller would free memory still in use. Stop.
+                        let ran = std::panic::catch_unwind(|| {
+                            // SAFETY: the submitter guarantees the piece's
+                            // ranges stay valid and unaliased until it is
+                            // reported done just below; the claim makes this
+                            // its only run, and it is not touched after.
+                            unsafe { w.op.run(p) }
+                        });
+                        if ran.is_err() {
+                            eprintln!("foliokit: a copy channel's operation panicked; aborting");
+                            std::process::abort();
+                        }
                         // Streaming stores are only ordered by a fence on the
                         // thread that issued them: drain before reporting.
                         sfence();

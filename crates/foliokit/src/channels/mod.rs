@@ -10,18 +10,19 @@
 //! A [`Piece`] carries raw pointers, so everything that could make memory
 //! be written through them is `unsafe`: making a piece ([`Piece::new`]),
 //! handing pieces to a channel ([`Channel::submit`]) and running an
-//! operation on one ([`Op::run`]). Safe code, including a safe `Channel`
-//! implementation, can only look at pieces and report them done, and a
-//! batch counts each of its own pieces at most once ([`Completion::piece_done`]
-//! ignores repeats and pieces of other batches), so no channel can end a
-//! batch early while another is still writing into it.
+//! operation on one ([`Op::run`]), and implementing [`Channel`] itself.
+//! Safe code can only look at pieces; a batch counts each of its own
+//! pieces at most once ([`Completion::piece_done`] ignores repeats and
+//! pieces of other batches). That a channel reports only pieces it ran
+//! itself — so no batch ends while another channel still writes into it —
+//! is part of the `unsafe impl Channel` promise.
 //!
 //! Implementing [`Channel`] is `unsafe` (an `unsafe impl`): a channel is
 //! handed the caller's memory, and only its implementer can promise to run
 //! each piece once, where it was meant to go. Without `unsafe` it does not
 //! compile:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0200
 //! use foliokit::channels::{Channel, ChannelError, Completion, Op, Piece};
 //! use std::sync::Arc;
 //! struct Redirect;
@@ -388,6 +389,11 @@ impl Completion {
 /// check:
 /// - each accepted piece is run at most once, with the `op` given, on its
 ///   own ranges (never another piece's, never redirected elsewhere);
+/// - it reports (`done.piece_done` / `done.piece_failed`) only pieces it
+///   ran itself: with [`Channel::claims_pieces`], only those it claimed;
+///   without, only its own (a channel offered another's piece that it did
+///   not claim must leave it alone, or the batch could end while that
+///   other channel still writes);
 /// - its bytes are visible (drained) before `done.piece_done` is called for
 ///   it, or the bytes it did copy before `done.piece_failed`, and its
 ///   ranges are not touched after either call;
