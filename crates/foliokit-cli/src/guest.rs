@@ -38,8 +38,8 @@ pub struct GuestArgs {
     #[arg(long, value_name = "VMLINUZ", help_heading = "Guest kernel")]
     pub kernel: Option<PathBuf>,
     /// A guest NUMA node, SIZE[,cpus=LIST]; repeat for each node. A node
-    /// without cpus is memory-only (a CXL-like tier). Default: two nodes,
-    /// 2G,cpus=0 and 2G,cpus=1.
+    /// without cpus is memory-only (a CXL-like tier). Default: a 2G node
+    /// per guest CPU, at most two (2G,cpus=0 and 2G,cpus=1 for 2 CPUs).
     #[arg(
         long,
         value_name = "SPEC",
@@ -93,14 +93,32 @@ const HOST_ONLY: &[&str] = &["--kernel", "--numa", "--guest-cpus", "--accel", "-
 fn guest_args(args: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     let mut skip_value = false;
+    let mut rest = false;
     for a in args {
+        if rest {
+            out.push(a.clone());
+            continue;
+        }
         if skip_value {
             skip_value = false;
             continue;
         }
-        if let Some(flag) = HOST_ONLY.iter().find(|f| a.starts_with(**f)) {
-            // `--numa 1G` takes the next word; `--numa=1G` does not.
-            skip_value = a.len() == flag.len();
+        if a == "--" {
+            // Everything after `--` is an argument, never an option.
+            rest = true;
+            out.push(a.clone());
+            continue;
+        }
+        // `--numa 1G` takes the next word; `--numa=1G` does not. A longer
+        // option that merely starts with one of these names is not one.
+        if HOST_ONLY.contains(&a.as_str()) {
+            skip_value = true;
+            continue;
+        }
+        if HOST_ONLY
+            .iter()
+            .any(|f| a.strip_prefix(f).is_some_and(|r| r.starts_with('=')))
+        {
             continue;
         }
         out.push(a.clone());
@@ -154,8 +172,14 @@ pub fn run(g: &GuestArgs, writable: &Path) -> Result<(), CliError> {
         return Err(format!("kernel image {} does not exist", kernel.display()).into());
     }
     let vng = find_vng(g.vng.as_deref())?;
+    // Default: one 2G node per guest CPU, up to two nodes (CPUs beyond
+    // the second go to the last node).
     let numa: Vec<String> = if g.numa.is_empty() {
-        vec!["2G,cpus=0".into(), "2G,cpus=1".into()]
+        match g.guest_cpus {
+            0 | 1 => vec!["2G,cpus=0".into()],
+            2 => vec!["2G,cpus=0".into(), "2G,cpus=1".into()],
+            n => vec!["2G,cpus=0".into(), format!("2G,cpus=1-{}", n - 1)],
+        }
     } else {
         g.numa.clone()
     };
@@ -245,7 +269,9 @@ fn script(
     let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
     let info = serde_json::to_string(info).map_err(|e| e.to_string())?;
     let mut s = String::from("#!/bin/sh\n");
-    s += &format!("touch {}\n", q(&started.display().to_string()));
+    // Without the mark the host would boot again; a guest that cannot
+    // write it must not run the command either.
+    s += &format!("touch {} || exit 97\n", q(&started.display().to_string()));
     s += "echo \"# guest kernel $(uname -r); nodes: $(cat /sys/devices/system/node/online)\"\n";
     s += &format!("cd {} || exit 1\n", q(&cwd.display().to_string()));
     // The calibration profile goes with the results, not into the
@@ -284,7 +310,7 @@ fn boot(
         cmd.arg("--disable-kvm");
     }
     cmd.args(["--force-9p", "-m"])
-        .arg(format!("{}M", memory >> 20))
+        .arg(format!("{}M", memory.div_ceil(1 << 20)))
         .arg("--cpus")
         .arg(cpus.to_string())
         .arg("--rwdir")
@@ -309,15 +335,15 @@ fn boot(
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", vng.display()))?;
-    if let Some(err) = child.stderr.take() {
+    let errors = child.stderr.take().map(|err| {
         std::thread::spawn(move || {
             for l in BufReader::new(err).lines().map_while(Result::ok) {
                 if !l.trim().is_empty() {
                     eprintln!("vng: {}", l.trim_end());
                 }
             }
-        });
-    }
+        })
+    });
     if let Some(out) = child.stdout.take() {
         let mut stdout = std::io::stdout().lock();
         for l in BufReader::new(out).lines().map_while(Result::ok) {
@@ -326,6 +352,10 @@ fn boot(
         }
     }
     let status = child.wait().map_err(|e| format!("vng: {e}"))?;
+    // vng's last words (why a boot failed) come after its exit.
+    if let Some(t) = errors {
+        let _ = t.join();
+    }
     Ok(status.success())
 }
 
@@ -342,6 +372,12 @@ mod tests {
         assert_eq!(
             guest_args(&v("lab --quick --kernel /k --numa 1G,cpus=0 --numa=1G --accel tcg --out d --guest-cpus 2 --vng=/v")),
             v("lab --quick --out d")
+        );
+        // An option that only starts with a host option's name is kept,
+        // and nothing after `--` is taken for an option.
+        assert_eq!(
+            guest_args(&v("bench migrate --numa-policy x -- --kernel k")),
+            v("bench migrate --numa-policy x -- --kernel k")
         );
     }
 
