@@ -193,6 +193,10 @@ struct Snap {
     anon_huge_kb: u64,
 }
 
+/// A field's value for a VMA that reaches past the range, from its range
+/// and flags (`None`: take smaps' value).
+type FromFlags<'a> = dyn Fn((usize, usize), &[String]) -> Option<u64> + 'a;
+
 fn snapshot(addr: usize, len: usize) -> Snap {
     let end = addr + len;
     let overlaps = |(s, e): (usize, usize)| e > addr && s < end;
@@ -250,14 +254,19 @@ fn snapshot(addr: usize, len: usize) -> Snap {
     // none huge) for one that reaches past it.
     let inside = |(s, e): (usize, usize)| s >= addr && e <= end;
     let rss_kb = (resident_pages(addr, len) * PAGE / 1024) as u64;
-    let field = |k: &str, from_flags: &dyn Fn(&[String]) -> Option<u64>| {
+    // Resident kB of one VMA's part inside the range.
+    let clipped_kb = |(s, e): (usize, usize)| {
+        let (a, b) = (s.max(addr), e.min(end));
+        (resident_pages(a, b - a) * PAGE / 1024) as u64
+    };
+    let field = |k: &str, from_flags: &FromFlags| {
         entries
             .iter()
             .map(|(r, f, m)| {
                 if inside(*r) {
                     m.get(k).copied().unwrap_or(0)
                 } else {
-                    from_flags(f).unwrap_or_else(|| m.get(k).copied().unwrap_or(0))
+                    from_flags(*r, f).unwrap_or_else(|| m.get(k).copied().unwrap_or(0))
                 }
             })
             .sum()
@@ -265,8 +274,10 @@ fn snapshot(addr: usize, len: usize) -> Snap {
     let has = |f: &[String], x: &str| f.iter().any(|g| g == x);
     Snap {
         rss_kb,
-        locked_kb: field("Locked", &|f| Some(if has(f, "lo") { rss_kb } else { 0 })),
-        anon_huge_kb: field("AnonHugePages", &|f| has(f, "nh").then_some(0)),
+        locked_kb: field("Locked", &|r, f| {
+            Some(if has(f, "lo") { clipped_kb(r) } else { 0 })
+        }),
+        anon_huge_kb: field("AnonHugePages", &|_, f| has(f, "nh").then_some(0)),
         vmas: lines
             .iter()
             .zip(&entries)
