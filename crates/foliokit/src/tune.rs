@@ -461,8 +461,9 @@ fn profiled<S: Strategy>(r: Regime, class: FolioClass, channels: usize) -> Optio
     t.as_ref()?.profile.as_ref()?.lookup(r, class, channels)
 }
 
-/// Writes `profile` where [`profile_path`] says. Takes effect in the next
-/// process (the running one has cached its tuning). Needs the `serde`
+/// Writes `profile` where [`profile_path`] says. It is not put in force:
+/// processes that ask for the default file read it at `init`; this one
+/// can call [`use_default_file`] or [`use_profile`]. Needs the `serde`
 /// feature.
 #[cfg(feature = "serde")]
 pub fn save_profile(profile: &Profile) -> Result<PathBuf, ProfileError> {

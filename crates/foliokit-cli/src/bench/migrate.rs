@@ -277,17 +277,17 @@ fn place(src: &mut Region, node: u32, channels: usize) -> Result<(), CliError> {
 }
 
 /// Pages of a sample (one per 2 MiB, at most 4096) not on `node`.
-fn off_node(src: &Region, node: u32) -> usize {
+fn off_node(src: &Region, node: u32) -> Result<usize, String> {
     let step = (src.len() / 4096).max(2 << 20).next_multiple_of(PAGE);
     let pages: Vec<usize> = (0..src.len())
         .step_by(step)
         .map(|o| src.as_ptr() as usize + o)
         .collect();
     let mut status = vec![0i32; pages.len()];
-    match foliokit::migrate::page_nodes(&pages, &mut status) {
-        Ok(()) => status.iter().filter(|&&s| s != node as i32).count(),
-        Err(_) => 0,
-    }
+    foliokit::migrate::page_nodes(&pages, &mut status)
+        .map_err(|e| format!("placement not checked: move_pages query failed: {e}"))?;
+    // A negative status (page not present, say) is not "on the node" either.
+    Ok(status.iter().filter(|&&s| s != node as i32).count())
 }
 
 /// Migrates `src` `loops` times with `o` in direction `dir`, checking the
@@ -339,12 +339,15 @@ fn runs(
             _ => rep.relocated_pages,
         } as f64);
         if dir.from != dir.to {
-            let off = off_node(src, node);
-            if off > 0 {
-                let n = format!("{off} sampled pages were not on node {node} afterwards");
-                if !r.notes.contains(&n) {
-                    r.notes.push(n);
-                }
+            let n = match off_node(src, node) {
+                Ok(0) => None,
+                Ok(off) => Some(format!(
+                    "{off} sampled pages were not on node {node} afterwards"
+                )),
+                Err(e) => Some(e),
+            };
+            if let Some(n) = n.filter(|n| !r.notes.contains(n)) {
+                r.notes.push(n);
             }
         }
         r.nothing_to_move |= rep.path == MigratePath::Kernel && rep.pages_to_move == 0;
