@@ -969,7 +969,9 @@ impl ChannelPool {
 
 /// A batch in flight on a [`ChannelPool`] ([`ChannelPool::submit_copy`],
 /// [`ChannelPool::submit_clear`]). Dropping it waits for the batch: the
-/// channels may still be writing into the caller's memory.
+/// channels may still be writing into the caller's memory. Do not carry
+/// one across `fork()`: the child has no worker threads to finish it, so
+/// its copy would wait forever (the parent's is unaffected).
 pub struct Batch<'p> {
     _pool: &'p ChannelPool,
     done: Arc<Completion>,
@@ -1078,10 +1080,13 @@ impl Batch<'_> {
             // (piece_failed), and `copied <= len` keeps the rest inside it.
             unsafe { self.op.run(&rest) };
         }
+        let mut timing = outcome.timing;
         if !outcome.failed.is_empty() {
             crate::arch::sfence();
+            // The batch ends when its last byte does, here.
+            timing.done = self.done.start.elapsed();
         }
-        outcome.timing
+        timing
     }
 }
 
