@@ -132,17 +132,32 @@ pub fn kernel(cache: &Path, series: &str) -> Result<Kernel, Error> {
         .next()
         .ok_or_else(|| format!("{} holds no modules", modules.display()))?;
     let link = PathBuf::from("/lib/modules").join(&version);
-    if !link.exists() {
+    let ours = modules.join(&version);
+    // A real directory there is an installed kernel of that version: use
+    // it. A link is ours if it points at this checkout's cache; one left
+    // by another checkout (perhaps deleted since: dangling) is replaced.
+    let current = std::fs::symlink_metadata(&link).ok();
+    let is_ours = match &current {
+        Some(m) if m.file_type().is_symlink() => {
+            std::fs::read_link(&link).ok() == Some(ours.clone())
+        }
+        Some(_) => true,
+        None => false,
+    };
+    if !is_ours {
         if !is_root() {
             return Err(format!(
                 "virtme-ng reads the guest's modules from {}: link {} there (needs root)",
                 link.display(),
-                modules.join(&version).display()
+                ours.display()
             )
             .into());
         }
         std::fs::create_dir_all("/lib/modules")?;
-        std::os::unix::fs::symlink(modules.join(&version), &link)?;
+        if current.is_some() {
+            std::fs::remove_file(&link)?;
+        }
+        std::os::unix::fs::symlink(&ours, &link)?;
         run(Command::new("depmod").arg(&version))?;
     }
     Ok(Kernel { root, version })
