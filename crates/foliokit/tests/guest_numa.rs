@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{in_child, pattern, relocation_available, skip};
+use common::{in_child, pattern, relocation_available, say, skip};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateOptions, MigratePath, Path};
 use std::time::Duration;
@@ -43,6 +43,22 @@ fn memory_only(nodes: &[u32]) -> Vec<u32> {
 
 /// Where each page of `[at, at + len)` is, from the kernel (`move_pages`
 /// with no target: a status query).
+/// [`placement`] until `ok` holds, for at most a second: a page that the
+/// kernel's compaction is migrating at that instant has a migration entry,
+/// and the status query reports it as an error (seen once on 6.1 under
+/// emulation). The caller asserts on what it gets last.
+fn settled(at: usize, len: usize, ok: impl Fn(&[i32]) -> bool) -> Vec<i32> {
+    let mut st = placement(at, len);
+    for _ in 0..20 {
+        if ok(&st) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        st = placement(at, len);
+    }
+    st
+}
+
 fn placement(at: usize, len: usize) -> Vec<i32> {
     let pages: Vec<usize> = (0..len / PAGE).map(|i| at + i * PAGE).collect();
     let mut status = vec![0i32; pages.len()];
@@ -108,7 +124,7 @@ fn round_trip(path: Path, from: u32, to: u32) {
         if path == Path::Relocate {
             assert_eq!(rep.path, MigratePath::Relocate);
         }
-        let st = placement(at, len);
+        let st = settled(at, len, |st| st.iter().all(|&s| s == node as i32));
         let off: Vec<(usize, i32)> = st
             .iter()
             .enumerate()
@@ -118,18 +134,30 @@ fn round_trip(path: Path, from: u32, to: u32) {
             .collect();
         assert!(
             off.is_empty(),
-            "{path:?} to node {node}: pages elsewhere (page, status): {off:?} of {}",
-            st.len()
+            "{path:?} to node {node}: pages elsewhere (page, status): {off:?} of {}; move_pages failures {:?}; notes {:?}",
+            st.len(),
+            &rep.failed[..rep.failed.len().min(5)],
+            rep.notes
         );
         assert!(
             r.as_slice() == &want[..],
             "{path:?} to node {node}: contents changed"
         );
         let thp = thp_kb(at);
-        assert!(
-            thp >= thp_before,
-            "{path:?} to node {node}: AnonHugePages {thp_before} kB -> {thp} kB"
-        );
+        if path == Path::Kernel && thp < thp_before {
+            // move_pages splits a THP when it cannot get a huge page on the
+            // target node (a fragmented 2 GiB guest node after other tests,
+            // seen on 6.1): the kernel's choice, not ours. Relocation
+            // allocates its own folios and must keep them whole.
+            say(&format!(
+                "NOTE: {path:?} to node {node}: the kernel split THPs (AnonHugePages {thp_before} kB -> {thp} kB): no free huge page there"
+            ));
+        } else {
+            assert!(
+                thp >= thp_before,
+                "{path:?} to node {node}: AnonHugePages {thp_before} kB -> {thp} kB"
+            );
+        }
         println!(
             "NOTE: {path:?} -> node {node}: {} pages there, AnonHugePages {thp} kB",
             st.len()
@@ -187,13 +215,23 @@ fn a_sparse_range_moves_only_its_pages() {
         for p in (0..len / PAGE).step_by(4) {
             r.as_mut_slice()[p * PAGE] = p as u8 | 1;
         }
-        let before = placement(at, len);
-        assert!(
-            before
-                .iter()
+        let sparse = |st: &[i32]| {
+            st.iter()
                 .enumerate()
-                .all(|(p, &s)| (p % 4 == 0) == (s >= 0)),
-            "the range is not sparse before the move"
+                .all(|(p, &s)| (p % 4 == 0) == (s >= 0))
+        };
+        let before = settled(at, len, sparse);
+        let wrong: Vec<(usize, i32)> = before
+            .iter()
+            .enumerate()
+            .filter(|&(p, &s)| (p % 4 == 0) != (s >= 0))
+            .map(|(p, &s)| (p, s))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "the range is not sparse before the move: {} pages differ, first (page, status): {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(8)]
         );
         for path in [Path::Kernel, Path::Relocate] {
             if path == Path::Relocate && !relocation_available() {
@@ -202,7 +240,15 @@ fn a_sparse_range_moves_only_its_pages() {
             let opts = MigrateOptions::default().path(path);
             // SAFETY: our own private anonymous region.
             unsafe { migrate(at as *mut u8, len, n[1], &opts) }.unwrap();
-            let st = placement(at, len);
+            let st = settled(at, len, |st| {
+                st.iter().enumerate().all(|(p, &s)| {
+                    if p % 4 == 0 {
+                        s == n[1] as i32
+                    } else {
+                        s == -libc::ENOENT || s == -libc::EFAULT
+                    }
+                })
+            });
             for (p, &s) in st.iter().enumerate() {
                 if p % 4 == 0 {
                     assert_eq!(s, n[1] as i32, "{path:?}: page {p} not moved");
