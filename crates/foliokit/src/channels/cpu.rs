@@ -28,21 +28,16 @@ pub struct CpuChannel {
 }
 
 /// The CPU channel `index` runs on, as [`crate::runtime::ChannelCpus`]
-/// says: none, the `index`-th CPU the caller may run on, or the
-/// application's list. Read on the thread that makes the pool, so the
-/// configuration is fixed before any worker starts.
+/// says: none, or the `index`-th of the list (wrapping). Read on the
+/// thread that makes the pool, so the configuration is fixed before any
+/// worker starts.
 fn target(index: usize) -> Option<usize> {
     let cpu = match &crate::runtime::config().channel_cpus {
-        ChannelCpus::Unpinned => return None,
+        // `init` turns Spread into the list of CPUs allowed when it ran,
+        // and the defaults are Unpinned: Spread never reaches here.
+        ChannelCpus::Unpinned | ChannelCpus::Spread => return None,
         ChannelCpus::Cpus(list) if list.is_empty() => return None,
         ChannelCpus::Cpus(list) => list[index % list.len()],
-        // `init` turns Spread into the list of CPUs allowed when it ran;
-        // a default configuration never holds it. Still, take this
-        // thread's mask rather than fail.
-        ChannelCpus::Spread => {
-            let allowed = allowed_cpus();
-            *allowed.get(index % allowed.len().max(1))?
-        }
     };
     (cpu < libc::CPU_SETSIZE as usize).then_some(cpu)
 }

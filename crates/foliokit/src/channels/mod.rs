@@ -815,12 +815,14 @@ impl ChannelPool {
                 done: Arc::new(Completion::new(Vec::new(), 0)),
                 op,
                 pieces: Vec::new(),
-                folios: 0,
                 outcome: None,
             });
         }
         let ch = self.channels.len();
         let mut work: Vec<Vec<Piece>> = vec![Vec::new(); ch];
+        // Every piece by its number (made in that order), to finish failed
+        // ones.
+        let mut all: Vec<Piece> = Vec::new();
         let done = if n >= ch {
             // Each channel gets a contiguous share of the folios (channel c
             // folios c*n/ch .. (c+1)*n/ch), so it streams through memory
@@ -860,7 +862,7 @@ impl ChannelPool {
             }
             let done = Arc::new(Completion::new(vec![1; n], pieces.len()));
             for (seq, (c, dst, src, f, folios)) in pieces.into_iter().enumerate() {
-                work[c].push(Piece {
+                let p = Piece {
                     dst,
                     src,
                     len: folios * folio_size,
@@ -869,7 +871,9 @@ impl ChannelPool {
                     offset: 0,
                     batch: done.id,
                     seq,
-                });
+                };
+                all.push(p);
+                work[c].push(p);
             }
             done
         } else {
@@ -888,7 +892,7 @@ impl ChannelPool {
                 let (dst, src) = folio(f);
                 for p in 0..per_folio {
                     let off = p * piece;
-                    work[k % ch].push(Piece {
+                    let one = Piece {
                         // off < folio_size: inside the folio.
                         dst: dst.wrapping_add(off),
                         // A clear's null source stays null.
@@ -903,15 +907,14 @@ impl ChannelPool {
                         offset: off,
                         batch: done.id,
                         seq: k,
-                    });
+                    };
+                    all.push(one);
+                    work[k % ch].push(one);
                     k += 1;
                 }
             }
             done
         };
-        // Every piece by its number, to finish failed ones.
-        let mut all: Vec<Piece> = work.iter().flatten().copied().collect();
-        all.sort_by_key(|p| p.seq);
         let claims: Vec<bool> = self.channels.iter().map(|c| c.claims_pieces()).collect();
         let offered: Vec<Vec<Piece>> = (0..ch)
             .map(|c| {
@@ -961,7 +964,6 @@ impl ChannelPool {
             done,
             op,
             pieces: all,
-            folios: n,
             outcome: None,
         })
     }
@@ -978,7 +980,6 @@ pub struct Batch<'p> {
     op: Op,
     /// Every piece, by its number.
     pieces: Vec<Piece>,
-    folios: usize,
     outcome: Option<BatchOutcome>,
 }
 
@@ -996,7 +997,7 @@ pub struct BatchOutcome {
 impl Batch<'_> {
     /// Folios in the batch.
     pub fn folios(&self) -> usize {
-        self.folios
+        self.done.per_folio.len()
     }
 
     /// Whether folio `i` is done: every byte of it copied (or cleared) and
@@ -1023,11 +1024,13 @@ impl Batch<'_> {
     }
 
     fn wait_inner(&mut self) -> BatchOutcome {
-        if self.outcome.is_none() {
-            self.done.wait();
-            self.outcome = Some(self.collect());
+        if let Some(o) = &self.outcome {
+            return o.clone();
         }
-        self.outcome.clone().unwrap_or_else(|| self.collect())
+        self.done.wait();
+        let o = self.collect();
+        self.outcome = Some(o.clone());
+        o
     }
 
     fn collect(&self) -> BatchOutcome {
