@@ -303,12 +303,7 @@ fn clip(line: &str, s: usize, e: usize) -> String {
 
 /// Pages of `[addr, addr + len)` resident now.
 fn resident_pages(addr: usize, len: usize) -> usize {
-    let mut v = vec![0u8; len.div_ceil(PAGE)];
-    // SAFETY: mincore writes one byte per page into `v`, which has one
-    // per page of the (page-aligned) range.
-    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };
-    assert_eq!(rc, 0, "mincore: {}", errno());
-    v.iter().filter(|&&b| b & 1 != 0).count()
+    foliokit::mem::resident_pages(addr as *const u8, len).expect("mincore")
 }
 
 fn show(s: &Snap) -> String {
