@@ -359,9 +359,13 @@ impl LimitNote {
     pub fn line(&self) -> String {
         let l = &self.limits;
         format!(
-            "limit {} x{}: read {:.2}, write 0s {:.2}, write {:.2} -> {} limit {:.2} GB/s (medians)",
+            "limit {} x{}{}: read {:.2}, write 0s {:.2}, write {:.2} -> {} limit {:.2} GB/s (medians)",
             show_size(self.folio_size),
             self.channels,
+            match l.stores {
+                foliokit_lab::measure::Stores::Streaming => "",
+                foliokit_lab::measure::Stores::Cached => " (cache-resident, ordinary stores)",
+            },
             l.read.median,
             l.write_zero.median,
             l.write.median,

@@ -5,7 +5,7 @@
 use clap::Args;
 use foliokit::mem::{populate_chunked, Region};
 use foliokit_lab::hugetlb::HugetlbGrant;
-use foliokit_lab::measure::{gbps, probe, LimitOp, Limits, Probe, Stats};
+use foliokit_lab::measure::{gbps, probe, LimitOp, Limits, Probe, Stats, Stores};
 use serde::Serialize;
 use serde_json::json;
 use std::time::Instant;
@@ -245,7 +245,7 @@ pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
                 }
             }
             let lim = limits_on
-                .then(|| Limits::from_secs(LimitOp::Fault, a.size, &probe_secs))
+                .then(|| Limits::from_secs(LimitOp::Fault, Stores::Streaming, a.size, &probe_secs))
                 .flatten();
             let limit = lim.as_ref().map(Limits::gbps);
             if let Some(l) = lim {

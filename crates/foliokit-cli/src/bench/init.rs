@@ -10,7 +10,7 @@ use foliokit::mem::Region;
 use foliokit::nt::{
     fill_from_template, fill_from_template_cached, fill_records, fill_records_cached,
 };
-use foliokit_lab::measure::{probe, LimitOp, Limits, Probe, Stats};
+use foliokit_lab::measure::{probe, LimitOp, Limits, Probe, Stats, Stores};
 use serde::Serialize;
 use serde_json::json;
 use std::time::Instant;
@@ -386,7 +386,7 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
             .map(|c| stats(&rebind_ms[c]).median)
     };
     let memcpy_median = median_of("template-memcpy");
-    let limits = Limits::from_secs(LimitOp::Init, len, &probe_secs);
+    let limits = Limits::from_secs(LimitOp::Init, Stores::Streaming, len, &probe_secs);
     let limit = limits.as_ref().map(Limits::gbps);
     for (c, &name) in chosen.iter().enumerate() {
         let rb = stats(&rebind_ms[c]);

@@ -8,7 +8,7 @@ pub mod migrate;
 pub mod mremap;
 
 use foliokit::strategy::{parse_list, Selection, Strategy};
-use foliokit_lab::measure::Measurement;
+use foliokit_lab::measure::{Measurement, Stores};
 use std::fmt::Write as _;
 
 use crate::args::{approx_size, show_size};
@@ -129,6 +129,8 @@ pub struct StrategyTables {
     backing: Vec<BackingNote>,
     skipped: Vec<Skipped>,
     limits: Vec<LimitNote>,
+    /// Calls per timed loop, per (folio, channels) group that repeated.
+    reps: Vec<(usize, usize, usize)>,
 }
 
 impl StrategyTables {
@@ -161,6 +163,7 @@ impl StrategyTables {
                 })
                 .collect(),
             limits: Vec::new(),
+            reps: Vec::new(),
         }
     }
 
@@ -178,6 +181,9 @@ impl StrategyTables {
         channels: usize,
     ) {
         let m = &measured.rows;
+        if measured.reps > 1 {
+            self.reps.push((folio, channels, measured.reps));
+        }
         let limit = measured.limits.as_ref().map(|l| l.gbps());
         if let Some(l) = &measured.limits {
             self.limits.push(LimitNote {
@@ -251,6 +257,13 @@ impl StrategyTables {
             "speedup: median over the median of '{}' on {on} at the same folio size",
             self.baseline
         ));
+        for &(folio, channels, reps) in &self.reps {
+            report.footer.push(format!(
+                "{} x{channels}: cache-resident, so each timed loop repeats the call {reps} times back to back (at least {} per timing); GB/s is over the whole loop",
+                show_size(folio),
+                show_size(foliokit_lab::measure::HOT_SAMPLE_BYTES)
+            ));
+        }
         for l in &self.limits {
             report.footer.push(l.line());
         }
@@ -271,10 +284,14 @@ impl StrategyTables {
                 let (n, o) = (l.limits.gbps(), one.limits.gbps());
                 if n < o * 0.95 {
                     report.footer.push(format!(
-                        "{} x{}: memory gave {} streams {n:.2} GB/s against {o:.2} for one in this run ({:.2}x): rows on {} channels are bounded by that, not by how the batch was split",
+                        "{} x{}: {} streams got {n:.2} GB/s from {} against {o:.2} for one in this run ({:.2}x): rows on {} channels are bounded by that, not by how the batch was split",
                         show_size(l.folio_size),
                         l.channels,
                         l.channels,
+                        match l.limits.stores {
+                            Stores::Streaming => "memory",
+                            Stores::Cached => "the cache",
+                        },
                         n / o,
                         l.channels
                     ));
@@ -319,6 +336,16 @@ impl StrategyTables {
         report.section("skipped", &self.skipped);
         if !self.limits.is_empty() {
             report.section("limits", &self.limits);
+        }
+        if !self.reps.is_empty() {
+            let reps: Vec<_> = self
+                .reps
+                .iter()
+                .map(|&(folio_size, channels, reps)| {
+                    serde_json::json!({"folio_size": folio_size, "channels": channels, "calls_per_loop": reps})
+                })
+                .collect();
+            report.section("hot_repeats", &reps);
         }
     }
 }

@@ -53,11 +53,13 @@ impl Probe {
     }
 
     /// The primitive, with the clear signature so channels can spread it.
-    pub(crate) fn function(self) -> ClearFn {
-        match self {
-            Probe::Read => probe::read_probe,
-            Probe::WriteZero => probe::write_zero_probe,
-            Probe::Write => probe::write_probe,
+    pub(crate) fn function(self, stores: Stores) -> ClearFn {
+        match (self, stores) {
+            (Probe::Read, _) => probe::read_probe,
+            (Probe::WriteZero, Stores::Streaming) => probe::write_zero_probe,
+            (Probe::Write, Stores::Streaming) => probe::write_probe,
+            (Probe::WriteZero, Stores::Cached) => probe::write_zero_cached_probe,
+            (Probe::Write, Stores::Cached) => probe::write_cached_probe,
         }
     }
 
@@ -69,6 +71,16 @@ impl Probe {
             Probe::Write => buf.iter().all(|&b| b == probe::PATTERN),
         }
     }
+}
+
+/// How the write probes store: past the cache (the limit of memory), or
+/// into it (the limit of a cache-resident buffer, which streaming stores
+/// would push out to memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stores {
+    Streaming,
+    Cached,
 }
 
 /// The operation a limit is for: which probes it combines, and how.
@@ -83,13 +95,26 @@ pub enum LimitOp {
 
 impl LimitOp {
     /// How the limit is computed from the probes, for reports.
-    pub fn formula(self) -> &'static str {
-        match self {
-            LimitOp::Copy => {
+    pub fn formula(self, stores: Stores) -> &'static str {
+        match (self, stores) {
+            (LimitOp::Copy, Stores::Streaming) => {
                 "copy limit = min(read, write): a copy reads and writes every byte, so it is no faster than either alone (write = streaming write of non-zero bytes)"
             }
-            LimitOp::Clear | LimitOp::Fault => "limit = streaming write of zeros",
-            LimitOp::Init => "limit = streaming write of non-zero bytes over the array",
+            (LimitOp::Copy, Stores::Cached) => {
+                "copy limit = min(read, write) on cache-resident buffers: a copy reads and writes every byte, so it is no faster than either alone (write = ordinary stores of non-zero bytes, which keep the buffer in cache; streaming rows can beat it by writing past the cache)"
+            }
+            (LimitOp::Clear | LimitOp::Fault, Stores::Streaming) => {
+                "limit = streaming write of zeros"
+            }
+            (LimitOp::Clear | LimitOp::Fault, Stores::Cached) => {
+                "limit = ordinary stores of zeros into the cache-resident buffer (streaming rows can beat it by writing past the cache)"
+            }
+            (LimitOp::Init, Stores::Streaming) => {
+                "limit = streaming write of non-zero bytes over the array"
+            }
+            (LimitOp::Init, Stores::Cached) => {
+                "limit = ordinary stores of non-zero bytes over the cache-resident array"
+            }
         }
     }
 
@@ -107,6 +132,7 @@ impl LimitOp {
 #[derive(Debug, Clone, Serialize)]
 pub struct Limits {
     pub op: LimitOp,
+    pub stores: Stores,
     pub read: Stats,
     pub write_zero: Stats,
     pub write: Stats,
@@ -121,7 +147,12 @@ pub struct Limits {
 impl Limits {
     /// Summarises the probes' timed seconds (indexed like [`Probe::ALL`],
     /// one entry per loop) over `bytes` per call.
-    pub fn from_secs(op: LimitOp, bytes: usize, secs: &[Vec<f64>]) -> Option<Limits> {
+    pub fn from_secs(
+        op: LimitOp,
+        stores: Stores,
+        bytes: usize,
+        secs: &[Vec<f64>],
+    ) -> Option<Limits> {
         let rates: Vec<Vec<f64>> = secs
             .iter()
             .map(|s| s.iter().map(|&t| gbps(bytes, t)).collect())
@@ -136,11 +167,12 @@ impl Limits {
         Some(Limits {
             serial_gbps: Stats::of(&serial)?,
             op,
+            stores,
             read: Stats::of(r)?,
             write_zero: Stats::of(w0)?,
             write: Stats::of(w)?,
             limit: Stats::of(&per_loop)?,
-            formula: op.formula(),
+            formula: op.formula(stores),
         })
     }
 
@@ -161,11 +193,12 @@ impl Limits {
 /// that range.
 pub(crate) unsafe fn run_probe(
     probe: Probe,
+    stores: Stores,
     ptr: *mut u8,
     len: usize,
     pool: Option<(&ChannelPool, &[*mut u8], usize)>,
 ) -> Result<(), ChannelError> {
-    let f = probe.function();
+    let f = probe.function(stores);
     match pool {
         // SAFETY: forwarded contract.
         Some((pool, starts, folio)) => unsafe { pool.clear_folios(starts, folio, f) }.map(drop),
@@ -178,8 +211,8 @@ pub(crate) unsafe fn run_probe(
 }
 
 /// Runs `probe` once over `buf` on `channels` channels (the shared pool),
-/// in `folio_size` pieces: for benches that interleave probes with their
-/// own timed work.
+/// in `folio_size` pieces, with streaming stores: for benches that
+/// interleave probes with their own timed work on buffers past the cache.
 pub fn probe(
     probe: Probe,
     buf: &mut [u8],
@@ -191,10 +224,18 @@ pub fn probe(
         let pool = foliokit::channels::shared(channels)?;
         let starts = folio_starts(ptr, len, folio_size);
         // SAFETY: `buf` is borrowed exclusively; the starts cover it.
-        unsafe { run_probe(probe, ptr, len, Some((&pool, &starts, folio_size))) }
+        unsafe {
+            run_probe(
+                probe,
+                Stores::Streaming,
+                ptr,
+                len,
+                Some((&pool, &starts, folio_size)),
+            )
+        }
     } else {
         // SAFETY: as above.
-        unsafe { run_probe(probe, ptr, len, None) }
+        unsafe { run_probe(probe, Stores::Streaming, ptr, len, None) }
     }
 }
 
@@ -214,7 +255,7 @@ mod tests {
             vec![1.0 / 60.0; 2],
             vec![1.0 / 20.0; 2],
         ];
-        let l = Limits::from_secs(LimitOp::Copy, 1 << 30, &secs).unwrap();
+        let l = Limits::from_secs(LimitOp::Copy, Stores::Streaming, 1 << 30, &secs).unwrap();
         assert!((l.gbps() - 20.0).abs() < 1e-9);
         assert!((l.serial_gbps.median - 12.0).abs() < 1e-9);
         assert!((l.read.median - 30.0).abs() < 1e-9);

@@ -10,7 +10,7 @@ mod limits;
 mod ops;
 mod stats;
 
-pub use limits::{probe, LimitOp, Limits, Probe};
+pub use limits::{probe, LimitOp, Limits, Probe, Stores};
 pub use ops::{
     measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Measured, Measurement,
     Plan,
@@ -18,6 +18,12 @@ pub use ops::{
 pub use stats::{gbps, Stats};
 
 use std::time::Instant;
+
+/// Bytes one timed loop of a hot, cache-resident run moves at least: one
+/// call over a cache-sized buffer lasts tens of microseconds, within the
+/// scheduling noise of a shared machine, so the loop repeats the call (same
+/// candidate, back to back) until it moves this much (~10 ms at 25 GB/s).
+pub const HOT_SAMPLE_BYTES: usize = 256 << 20;
 
 /// Runs `body(state, c)` for every candidate `c < candidates`: one untimed
 /// warm-up pass, then `loops` timed passes. `prepare(state, c)` runs untimed

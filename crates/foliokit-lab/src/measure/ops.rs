@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
-use super::limits::{run_probe, LimitOp, Limits, Probe};
-use super::{gbps, run_interleaved, Stats};
+use super::limits::{run_probe, LimitOp, Limits, Probe, Stores};
+use super::{gbps, run_interleaved, Stats, HOT_SAMPLE_BYTES};
 use foliokit::batch::{folio_starts, Reuse};
 use foliokit::mc::copy_folios_mc;
 use foliokit::mem::Region;
@@ -47,6 +47,9 @@ pub struct Plan {
 pub struct Measurement {
     pub rows: Vec<Measured>,
     pub limits: Option<Limits>,
+    /// Calls per timed loop: above 1 for cache-resident hot runs (see
+    /// [`HOT_SAMPLE_BYTES`]); each figure is bytes moved over the loop's time.
+    pub reps: usize,
 }
 
 /// One measurement.
@@ -114,6 +117,27 @@ fn rewarm(plan: &Plan, working_set: usize) -> bool {
     plan.cache == CacheMode::Hot && working_set <= foliokit::cpu::cpu().caches.llc
 }
 
+/// Calls per timed loop: one, unless the run is hot and cache-resident,
+/// where a single call of `bytes` lasts microseconds and the loop repeats
+/// it until it moves [`HOT_SAMPLE_BYTES`].
+/// The limit probes' stores: a cache-resident run is compared with what the
+/// cache does, not with memory.
+fn stores(rewarm: bool) -> Stores {
+    if rewarm {
+        Stores::Cached
+    } else {
+        Stores::Streaming
+    }
+}
+
+fn reps(rewarm: bool, bytes: usize) -> usize {
+    if rewarm {
+        HOT_SAMPLE_BYTES.div_ceil(bytes.max(1))
+    } else {
+        1
+    }
+}
+
 /// Measures copying `src` into `dst` in `plan.folio_size` folios with each
 /// candidate. Each candidate's warm-up call is verified against the source.
 /// In hot mode each timed call follows an untimed call of the same
@@ -176,6 +200,7 @@ pub fn measure_copy(
         }
     };
     let rewarm = rewarm(plan, 2 * len);
+    let reps = reps(rewarm, len);
     let n = candidates.len();
     let probes = if plan.limits { Probe::ALL.len() } else { 0 };
     // Probes read the source and write the destination, on the same
@@ -194,7 +219,7 @@ pub fn measure_copy(
         // SAFETY: the range is the first `len` bytes of a live region; the
         // read probe only reads the source (borrowed shared, never written
         // while we hold it); writes go to `dst`, borrowed exclusively.
-        unsafe { run_probe(p, ptr, len, pool) }?;
+        unsafe { run_probe(p, stores(rewarm), ptr, len, pool) }?;
         Ok(())
     };
     let mut resolved = vec![String::new(); n + probes];
@@ -211,17 +236,18 @@ pub fn measure_copy(
         |dst, c| {
             if c >= n {
                 let p = Probe::ALL[c - n];
-                run_probe_once(dst, c - n)?;
-                if resolved[c].is_empty() {
-                    if !p.left(&dst.as_slice()[..len]) {
-                        return Err(MeasureError::Wrong(p.name().into()));
-                    }
-                    resolved[c] = p.name().into();
+                if !resolved[c].is_empty() {
+                    return (0..reps).try_for_each(|_| run_probe_once(dst, c - n));
                 }
+                run_probe_once(dst, c - n)?;
+                if !p.left(&dst.as_slice()[..len]) {
+                    return Err(MeasureError::Wrong(p.name().into()));
+                }
+                resolved[c] = p.name().into();
                 return Ok(());
             }
             if !resolved[c].is_empty() {
-                return run_once(dst, c).map(drop);
+                return (0..reps).try_for_each(|_| run_once(dst, c).map(drop));
             }
             // The warm-up call: verify it copied every byte.
             dst.as_mut_slice()[..len].fill(0);
@@ -237,11 +263,12 @@ pub fn measure_copy(
     let names: Vec<String> = candidates.iter().map(CopyCandidate::name).collect();
     resolved.truncate(n);
     Ok(Measurement {
-        rows: collect(&names, resolved, &secs[..n], len),
+        rows: collect(&names, resolved, &secs[..n], len * reps),
         limits: plan
             .limits
-            .then(|| Limits::from_secs(LimitOp::Copy, len, &secs[n..]))
+            .then(|| Limits::from_secs(LimitOp::Copy, stores(rewarm), len * reps, &secs[n..]))
             .flatten(),
+        reps,
     })
 }
 
@@ -284,12 +311,13 @@ pub fn measure_clear(
             .to_string())
     };
     let rewarm = rewarm(plan, len);
+    let reps = reps(rewarm, len);
     let n = strategies.len();
     let probes = if plan.limits { Probe::ALL.len() } else { 0 };
     let run_probe_once = |dst: &mut Region, k: usize| -> Result<(), MeasureError> {
         let pool = pool.as_ref().map(|p| (&**p, &dsts[..], plan.folio_size));
         // SAFETY: the whole live region, borrowed exclusively.
-        unsafe { run_probe(Probe::ALL[k], dst.as_mut_ptr(), len, pool) }?;
+        unsafe { run_probe(Probe::ALL[k], stores(rewarm), dst.as_mut_ptr(), len, pool) }?;
         Ok(())
     };
     let mut resolved = vec![String::new(); n + probes];
@@ -306,17 +334,18 @@ pub fn measure_clear(
         |dst, c| {
             if c >= n {
                 let p = Probe::ALL[c - n];
-                run_probe_once(dst, c - n)?;
-                if resolved[c].is_empty() {
-                    if !p.left(dst.as_slice()) {
-                        return Err(MeasureError::Wrong(p.name().into()));
-                    }
-                    resolved[c] = p.name().into();
+                if !resolved[c].is_empty() {
+                    return (0..reps).try_for_each(|_| run_probe_once(dst, c - n));
                 }
+                run_probe_once(dst, c - n)?;
+                if !p.left(dst.as_slice()) {
+                    return Err(MeasureError::Wrong(p.name().into()));
+                }
+                resolved[c] = p.name().into();
                 return Ok(());
             }
             if !resolved[c].is_empty() {
-                return run_once(dst, c).map(drop);
+                return (0..reps).try_for_each(|_| run_once(dst, c).map(drop));
             }
             dst.as_mut_slice().fill(0xFF);
             let ran = run_once(dst, c)?;
@@ -331,11 +360,12 @@ pub fn measure_clear(
     let names: Vec<String> = strategies.iter().map(|s| s.name().to_string()).collect();
     resolved.truncate(n);
     Ok(Measurement {
-        rows: collect(&names, resolved, &secs[..n], len),
+        rows: collect(&names, resolved, &secs[..n], len * reps),
         limits: plan
             .limits
-            .then(|| Limits::from_secs(LimitOp::Clear, len, &secs[n..]))
+            .then(|| Limits::from_secs(LimitOp::Clear, stores(rewarm), len * reps, &secs[n..]))
             .flatten(),
+        reps,
     })
 }
 

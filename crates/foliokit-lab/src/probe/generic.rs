@@ -38,3 +38,8 @@ pub unsafe fn write_zero_probe(dst: *mut u8, len: usize) {
     // SAFETY: forwarded contract.
     unsafe { core::ptr::write_bytes(dst, 0, len) }
 }
+
+/// Ordinary stores already: the cache-resident variant is the same loop.
+pub use self::write_probe as write_cached_probe;
+/// Ordinary stores already: the cache-resident variant is the same loop.
+pub use self::write_zero_probe as write_zero_cached_probe;

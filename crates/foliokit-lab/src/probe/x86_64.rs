@@ -1,5 +1,6 @@
 //! x86_64 probes of what memory can do: a plain sequential read and
-//! streaming writes of zeros and of other bytes. They have the clear
+//! streaming writes of zeros and of other bytes (ordinary stores for
+//! cache-resident buffers). They have the clear
 //! primitives' signature (`unsafe fn(ptr, len)`) so the channel pool can
 //! spread them like any clear; [`crate::measure`] runs them beside the
 //! strategies to give each run its own limit.
@@ -57,15 +58,74 @@ pub unsafe fn read_probe(ptr: *mut u8, len: usize) {
 /// # Safety
 /// The range must be valid for writes.
 pub unsafe fn write_probe(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { store_bytes::<true>(dst, len, PATTERN) };
+    foliokit::arch::sfence();
+}
+
+/// Stores [`PATTERN`] over `[dst, dst + len)` with ordinary stores: the
+/// write probe of a cache-resident buffer, which streaming stores would
+/// push out to memory.
+///
+/// # Safety
+/// The range must be valid for writes.
+pub unsafe fn write_cached_probe(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { fill_cached(dst, len, PATTERN) }
+}
+
+/// Stores zeros over `[dst, dst + len)` with ordinary stores: the
+/// zero-write probe of a cache-resident buffer.
+///
+/// # Safety
+/// The range must be valid for writes.
+pub unsafe fn write_zero_cached_probe(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { fill_cached(dst, len, 0) }
+}
+
+/// The fastest ordinary fill of a cached range: `rep stosb` where the CPU
+/// has ERMS (its microcode stores whole lines, measured ahead of a 16-byte
+/// store loop in cache), else the 16-byte store loop.
+///
+/// # Safety
+/// The range must be valid for writes.
+unsafe fn fill_cached(dst: *mut u8, len: usize, byte: u8) {
+    if !foliokit::cpu::cpu().features.erms {
+        // SAFETY: forwarded contract.
+        return unsafe { store_bytes::<false>(dst, len, byte) };
+    }
+    // SAFETY: rep stosb writes exactly rcx=len bytes from rdi=dst, inside
+    // the range; DF is clear per the ABI.
+    // Contract: in rdi=dst, rcx=len, al=byte (both consumed); no other
+    //           clobbers.
+    unsafe {
+        asm!(
+            "rep stosb",
+            inout("rcx") len => _,
+            inout("rdi") dst => _,
+            in("al") byte,
+            options(nostack),
+        );
+    }
+}
+
+/// Fills the range with `byte`, 64 bytes per iteration of 16-byte stores,
+/// streaming (`movntdq`, not drained here) or ordinary (`movdqa`).
+///
+/// # Safety
+/// The range must be valid for writes.
+unsafe fn store_bytes<const STREAM: bool>(dst: *mut u8, len: usize, byte: u8) {
     let head = ((dst as usize).wrapping_neg() & 15).min(len);
     // SAFETY: head <= len, inside the range.
-    unsafe { core::ptr::write_bytes(dst, PATTERN, head) };
+    unsafe { core::ptr::write_bytes(dst, byte, head) };
     let blocks = (len - head) / 64;
-    if blocks > 0 {
+    let fill = u64::from_ne_bytes([byte; 8]);
+    if blocks > 0 && STREAM {
         // SAFETY: dst+head is 16-byte aligned as movntdq requires; the loop
         // stores blocks*64 <= len-head bytes inside the range.
-        // Contract: in rdi=dst+head, rcx=blocks (>0, consumed), rax=pattern
-        //           (8 copies of PATTERN); clobbers xmm0, flags.
+        // Contract: in rdi=dst+head, rcx=blocks (>0, consumed), rax=fill;
+        //           clobbers xmm0, flags.
         unsafe {
             asm!(
                 "movq xmm0, rax",
@@ -80,7 +140,29 @@ pub unsafe fn write_probe(dst: *mut u8, len: usize) {
                 "jnz 2b",
                 inout("rcx") blocks => _,
                 inout("rdi") dst.add(head) => _,
-                in("rax") u64::from_ne_bytes([PATTERN; 8]),
+                in("rax") fill,
+                out("xmm0") _,
+                options(nostack),
+            );
+        }
+    } else if blocks > 0 {
+        // SAFETY: as above, with movdqa (same alignment requirement).
+        // Contract: as above.
+        unsafe {
+            asm!(
+                "movq xmm0, rax",
+                "punpcklqdq xmm0, xmm0",
+                "2:",
+                "movdqa xmmword ptr [rdi],      xmm0",
+                "movdqa xmmword ptr [rdi + 16], xmm0",
+                "movdqa xmmword ptr [rdi + 32], xmm0",
+                "movdqa xmmword ptr [rdi + 48], xmm0",
+                "add rdi, 64",
+                "dec rcx",
+                "jnz 2b",
+                inout("rcx") blocks => _,
+                inout("rdi") dst.add(head) => _,
+                in("rax") fill,
                 out("xmm0") _,
                 options(nostack),
             );
@@ -88,8 +170,7 @@ pub unsafe fn write_probe(dst: *mut u8, len: usize) {
     }
     let done = head + blocks * 64;
     // SAFETY: done <= len.
-    unsafe { core::ptr::write_bytes(dst.add(done), PATTERN, len - done) };
-    foliokit::arch::sfence();
+    unsafe { core::ptr::write_bytes(dst.add(done), byte, len - done) };
 }
 
 /// Writes zeros the fastest way this CPU streams them: `clzero` where the
