@@ -37,7 +37,7 @@ impl Default for CalibrateOptions {
     fn default() -> Self {
         CalibrateOptions {
             resident_bytes: 2 << 20,
-            resident_loops: 60,
+            resident_loops: 15,
             // Four LLCs, so nothing survives in cache between loops.
             stream_bytes: (4 * cpu().caches.llc)
                 .max(256 << 20)
