@@ -16,7 +16,8 @@ pub type ClearFn = unsafe fn(dst: *mut u8, len: usize);
 pub mod x86_64;
 #[cfg(target_arch = "x86_64")]
 pub use self::x86_64::{
-    clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, stream_nodrain,
+    clear_nodrain, clear_primitive, copy_nodrain, copy_primitive, flush_range, page_clear,
+    page_copy, sfence, stream_nodrain,
     stream_record_nodrain, stream_words_nodrain, CAN_FLUSH, HAS_STREAMING,
 };
 
@@ -24,6 +25,7 @@ pub use self::x86_64::{
 pub mod generic;
 #[cfg(not(target_arch = "x86_64"))]
 pub use self::generic::{
-    clear_primitive, copy_primitive, flush_range, page_clear, page_copy, sfence, stream_nodrain,
+    clear_nodrain, clear_primitive, copy_nodrain, copy_primitive, flush_range, page_clear,
+    page_copy, sfence, stream_nodrain,
     stream_record_nodrain, stream_words_nodrain, CAN_FLUSH, HAS_STREAMING,
 };

@@ -22,6 +22,16 @@ pub fn clear_primitive(_s: ClearStrategy, _f: &Features) -> Result<ClearFn, &'st
     Err(NOT_HERE)
 }
 
+/// No streaming primitives here, so none to leave undrained.
+pub fn copy_nodrain(_s: CopyStrategy) -> Option<CopyFn> {
+    None
+}
+
+/// No streaming primitives here, so none to leave undrained.
+pub fn clear_nodrain(_s: ClearStrategy, _f: &Features) -> Option<ClearFn> {
+    None
+}
+
 /// # Safety
 /// Both ranges valid for `len` bytes and disjoint.
 unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {

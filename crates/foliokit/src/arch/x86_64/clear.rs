@@ -86,6 +86,18 @@ pub unsafe fn clear_stosq(dst: *mut u8, len: usize) {
 /// # Safety
 /// As [`clear_tail`].
 pub unsafe fn clear_nt(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { clear_nt_nodrain(dst, len) };
+    super::sfence();
+}
+
+/// [`clear_nt`] without the closing `sfence`: the caller drains, once for
+/// many calls.
+///
+/// # Safety
+/// As [`clear_tail`]; and the stores are ordered with later ones only once
+/// this thread executes `sfence`.
+pub unsafe fn clear_nt_nodrain(dst: *mut u8, len: usize) {
     let head = ((dst as usize).wrapping_neg() & 15).min(len);
     // SAFETY: `head <= len`, inside the range.
     unsafe { clear_tail(dst, head) };
@@ -116,7 +128,6 @@ pub unsafe fn clear_nt(dst: *mut u8, len: usize) {
     let done = head + blocks * 64;
     // SAFETY: `done <= len`.
     unsafe { clear_tail(dst.add(done), len - done) };
-    super::sfence();
 }
 
 /// AMD `clzero`: zeroes one aligned 64-byte line per instruction without
@@ -126,6 +137,18 @@ pub unsafe fn clear_nt(dst: *mut u8, len: usize) {
 /// # Safety
 /// As [`clear_tail`], and the CPU must support CLZERO.
 pub unsafe fn clear_clzero(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { clear_clzero_nodrain(dst, len) };
+    super::sfence();
+}
+
+/// [`clear_clzero`] without the closing `sfence`: the caller drains, once
+/// for many calls.
+///
+/// # Safety
+/// As [`clear_clzero`]; and the stores are ordered with later ones only
+/// once this thread executes `sfence`.
+pub unsafe fn clear_clzero_nodrain(dst: *mut u8, len: usize) {
     let head = ((dst as usize).wrapping_neg() & 63).min(len);
     // SAFETY: `head <= len`.
     unsafe { clear_tail(dst, head) };
@@ -152,5 +175,4 @@ pub unsafe fn clear_clzero(dst: *mut u8, len: usize) {
     let done = head + lines * 64;
     // SAFETY: `done <= len`.
     unsafe { clear_tail(dst.add(done), len - done) };
-    super::sfence();
 }

@@ -54,6 +54,25 @@ pub fn clear_primitive(s: ClearStrategy, f: &Features) -> Result<ClearFn, &'stat
     })
 }
 
+/// The undrained primitive of a streaming copy strategy, for a batch that
+/// fences once after its last folio ([`sfence`]) instead of after each;
+/// `None` where the strategy's stores are ordinary.
+pub fn copy_nodrain(s: CopyStrategy) -> Option<CopyFn> {
+    match s {
+        CopyStrategy::Nt => Some(copy::copy_nt_nodrain),
+        _ => None,
+    }
+}
+
+/// As [`copy_nodrain`], for clears.
+pub fn clear_nodrain(s: ClearStrategy, f: &Features) -> Option<ClearFn> {
+    match s {
+        ClearStrategy::Nt => Some(clear::clear_nt_nodrain),
+        ClearStrategy::Clzero if f.clzero => Some(clear::clear_clzero_nodrain),
+        _ => None,
+    }
+}
+
 /// The kernel's `copy_page`: `rep movsq` on REP_GOOD CPUs, else the unrolled
 /// register loop.
 pub fn page_copy(f: &Features) -> CopyFn {
