@@ -17,8 +17,8 @@ pub mod x86_64;
 #[cfg(target_arch = "x86_64")]
 pub use self::x86_64::{
     clear_nodrain, clear_primitive, copy_nodrain, copy_primitive, flush_range, page_clear,
-    page_copy, sfence, stream_nodrain,
-    stream_record_nodrain, stream_words_nodrain, CAN_FLUSH, HAS_STREAMING,
+    page_copy, sfence, stream_nodrain, stream_record_nodrain, stream_words_nodrain, CAN_FLUSH,
+    HAS_STREAMING,
 };
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -26,6 +26,6 @@ pub mod generic;
 #[cfg(not(target_arch = "x86_64"))]
 pub use self::generic::{
     clear_nodrain, clear_primitive, copy_nodrain, copy_primitive, flush_range, page_clear,
-    page_copy, sfence, stream_nodrain,
-    stream_record_nodrain, stream_words_nodrain, CAN_FLUSH, HAS_STREAMING,
+    page_copy, sfence, stream_nodrain, stream_record_nodrain, stream_words_nodrain, CAN_FLUSH,
+    HAS_STREAMING,
 };
