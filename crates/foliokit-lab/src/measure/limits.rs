@@ -262,6 +262,32 @@ mod tests {
     }
 
     #[test]
+    fn both_store_kinds_fill_odd_ranges_exactly() {
+        for stores in [Stores::Streaming, Stores::Cached] {
+            for probe in Probe::ALL {
+                for (off, len) in [(0, 0), (1, 1), (3, 63), (5, 64 + 17), (15, 4096 + 5)] {
+                    let mut buf = vec![7u8; len + off + 32];
+                    // SAFETY: [off, off + len) lies inside `buf`.
+                    unsafe { probe.function(stores)(buf.as_mut_ptr().add(off), len) };
+                    let want = |b: &[u8]| match probe {
+                        Probe::Read => b.iter().all(|&x| x == 7),
+                        _ => probe.left(b),
+                    };
+                    assert!(
+                        want(&buf[off..off + len]),
+                        "{probe:?} {stores:?} {off}+{len}"
+                    );
+                    let outside = buf[..off].iter().chain(&buf[off + len..]);
+                    assert!(
+                        outside.into_iter().all(|&b| b == 7),
+                        "{probe:?} {stores:?} wrote outside"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn probes_leave_what_they_write_and_read_touches_nothing() {
         for channels in [1, 2] {
             let mut buf = vec![7u8; 64 * 1024 + 3];

@@ -7,6 +7,8 @@
 
 use core::arch::asm;
 
+use foliokit::arch::x86_64::clear;
+
 /// The non-zero byte the write probe stores (some CPUs stream zeros faster).
 pub const PATTERN: u8 = 0x5A;
 
@@ -58,8 +60,8 @@ pub unsafe fn read_probe(ptr: *mut u8, len: usize) {
 /// # Safety
 /// The range must be valid for writes.
 pub unsafe fn write_probe(dst: *mut u8, len: usize) {
-    // SAFETY: forwarded contract.
-    unsafe { store_bytes::<true>(dst, len, PATTERN) };
+    // SAFETY: forwarded contract; drained right after.
+    unsafe { clear::fill_nt_nodrain(dst, len, PATTERN) };
     foliokit::arch::sfence();
 }
 
@@ -85,92 +87,19 @@ pub unsafe fn write_zero_cached_probe(dst: *mut u8, len: usize) {
 }
 
 /// The fastest ordinary fill of a cached range: `rep stosb` where the CPU
-/// has ERMS (its microcode stores whole lines, measured ahead of a 16-byte
-/// store loop in cache), else the 16-byte store loop.
+/// has ERMS (measured ahead of a 16-byte store loop in cache here), else
+/// `rep stosq`, the kernel's choice without it.
 ///
 /// # Safety
 /// The range must be valid for writes.
 unsafe fn fill_cached(dst: *mut u8, len: usize, byte: u8) {
-    if !foliokit::cpu::cpu().features.erms {
+    if foliokit::cpu::cpu().features.erms {
         // SAFETY: forwarded contract.
-        return unsafe { store_bytes::<false>(dst, len, byte) };
+        unsafe { clear::fill_stosb(dst, len, byte) }
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { clear::fill_stosq(dst, len, byte) }
     }
-    // SAFETY: rep stosb writes exactly rcx=len bytes from rdi=dst, inside
-    // the range; DF is clear per the ABI.
-    // Contract: in rdi=dst, rcx=len, al=byte (both consumed); no other
-    //           clobbers.
-    unsafe {
-        asm!(
-            "rep stosb",
-            inout("rcx") len => _,
-            inout("rdi") dst => _,
-            in("al") byte,
-            options(nostack),
-        );
-    }
-}
-
-/// Fills the range with `byte`, 64 bytes per iteration of 16-byte stores,
-/// streaming (`movntdq`, not drained here) or ordinary (`movdqa`).
-///
-/// # Safety
-/// The range must be valid for writes.
-unsafe fn store_bytes<const STREAM: bool>(dst: *mut u8, len: usize, byte: u8) {
-    let head = ((dst as usize).wrapping_neg() & 15).min(len);
-    // SAFETY: head <= len, inside the range.
-    unsafe { core::ptr::write_bytes(dst, byte, head) };
-    let blocks = (len - head) / 64;
-    let fill = u64::from_ne_bytes([byte; 8]);
-    if blocks > 0 && STREAM {
-        // SAFETY: dst+head is 16-byte aligned as movntdq requires; the loop
-        // stores blocks*64 <= len-head bytes inside the range.
-        // Contract: in rdi=dst+head, rcx=blocks (>0, consumed), rax=fill;
-        //           clobbers xmm0, flags.
-        unsafe {
-            asm!(
-                "movq xmm0, rax",
-                "punpcklqdq xmm0, xmm0",
-                "2:",
-                "movntdq xmmword ptr [rdi],      xmm0",
-                "movntdq xmmword ptr [rdi + 16], xmm0",
-                "movntdq xmmword ptr [rdi + 32], xmm0",
-                "movntdq xmmword ptr [rdi + 48], xmm0",
-                "add rdi, 64",
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") blocks => _,
-                inout("rdi") dst.add(head) => _,
-                in("rax") fill,
-                out("xmm0") _,
-                options(nostack),
-            );
-        }
-    } else if blocks > 0 {
-        // SAFETY: as above, with movdqa (same alignment requirement).
-        // Contract: as above.
-        unsafe {
-            asm!(
-                "movq xmm0, rax",
-                "punpcklqdq xmm0, xmm0",
-                "2:",
-                "movdqa xmmword ptr [rdi],      xmm0",
-                "movdqa xmmword ptr [rdi + 16], xmm0",
-                "movdqa xmmword ptr [rdi + 32], xmm0",
-                "movdqa xmmword ptr [rdi + 48], xmm0",
-                "add rdi, 64",
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") blocks => _,
-                inout("rdi") dst.add(head) => _,
-                in("rax") fill,
-                out("xmm0") _,
-                options(nostack),
-            );
-        }
-    }
-    let done = head + blocks * 64;
-    // SAFETY: done <= len.
-    unsafe { core::ptr::write_bytes(dst.add(done), byte, len - done) };
 }
 
 /// Writes zeros the fastest way this CPU streams them: `clzero` where the
@@ -183,9 +112,9 @@ unsafe fn store_bytes<const STREAM: bool>(dst: *mut u8, len: usize, byte: u8) {
 pub unsafe fn write_zero_probe(dst: *mut u8, len: usize) {
     if foliokit::cpu::cpu().features.clzero {
         // SAFETY: forwarded contract; the CPU has CLZERO.
-        unsafe { foliokit::arch::x86_64::clear::clear_clzero(dst, len) }
+        unsafe { clear::clear_clzero(dst, len) }
     } else {
         // SAFETY: forwarded contract.
-        unsafe { foliokit::arch::x86_64::clear::clear_nt(dst, len) }
+        unsafe { clear::clear_nt(dst, len) }
     }
 }

@@ -1,4 +1,5 @@
-//! x86_64 clear (zero-fill) primitives: `unsafe fn(dst, len)`.
+//! x86_64 clear (zero-fill) primitives: `unsafe fn(dst, len)`, each built
+//! on a fill of any byte (`fill_*`), which the lab's write probes share.
 //!
 //! Inline asm for the same reason as the copies: the named instructions must
 //! be the ones that run, not a `memset` the compiler substituted.
@@ -11,16 +12,27 @@ use core::arch::asm;
 /// `dst` must be valid for writes of `len` bytes.
 #[inline]
 pub unsafe fn clear_tail(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { fill_tail(dst, len, 0) }
+}
+
+/// Fills `len` bytes with `byte`, 8-byte then 1-byte register stores.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes.
+#[inline]
+pub unsafe fn fill_tail(dst: *mut u8, len: usize, byte: u8) {
     // SAFETY: the caller guarantees [dst, dst+len) is writable; the loops
     // store exactly that range.
-    // Contract: in rdi=dst, rcx=len (consumed); clobbers flags.
+    // Contract: in rdi=dst, rcx=len (consumed), rax=8 copies of byte;
+    //           clobbers flags.
     unsafe {
         asm!(
             "mov {q}, rcx",
             "shr {q}, 3",
             "jz 3f",
             "2:",
-            "mov qword ptr [rdi], 0",
+            "mov qword ptr [rdi], rax",
             "add rdi, 8",
             "dec {q}",
             "jnz 2b",
@@ -28,7 +40,7 @@ pub unsafe fn clear_tail(dst: *mut u8, len: usize) {
             "and rcx, 7",
             "jz 5f",
             "4:",
-            "mov byte ptr [rdi], 0",
+            "mov byte ptr [rdi], al",
             "inc rdi",
             "dec rcx",
             "jnz 4b",
@@ -36,6 +48,7 @@ pub unsafe fn clear_tail(dst: *mut u8, len: usize) {
             q = out(reg) _,
             inout("rcx") len => _,
             inout("rdi") dst => _,
+            in("rax") u64::from_ne_bytes([byte; 8]),
             options(nostack),
         );
     }
@@ -46,14 +59,23 @@ pub unsafe fn clear_tail(dst: *mut u8, len: usize) {
 /// # Safety
 /// As [`clear_tail`].
 pub unsafe fn clear_stosb(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { fill_stosb(dst, len, 0) }
+}
+
+/// `rep stosb` of `byte` over the whole extent.
+///
+/// # Safety
+/// As [`clear_tail`].
+pub unsafe fn fill_stosb(dst: *mut u8, len: usize, byte: u8) {
     // SAFETY: caller guarantees [dst, dst+len) is writable.
-    // Contract: in rdi=dst, rcx=len, al=0; flags preserved.
+    // Contract: in rdi=dst, rcx=len, al=byte; flags preserved.
     unsafe {
         asm!(
             "rep stosb",
             inout("rcx") len => _,
             inout("rdi") dst => _,
-            in("al") 0u8,
+            in("al") byte,
             options(nostack, preserves_flags),
         );
     }
@@ -64,9 +86,19 @@ pub unsafe fn clear_stosb(dst: *mut u8, len: usize) {
 /// # Safety
 /// As [`clear_tail`].
 pub unsafe fn clear_stosq(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { fill_stosq(dst, len, 0) }
+}
+
+/// `rep stosq` of `byte` over the 8-byte body, `rep stosb` for the tail.
+///
+/// # Safety
+/// As [`clear_tail`].
+pub unsafe fn fill_stosq(dst: *mut u8, len: usize, byte: u8) {
     // SAFETY: caller guarantees [dst, dst+len) is writable; the two string
     // ops store exactly `len` bytes.
-    // Contract: in rdi=dst, rcx=len/8 then len%8, rax=0; flags preserved.
+    // Contract: in rdi=dst, rcx=len/8 then len%8, rax=8 copies of byte;
+    //           flags preserved.
     unsafe {
         asm!(
             "rep stosq",
@@ -75,7 +107,7 @@ pub unsafe fn clear_stosq(dst: *mut u8, len: usize) {
             tail = in(reg) len & 7,
             inout("rcx") len >> 3 => _,
             inout("rdi") dst => _,
-            in("rax") 0u64,
+            in("rax") u64::from_ne_bytes([byte; 8]),
             options(nostack, preserves_flags),
         );
     }
@@ -98,18 +130,29 @@ pub unsafe fn clear_nt(dst: *mut u8, len: usize) {
 /// As [`clear_tail`]; and the stores are ordered with later ones only once
 /// this thread executes `sfence`.
 pub unsafe fn clear_nt_nodrain(dst: *mut u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { fill_nt_nodrain(dst, len, 0) }
+}
+
+/// Streams `byte` over the range: `movntdq` of whole 64-byte lines, register
+/// stores for the unaligned head and the tail; not drained.
+///
+/// # Safety
+/// As [`clear_nt_nodrain`].
+pub unsafe fn fill_nt_nodrain(dst: *mut u8, len: usize, byte: u8) {
     let head = ((dst as usize).wrapping_neg() & 15).min(len);
     // SAFETY: `head <= len`, inside the range.
-    unsafe { clear_tail(dst, head) };
+    unsafe { fill_tail(dst, head, byte) };
     let blocks = (len - head) / 64;
     if blocks > 0 {
         // SAFETY: dst+head is 16-byte aligned as movntdq requires; the loop
         // stores blocks*64 <= len-head bytes inside the range.
-        // Contract: in rdi=dst+head, rcx=blocks (>0, consumed);
-        //           clobbers xmm0, flags.
+        // Contract: in rdi=dst+head, rcx=blocks (>0, consumed), rax=8
+        //           copies of byte; clobbers xmm0, flags.
         unsafe {
             asm!(
-                "pxor xmm0, xmm0",
+                "movq xmm0, rax",
+                "punpcklqdq xmm0, xmm0",
                 "2:",
                 "movntdq xmmword ptr [rdi],      xmm0",
                 "movntdq xmmword ptr [rdi + 16], xmm0",
@@ -120,6 +163,7 @@ pub unsafe fn clear_nt_nodrain(dst: *mut u8, len: usize) {
                 "jnz 2b",
                 inout("rcx") blocks => _,
                 inout("rdi") dst.add(head) => _,
+                in("rax") u64::from_ne_bytes([byte; 8]),
                 out("xmm0") _,
                 options(nostack),
             );
@@ -127,7 +171,7 @@ pub unsafe fn clear_nt_nodrain(dst: *mut u8, len: usize) {
     }
     let done = head + blocks * 64;
     // SAFETY: `done <= len`.
-    unsafe { clear_tail(dst.add(done), len - done) };
+    unsafe { fill_tail(dst.add(done), len - done, byte) };
 }
 
 /// AMD `clzero`: zeroes one aligned 64-byte line per instruction without
