@@ -7,6 +7,7 @@
  *      -o target/fk_example && LD_LIBRARY_PATH=target/capi-prefix/lib target/fk_example
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,19 @@ static void *map(size_t len)
     return p;
 }
 
+/* Threads of this process, from /proc/self/task. */
+static int threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    if (!d)
+        return -1;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
 int main(void)
 {
     unsigned char *src = map(LEN), *dst = map(LEN);
@@ -57,6 +71,14 @@ int main(void)
     check(fk_init(1u << 30) == -EINVAL, "fk_init with an unknown flag is -EINVAL");
     check(fk_init(0) == 0, "fk_init(0)");
     check(fk_init(0) == -EALREADY, "a second fk_init is -EALREADY");
+
+    /* Workers up front, as a process about to sandbox itself would: the
+     * pool's two threads exist from here on. */
+    int before = threads();
+    check(fk_start_channels(0) == -EINVAL, "fk_start_channels(0) is -EINVAL");
+    check(fk_start_channels(2) == 0 && fk_start_channels(2) == 0, "fk_start_channels(2), twice");
+    int started = threads();
+    check(started == before + 2, "two worker threads started, once");
 
     /* Fault the destination in from two threads, then fill the source. */
     rc = fk_populate(dst, LEN, 2);

@@ -496,6 +496,16 @@ pub extern "C" fn fk_init(flags: c_uint) -> c_int {
     })
 }
 
+/// Starts the shared pool of `n` channels now; see the header.
+#[no_mangle]
+pub extern "C" fn fk_start_channels(n: c_uint) -> c_int {
+    guard(|| match fk::channels::shared(n as usize) {
+        Ok(_) => Ok(0),
+        Err(fk::channels::ChannelError::Zero) => Err(-libc::EINVAL),
+        Err(_) => Err(INTERNAL),
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn fk_strerror(code: c_int) -> *const c_char {
     // wrapping_neg: even c_int::MIN must not overflow (no panic here).
@@ -546,6 +556,40 @@ mod tests {
         assert_eq!(minor.to_string(), env!("CARGO_PKG_VERSION_MINOR"));
         assert_eq!(patch.to_string(), env!("CARGO_PKG_VERSION_PATCH"));
         assert_eq!(fk_version(), major * 1_000_000 + minor * 1_000 + patch);
+    }
+
+    /// Names of the form `fk_word(` that `text` declares or defines.
+    fn fk_functions(text: &str, prefix: &str) -> Vec<String> {
+        let mut names: Vec<String> = text
+            .split(prefix)
+            .skip(1)
+            .filter_map(|rest| {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest[name.len()..]
+                    .starts_with('(')
+                    .then(|| format!("fk_{name}"))
+            })
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    #[test]
+    fn the_header_declares_exactly_the_exported_functions() {
+        let exported = fk_functions(include_str!("lib.rs"), "extern \"C\" fn fk_");
+        let declared: Vec<String> = fk_functions(HEADER, " fk_")
+            .into_iter()
+            .chain(fk_functions(HEADER, "*fk_"))
+            .filter(|n| HEADER.contains(&format!("{n}(")))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert!(exported.contains(&"fk_start_channels".to_string()));
+        assert_eq!(exported, declared);
     }
 
     #[test]
