@@ -198,7 +198,8 @@ pub struct MigrateRow {
     pub first_folio_us: Option<Latency>,
     pub total_ms: Option<Stats>,
     pub speedup: Option<f64>,
-    /// Folios behind the source, from kpageflags (root), or the backing.
+    /// Folios behind the source, from kpageflags (root), or the backing;
+    /// with what the last run left where that differs.
     pub obtained: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -256,6 +257,9 @@ struct Runs {
     nothing_to_move: bool,
     /// Why the path could not run here (the row says so instead of a figure).
     unavailable: Option<String>,
+    /// The source's folios after the last run (census, root only): the
+    /// kernel path may split THPs on a fragmented target node.
+    backing_after: Option<String>,
 }
 
 /// Puts `src` on `node` with move_pages, outside any timing.
@@ -309,6 +313,7 @@ fn runs(
         notes: Vec::new(),
         nothing_to_move: false,
         unavailable: None,
+        backing_after: None,
     };
     for l in 0..loops {
         if dir.from != dir.to {
@@ -362,6 +367,7 @@ fn runs(
         }
         tick();
     }
+    r.backing_after = census(src.as_ptr(), src.len()).map(|c| c.summary());
     Ok(r)
 }
 
@@ -392,7 +398,10 @@ fn row(
         },
         total_ms: Stats::of(&r.total_ms),
         speedup: None,
-        obtained: obtained.into(),
+        obtained: match &r.backing_after {
+            Some(after) if after != obtained => format!("{obtained}; after the runs: {after}"),
+            _ => obtained.into(),
+        },
         note: r
             .unavailable
             .clone()
