@@ -37,7 +37,14 @@ impl Default for CalibrateOptions {
     fn default() -> Self {
         CalibrateOptions {
             resident_bytes: 2 << 20,
-            resident_loops: 15,
+            // Where source and destination fit the LLC each loop repeats
+            // the call to 256 MiB (measure::HOT_SAMPLE_BYTES) and 15 loops
+            // settle the median; elsewhere a loop is one short call.
+            resident_loops: if 2 * (2 << 20) <= cpu().caches.llc {
+                15
+            } else {
+                60
+            },
             // Four LLCs, so nothing survives in cache between loops.
             stream_bytes: (4 * cpu().caches.llc)
                 .max(256 << 20)

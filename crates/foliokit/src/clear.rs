@@ -320,6 +320,10 @@ pub fn clear_folios(
 /// # Safety
 /// Each `dsts[i]` must be valid for writes of `folio_size` bytes for the
 /// duration of the call. Alignment, size and overlap are checked here.
+///
+/// Streaming strategies fence once, after the last folio: another thread
+/// reading the folios during the call may see a later folio zeroed before
+/// an earlier one. All of them are zero when the call returns.
 pub unsafe fn clear_folios_raw(
     dsts: &[*mut u8],
     folio_size: usize,

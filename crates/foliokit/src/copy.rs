@@ -271,6 +271,10 @@ pub fn copy_folios(
 /// `folio_size` bytes for the duration of the call. Overlap, alignment and
 /// size are checked here and rejected with an error before anything is
 /// written.
+///
+/// Streaming strategies fence once, after the last folio: another thread
+/// reading the destinations during the call may see a later folio's bytes
+/// before an earlier one's. All of them are visible when the call returns.
 pub unsafe fn copy_folios_raw(
     dsts: &[*mut u8],
     srcs: &[*const u8],

@@ -65,7 +65,12 @@ fn copy_mc_stops_at_a_really_poisoned_page() {
             "NOTE: si_code raised by the injection itself: {code} (BUS_MCEERR_AR = {})",
             libc::BUS_MCEERR_AR
         );
-        for s in [CopyStrategy::Movsb, CopyStrategy::Nt] {
+        for s in [
+            CopyStrategy::Movsb,
+            CopyStrategy::Nt,
+            CopyStrategy::Avx2,
+            CopyStrategy::Auto,
+        ] {
             if let Some(why) = s.unavailable() {
                 skip(&format!("{}: {why}", s.name()));
                 continue;

@@ -2,6 +2,8 @@
 //! once, and after it the hot path leaves the filesystem alone. Each test
 //! runs in its own process: `init` is once per process.
 
+#![cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
+
 mod common;
 
 use common::in_child;

@@ -4,6 +4,8 @@
 //!
 //! Three probes: a plain sequential read, a streaming write of zeros and a
 //! streaming write of other bytes (some CPUs stream zeros about twice as fast).
+//! For a cache-resident buffer the writes use ordinary stores instead
+//! ([`Stores::Cached`]): the limit is then the cache's, not memory's.
 //! An operation's limit combines them (see [`LimitOp::formula`]):
 //! - copy: every byte is read once and written once, so a copy cannot be
 //!   faster than reading alone (`R`) or than writing alone (`W`, the non-zero
@@ -35,9 +37,9 @@ pub enum Probe {
     /// Sequential 16-byte loads of the buffer, nothing written.
     Read,
     /// Streaming stores of zeros, drained: `clzero` where the CPU has it,
-    /// else `movntdq`.
+    /// else `movntdq` (cached: `rep stosb` with ERMS, else `rep stosq`).
     WriteZero,
-    /// Streaming stores of a non-zero byte, drained.
+    /// Streaming stores of a non-zero byte, drained (cached: as above).
     Write,
 }
 

@@ -117,9 +117,6 @@ fn rewarm(plan: &Plan, working_set: usize) -> bool {
     plan.cache == CacheMode::Hot && working_set <= foliokit::cpu::cpu().caches.llc
 }
 
-/// Calls per timed loop: one, unless the run is hot and cache-resident,
-/// where a single call of `bytes` lasts microseconds and the loop repeats
-/// it until it moves [`HOT_SAMPLE_BYTES`].
 /// The limit probes' stores: a cache-resident run is compared with what the
 /// cache does, not with memory.
 fn stores(rewarm: bool) -> Stores {
@@ -130,6 +127,9 @@ fn stores(rewarm: bool) -> Stores {
     }
 }
 
+/// Calls per timed loop: one, unless the run is hot and cache-resident,
+/// where a single call of `bytes` lasts microseconds and the loop repeats
+/// it until it moves [`HOT_SAMPLE_BYTES`].
 fn reps(rewarm: bool, bytes: usize) -> usize {
     if rewarm {
         HOT_SAMPLE_BYTES.div_ceil(bytes.max(1))
@@ -140,8 +140,10 @@ fn reps(rewarm: bool, bytes: usize) -> usize {
 
 /// Measures copying `src` into `dst` in `plan.folio_size` folios with each
 /// candidate. Each candidate's warm-up call is verified against the source.
-/// In hot mode each timed call follows an untimed call of the same
-/// candidate, so it measures the candidate's own steady state.
+/// In hot mode, when both buffers fit the LLC, each timed loop follows an
+/// untimed call of the same candidate (so it measures the candidate's own
+/// steady state), repeats the call [`Measurement::reps`] times, and the
+/// limit probes store into the cache ([`Stores::Cached`]).
 pub fn measure_copy(
     src: &Region,
     dst: &mut Region,
@@ -273,7 +275,8 @@ pub fn measure_copy(
 }
 
 /// Measures zeroing `dst` in `plan.folio_size` folios with each strategy,
-/// verifying each warm-up call; hot mode re-warms as [`measure_copy`] does.
+/// verifying each warm-up call; hot mode re-warms, repeats and probes the
+/// cache as [`measure_copy`] does.
 pub fn measure_clear(
     dst: &mut Region,
     strategies: &[ClearStrategy],
@@ -403,7 +406,12 @@ mod tests {
         Plan {
             folio_size: 4096,
             loops: 2,
-            cache: CacheMode::Evict,
+            // Without a cache flush (other architectures) Evict is refused.
+            cache: if foliokit::arch::CAN_FLUSH {
+                CacheMode::Evict
+            } else {
+                CacheMode::Hot
+            },
             reuse: Reuse::Stream,
             hint_page: 0,
             channels,
@@ -445,6 +453,37 @@ mod tests {
             )
             .unwrap();
             assert!(m.limits.is_none());
+        }
+    }
+
+    #[test]
+    fn hot_resident_runs_repeat_each_call_and_probe_the_cache() {
+        let len = 8 * 4096;
+        let mut src = Region::new(len, 4096).unwrap();
+        src.as_mut_slice().fill(3);
+        let mut dst = Region::new(len, 4096).unwrap();
+        let hot = Plan {
+            cache: CacheMode::Hot,
+            ..plan(1, true)
+        };
+        let cands = [CopyCandidate::plain(CopyStrategy::Libc)];
+        let mut ticks = 0;
+        let m = measure_copy(&src, &mut dst, &cands, &hot, || ticks += 1).unwrap();
+        assert_eq!(m.reps, HOT_SAMPLE_BYTES / len);
+        assert_eq!(ticks, 4 * 3, "a tick per loop, not per repeated call");
+        let l = m.limits.expect("limits measured");
+        assert_eq!(l.stores, Stores::Cached);
+        assert_eq!(l.formula, LimitOp::Copy.formula(Stores::Cached));
+        assert_eq!(dst.as_slice(), src.as_slice());
+        let m = measure_clear(&mut dst, &[ClearStrategy::Libc], &hot, || {}).unwrap();
+        assert_eq!(m.reps, HOT_SAMPLE_BYTES / len);
+        assert_eq!(m.limits.unwrap().stores, Stores::Cached);
+        assert!(dst.as_slice().iter().all(|&b| b == 0));
+        // A run that is not hot calls once per loop and probes memory.
+        if foliokit::arch::CAN_FLUSH {
+            let m = measure_copy(&src, &mut dst, &cands, &plan(1, true), || {}).unwrap();
+            assert_eq!(m.reps, 1);
+            assert_eq!(m.limits.unwrap().stores, Stores::Streaming);
         }
     }
 }

@@ -13,7 +13,8 @@ pub unsafe fn read_probe(ptr: *mut u8, len: usize) {
     let words = len / 8;
     for w in 0..words {
         // SAFETY: w * 8 + 8 <= len, inside the range.
-        unsafe { core::ptr::read_volatile(ptr.add(w * 8).cast::<u64>().cast_const()) };
+        // (As bytes, so the pointer needs no alignment.)
+        unsafe { core::ptr::read_volatile(ptr.add(w * 8).cast::<[u8; 8]>().cast_const()) };
     }
     for off in words * 8..len {
         // SAFETY: off < len.

@@ -14,10 +14,12 @@ pub fn sfence() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
+/// No instruction-level copy strategy here: only the composite ones run.
 pub fn copy_primitive(_s: CopyStrategy, _f: &Features) -> Result<CopyFn, &'static str> {
     Err(NOT_HERE)
 }
 
+/// No instruction-level clear strategy here: only the composite ones run.
 pub fn clear_primitive(_s: ClearStrategy, _f: &Features) -> Result<ClearFn, &'static str> {
     Err(NOT_HERE)
 }
@@ -46,10 +48,12 @@ unsafe fn clear_bytes(dst: *mut u8, len: usize) {
     unsafe { core::ptr::write_bytes(dst, 0, len) }
 }
 
+/// The page copy: `copy_nonoverlapping`.
 pub fn page_copy(_f: &Features) -> CopyFn {
     copy_bytes
 }
 
+/// The page clear: `write_bytes`.
 pub fn page_clear(_f: &Features) -> ClearFn {
     clear_bytes
 }
@@ -60,6 +64,7 @@ pub fn page_clear(_f: &Features) -> ClearFn {
 /// None required; kept `unsafe` to match the x86_64 signature.
 pub unsafe fn flush_range(_ptr: *const u8, _len: usize, _f: &Features) {}
 
+/// Whether [`flush_range`] evicts anything: not here.
 pub const CAN_FLUSH: bool = false;
 
 /// Ordinary stores stand in for streaming ones here.
@@ -91,4 +96,5 @@ pub unsafe fn stream_record_nodrain(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
+/// Whether streaming stores exist: not here (ordinary stores stand in).
 pub const HAS_STREAMING: bool = false;
