@@ -1350,7 +1350,7 @@ fn fork_mid_migration(path: Path) {
             slowest = slowest.max(t.elapsed());
             assert!(pid > 0, "fork: {}", errno());
             let tw = Instant::now();
-            let status = wait_child(pid, Duration::from_secs(10));
+            let status = wait_child(pid, Duration::from_secs(10) * common::slowdown());
             slowest_child = slowest_child.max(tw.elapsed());
             assert!(
                 libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
@@ -1557,12 +1557,13 @@ fn wait_child(pid: libc::pid_t, limit: Duration) -> i32 {
             return status;
         }
         if t0.elapsed() > limit {
+            let was = common::blocked_in(pid);
             // SAFETY: our own child.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
                 libc::waitpid(pid, &mut status, 0);
             }
-            panic!("forked child {pid} hung for {limit:?} and was killed");
+            panic!("forked child {pid} hung for {limit:?} and was killed; it was in {was}");
         }
         thread::sleep(Duration::from_millis(5));
     }

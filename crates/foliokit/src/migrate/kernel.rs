@@ -111,6 +111,14 @@ pub fn move_range(
     numa::page_nodes(&all, &mut before).map_err(sys("move_pages (query)"))?;
     // Holes (never touched or zapped) stay holes: -ENOENT is "no page".
     let holes = before.iter().filter(|&&n| n == -libc::ENOENT).count();
+    // Other errors: pages the query could not locate (a THP under another
+    // migration reads as -EFAULT for an instant). They are moved like the
+    // rest; what happened to them is in `failed`.
+    let unknown: Vec<i32> = before
+        .iter()
+        .copied()
+        .filter(|&n| n < 0 && n != -libc::ENOENT)
+        .collect();
     let to_move = before
         .iter()
         .filter(|&&n| n >= 0 && n != node as i32)
@@ -133,7 +141,13 @@ pub fn move_range(
             "{holes} pages had never been populated and were left empty"
         ));
     }
-    if to_move == 0 {
+    if let Some(&first) = unknown.first() {
+        r.notes.push(format!(
+            "{} pages could not be located before the move (first status {first}): another migration may have held them",
+            unknown.len()
+        ));
+    }
+    if to_move == 0 && unknown.is_empty() {
         r.notes.push(format!(
             "every page was already on node {node}: move_pages had nothing to move (the time is its page walk alone)"
         ));

@@ -366,3 +366,31 @@ pub fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
 }
+
+/// Set by `cargo xtask vm-test` in its guests, which run under QEMU's
+/// software emulation (tens of times slower than the host).
+pub const EMULATED_ENV: &str = "FOLIOKIT_EMULATED";
+
+/// How much longer than on the host a wait may take here: 10 under
+/// emulation, else 1. For deadlines only, never for a figure.
+pub fn slowdown() -> u32 {
+    if std::env::var_os(EMULATED_ENV).is_some() {
+        10
+    } else {
+        1
+    }
+}
+
+/// What a process is blocked in (`wchan`, `syscall`, `stack` from /proc;
+/// the stack needs root): for a message about a process that hangs.
+pub fn blocked_in(pid: i32) -> String {
+    ["wchan", "syscall", "stack"]
+        .iter()
+        .map(|f| {
+            let v = std::fs::read_to_string(format!("/proc/{pid}/{f}"))
+                .unwrap_or_else(|e| format!("({e})"));
+            format!("{f}: {}", v.trim())
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
