@@ -111,9 +111,10 @@ pub fn move_range(
     numa::page_nodes(&all, &mut before).map_err(sys("move_pages (query)"))?;
     // Holes (never touched or zapped) stay holes: -ENOENT is "no page".
     let holes = before.iter().filter(|&&n| n == -libc::ENOENT).count();
-    // Other errors: pages the query could not locate (a THP under another
-    // migration reads as -EFAULT for an instant). They are moved like the
-    // rest; what happened to them is in `failed`.
+    // Other errors: pages the query could not locate (-EFAULT for a
+    // PROT_NONE mapping, or for a THP under another migration at that
+    // instant). They are moved like the rest; what happened to them is in
+    // `failed`.
     let unknown: Vec<i32> = before
         .iter()
         .copied()
@@ -143,7 +144,7 @@ pub fn move_range(
     }
     if let Some(&first) = unknown.first() {
         r.notes.push(format!(
-            "{} pages could not be located before the move (first status {first}): another migration may have held them",
+            "{} pages could not be located before the move (first status {first}: e.g. PROT_NONE, or a page another migration held at that instant)",
             unknown.len()
         ));
     }
