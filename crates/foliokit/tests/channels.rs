@@ -728,3 +728,51 @@ fn a_submitted_batch_with_lists_of_different_lengths_is_refused() {
         Some(ChannelError::LengthMismatch { dsts: 2, srcs: 1 })
     ));
 }
+
+/// Threads that ran [`recording_copy`].
+static RAN_ON: Mutex<Vec<std::thread::ThreadId>> = Mutex::new(Vec::new());
+
+/// A copy that notes which thread ran it.
+///
+/// # Safety
+/// As any copy: both ranges valid for `len` bytes and disjoint.
+unsafe fn recording_copy(dst: *mut u8, src: *const u8, len: usize) {
+    RAN_ON.lock().unwrap().push(std::thread::current().id());
+    // SAFETY: forwarded contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+#[test]
+fn small_blocking_batches_stay_on_the_calling_thread() {
+    let min = foliokit::tune::CHANNEL_MIN_BATCH_BYTES;
+    let pool = ChannelPool::cpu(2).unwrap();
+    let me = std::thread::current().id();
+    for (folios, inline) in [(min / PAGE - 1, true), (min / PAGE, false)] {
+        let src = filled_region(PAGE, folios, folios as u64);
+        let mut dst = Region::new(PAGE * folios, PAGE).unwrap();
+        let dsts: Vec<*mut u8> = (0..folios)
+            .map(|i| dst.as_mut_ptr().wrapping_add(i * PAGE))
+            .collect();
+        let srcs: Vec<*const u8> = (0..folios)
+            .map(|i| src.as_ptr().wrapping_add(i * PAGE))
+            .collect();
+        RAN_ON.lock().unwrap().clear();
+        // SAFETY: every folio is inside a live region; nothing else touches them.
+        let t = unsafe { pool.copy_folios(&dsts, &srcs, PAGE, recording_copy) }.unwrap();
+        assert!(t.first_folio <= t.done);
+        assert_eq!(dst.as_slice(), src.as_slice(), "{folios} folios");
+        let ran = RAN_ON.lock().unwrap().clone();
+        assert!(!ran.is_empty());
+        if inline {
+            assert!(
+                ran.iter().all(|&t| t == me),
+                "a small batch went to the workers"
+            );
+        } else {
+            assert!(
+                ran.iter().all(|&t| t != me),
+                "a batch of {min} bytes stayed on the caller"
+            );
+        }
+    }
+}

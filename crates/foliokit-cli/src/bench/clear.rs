@@ -73,6 +73,7 @@ pub fn report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
     });
     let mut report = Report::<Row>::new("clear", title, params);
     let mut tables = StrategyTables::new(&sel, ClearStrategy::Butterfly, &mut report);
+    report.notes.extend(super::inline_note(c.size, &c.channels));
     for &folio in &c.page {
         let (mut dst, note) = super::with_mthp(folio, || Ok(PooledRegion::new(c.size, folio)?))?;
         report.notes.extend(note);

@@ -67,6 +67,7 @@ pub fn report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
             .notes
             .push("mc variants run on one channel only; add 1 to -t to measure them".into());
     }
+    report.notes.extend(super::inline_note(c.size, &c.channels));
     let mut candidates = Vec::new();
     for &s in &sel.run {
         candidates.push(CopyCandidate::plain(s));

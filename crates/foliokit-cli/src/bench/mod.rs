@@ -78,6 +78,18 @@ fn check_folio_sizes(folios: &[usize], page: usize) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The note for rows on several channels whose batch is too small for the
+/// pool to wake its workers (it copies such a batch on the calling thread).
+pub fn inline_note(size: usize, channels: &[u32]) -> Option<String> {
+    let min = foliokit::tune::CHANNEL_MIN_BATCH_BYTES;
+    (size < min && channels.iter().any(|&t| t > 1)).then(|| {
+        format!(
+            "rows on more than one channel ran on the calling thread: a batch under {} is not worth waking channel workers for (CHANNEL_MIN_BATCH_BYTES)",
+            show_size(min)
+        )
+    })
+}
+
 /// Checks the folio sizes divide the size and the memory is there.
 pub fn check_shape(size: usize, folios: &[usize], buffers: usize) -> Result<(), CliError> {
     let page = foliokit::batch::page_size();

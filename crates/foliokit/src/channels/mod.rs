@@ -607,6 +607,10 @@ pub fn hold_shared_lock<R>(f: impl FnOnce() -> R) -> R {
 /// A set of channels a batch is spread across.
 pub struct ChannelPool {
     channels: Vec<Box<dyn Channel>>,
+    /// Blocking batches below this many bytes run on the calling thread
+    /// ([`crate::tune::CHANNEL_MIN_BATCH_BYTES`] for CPU pools; 0, never,
+    /// for pools of other engines, whose owners decide).
+    inline_below: usize,
 }
 
 /// Aborts the process if a batch unwinds while pieces may be in flight.
@@ -639,6 +643,7 @@ impl ChannelPool {
             channels: (0..n)
                 .map(|i| Box::new(CpuChannel::new(i)) as Box<dyn Channel>)
                 .collect(),
+            inline_below: crate::tune::CHANNEL_MIN_BATCH_BYTES,
         })
     }
 
@@ -647,7 +652,10 @@ impl ChannelPool {
         if channels.is_empty() {
             return Err(ChannelError::Zero);
         }
-        Ok(ChannelPool { channels })
+        Ok(ChannelPool {
+            channels,
+            inline_below: 0,
+        })
     }
 
     /// Channels in the pool (at least 1).
@@ -668,7 +676,10 @@ impl ChannelPool {
     /// fewer folios than channels each folio is split so every channel
     /// gets work. Blocks until
     /// every byte is copied and visible; pieces a channel refuses are copied
-    /// on the calling thread.
+    /// on the calling thread. On a pool of CPU channels ([`ChannelPool::cpu`],
+    /// [`shared`]) a batch smaller than
+    /// [`crate::tune::CHANNEL_MIN_BATCH_BYTES`] is copied on the calling
+    /// thread outright: waking the workers would cost more than they save.
     ///
     /// A zero `folio_size` ([`ChannelError::ZeroFolio`]) or lists of
     /// different lengths ([`ChannelError::LengthMismatch`]) are refused
@@ -788,6 +799,39 @@ impl ChannelPool {
         op: Op,
         folio: impl Fn(usize) -> (*mut u8, *const u8),
     ) -> Result<BatchTiming, ChannelError> {
+        if folio_size == 0 {
+            return Err(ChannelError::ZeroFolio);
+        }
+        if n > 0 && n.saturating_mul(folio_size) < self.inline_below {
+            let t0 = Instant::now();
+            let mut first = Duration::ZERO;
+            for f in 0..n {
+                let (dst, src) = folio(f);
+                let p = Piece {
+                    dst,
+                    src,
+                    len: folio_size,
+                    folio: f,
+                    folios: 1,
+                    offset: 0,
+                    batch: NO_BATCH,
+                    seq: f,
+                };
+                // SAFETY: forwarded contract: folio f's ranges are valid for
+                // `op` and untouched by anyone else until this returns.
+                unsafe { op.run(&p) };
+                if f == 0 {
+                    first = t0.elapsed();
+                }
+            }
+            // The ops drain their own streaming stores; this orders any a
+            // caller-supplied op left.
+            crate::arch::sfence();
+            return Ok(BatchTiming {
+                first_folio: first,
+                done: t0.elapsed(),
+            });
+        }
         // SAFETY: forwarded contract; the batch is waited for below.
         let batch = unsafe { self.start(n, folio_size, op, folio) }?;
         Ok(batch.finish())
