@@ -237,16 +237,8 @@ pub fn measure_copy(
         },
         |dst, c| {
             if c >= n {
-                let p = Probe::ALL[c - n];
-                if !resolved[c].is_empty() {
-                    return (0..reps).try_for_each(|_| run_probe_once(dst, c - n));
-                }
-                run_probe_once(dst, c - n)?;
-                if !p.left(&dst.as_slice()[..len]) {
-                    return Err(MeasureError::Wrong(p.name().into()));
-                }
-                resolved[c] = p.name().into();
-                return Ok(());
+                let run = |d: &mut Region| run_probe_once(d, c - n);
+                return probe_call(Probe::ALL[c - n], dst, len, reps, &mut resolved[c], run);
             }
             if !resolved[c].is_empty() {
                 return (0..reps).try_for_each(|_| run_once(dst, c).map(drop));
@@ -336,16 +328,8 @@ pub fn measure_clear(
         },
         |dst, c| {
             if c >= n {
-                let p = Probe::ALL[c - n];
-                if !resolved[c].is_empty() {
-                    return (0..reps).try_for_each(|_| run_probe_once(dst, c - n));
-                }
-                run_probe_once(dst, c - n)?;
-                if !p.left(dst.as_slice()) {
-                    return Err(MeasureError::Wrong(p.name().into()));
-                }
-                resolved[c] = p.name().into();
-                return Ok(());
+                let run = |d: &mut Region| run_probe_once(d, c - n);
+                return probe_call(Probe::ALL[c - n], dst, len, reps, &mut resolved[c], run);
             }
             if !resolved[c].is_empty() {
                 return (0..reps).try_for_each(|_| run_once(dst, c).map(drop));
@@ -370,6 +354,29 @@ pub fn measure_clear(
             .flatten(),
         reps,
     })
+}
+
+/// One call of a limit probe in the interleaved loop: the first (untimed
+/// warm-up) runs it once and checks what it left in the first `len` bytes
+/// of `dst`, recording its name in `verified`; later (timed) calls run it
+/// `reps` times back to back.
+fn probe_call(
+    p: Probe,
+    dst: &mut Region,
+    len: usize,
+    reps: usize,
+    verified: &mut String,
+    run: impl Fn(&mut Region) -> Result<(), MeasureError>,
+) -> Result<(), MeasureError> {
+    if !verified.is_empty() {
+        return (0..reps).try_for_each(|_| run(dst));
+    }
+    run(dst)?;
+    if !p.left(&dst.as_slice()[..len]) {
+        return Err(MeasureError::Wrong(p.name().into()));
+    }
+    *verified = p.name().into();
+    Ok(())
 }
 
 fn is_zero(b: &[u8]) -> bool {
