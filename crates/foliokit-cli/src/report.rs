@@ -380,6 +380,27 @@ impl LimitNote {
     }
 }
 
+/// A cache-resident `--hot` group whose timed loops repeat the call.
+#[derive(Debug, Clone, Serialize)]
+pub struct HotRepeats {
+    pub folio_size: usize,
+    pub channels: usize,
+    pub calls_per_loop: usize,
+}
+
+impl HotRepeats {
+    /// The table's footer line.
+    pub fn line(&self) -> String {
+        format!(
+            "{} x{}: cache-resident, so each timed loop repeats the call {} times back to back (at least {} per timing); GB/s is over the whole loop",
+            show_size(self.folio_size),
+            self.channels,
+            self.calls_per_loop,
+            show_size(foliokit_lab::measure::HOT_SAMPLE_BYTES)
+        )
+    }
+}
+
 /// A machine-check-safe variant's median over its plain twin's, same run.
 #[derive(Debug, Clone, Serialize)]
 pub struct McRatio {

@@ -13,7 +13,9 @@ use std::fmt::Write as _;
 
 use crate::args::{approx_size, show_size};
 use crate::machine::mem_available;
-use crate::report::{pct, AutoSummary, BackingNote, LimitNote, McRatio, Report, Row, Skipped};
+use crate::report::{
+    pct, AutoSummary, BackingNote, HotRepeats, LimitNote, McRatio, Report, Row, Skipped,
+};
 use crate::CliError;
 
 /// Prints a report in `format`; nothing when the options only asked for help.
@@ -141,8 +143,7 @@ pub struct StrategyTables {
     backing: Vec<BackingNote>,
     skipped: Vec<Skipped>,
     limits: Vec<LimitNote>,
-    /// Calls per timed loop, per (folio, channels) group that repeated.
-    reps: Vec<(usize, usize, usize)>,
+    reps: Vec<HotRepeats>,
 }
 
 impl StrategyTables {
@@ -194,7 +195,11 @@ impl StrategyTables {
     ) {
         let m = &measured.rows;
         if measured.reps > 1 {
-            self.reps.push((folio, channels, measured.reps));
+            self.reps.push(HotRepeats {
+                folio_size: folio,
+                channels,
+                calls_per_loop: measured.reps,
+            });
         }
         let limit = measured.limits.as_ref().map(|l| l.gbps());
         if let Some(l) = &measured.limits {
@@ -269,13 +274,7 @@ impl StrategyTables {
             "speedup: median over the median of '{}' on {on} at the same folio size",
             self.baseline
         ));
-        for &(folio, channels, reps) in &self.reps {
-            report.footer.push(format!(
-                "{} x{channels}: cache-resident, so each timed loop repeats the call {reps} times back to back (at least {} per timing); GB/s is over the whole loop",
-                show_size(folio),
-                show_size(foliokit_lab::measure::HOT_SAMPLE_BYTES)
-            ));
-        }
+        report.footer.extend(self.reps.iter().map(HotRepeats::line));
         for l in &self.limits {
             report.footer.push(l.line());
         }
@@ -350,14 +349,7 @@ impl StrategyTables {
             report.section("limits", &self.limits);
         }
         if !self.reps.is_empty() {
-            let reps: Vec<_> = self
-                .reps
-                .iter()
-                .map(|&(folio_size, channels, reps)| {
-                    serde_json::json!({"folio_size": folio_size, "channels": channels, "calls_per_loop": reps})
-                })
-                .collect();
-            report.section("hot_repeats", &reps);
+            report.section("hot_repeats", &self.reps);
         }
     }
 }
