@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use crate::measure::{
-    measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Plan, Stats,
+    measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Measurement, Plan, Stats,
 };
 use foliokit::batch::Reuse;
 use foliokit::cpu::cpu;
@@ -146,16 +146,18 @@ pub fn calibrate(
                     limits: false,
                 };
                 let label = format!("copy {regime:?} {}K x{channels}", folio >> 10);
-                let m = measure_copy(&src, &mut dst, &copies, &plan, || tick(&label))?;
-                cells.push(Cell {
-                    op: "copy",
+                // The cell of `op` from a measurement on this shape.
+                let cell = |op, m: Measurement| Cell {
+                    op,
                     regime,
                     class,
                     channels,
                     folio_size: folio,
                     bytes,
                     results: m.rows.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
-                });
+                };
+                let m = measure_copy(&src, &mut dst, &copies, &plan, || tick(&label))?;
+                cells.push(cell("copy", m));
                 // Butterfly clears page by page around a hint: one channel.
                 let run: Vec<ClearStrategy> = clears
                     .iter()
@@ -164,15 +166,7 @@ pub fn calibrate(
                     .collect();
                 let label = format!("clear {regime:?} {}K x{channels}", folio >> 10);
                 let m = measure_clear(&mut dst, &run, &plan, || tick(&label))?;
-                cells.push(Cell {
-                    op: "clear",
-                    regime,
-                    class,
-                    channels,
-                    folio_size: folio,
-                    bytes,
-                    results: m.rows.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
-                });
+                cells.push(cell("clear", m));
             }
         }
     }
