@@ -72,13 +72,14 @@ int main(void)
     check(fk_init(0) == 0, "fk_init(0)");
     check(fk_init(0) == -EALREADY, "a second fk_init is -EALREADY");
 
-    /* Workers up front, as a process about to sandbox itself would: the
-     * pool's two threads exist from here on. */
+    /* Threads up front, as a process about to sandbox itself would: the
+     * pool's two copy workers and one helper exist from here on, and no
+     * call below with 2 channels makes another. */
     int before = threads();
     check(fk_start_channels(0) == -EINVAL, "fk_start_channels(0) is -EINVAL");
     check(fk_start_channels(2) == 0 && fk_start_channels(2) == 0, "fk_start_channels(2), twice");
     int started = threads();
-    check(started == before + 2, "two worker threads started, once");
+    check(started == before + 3, "two copy workers and one helper started, once");
 
     /* Fault the destination in from two threads, then fill the source. */
     rc = fk_populate(dst, LEN, 2);
@@ -140,6 +141,10 @@ int main(void)
     if (rc == 0)
         printf("    (%s path, %u batches, %.2f GB/s, first folio %.0f us)\n",
                r.relocated ? "relocation" : "kernel", r.batches, r.gbps, r.first_folio_us);
+    o.path = FK_PATH_KERNEL;
+    rc = fk_migrate(dst, LEN, 0, &o, &r);
+    check(rc == 0 && memcmp(dst, src, LEN) == 0, "fk_migrate kernel path, 2 channels, contents kept");
+    check(threads() == started, "populate, copies and migrations with 2 channels made no thread");
     rc = fk_migrate(dst, LEN, 9999, &o, &r);
     check(rc == -ENODEV, "fk_migrate to a missing node is -ENODEV");
 

@@ -196,15 +196,16 @@ int fk_migrate(void *addr, size_t len, unsigned node,
 #define FK_INIT_SPREAD_CHANNELS 4u
 int fk_init(unsigned flags);
 
-/* Starts foliokit's shared pool of `n` copy workers now (after fk_init,
- * whose FK_INIT_SPREAD_CHANNELS decides where they run), so that the
- * copies of later fk_migrate calls with `channels = n` on the relocation
- * path create no thread: for a process about to install a seccomp filter.
- * A second call with the same `n` does nothing; another `n` starts another
- * pool. If a worker cannot start, its share of each batch runs on the
- * calling thread. Not served by the pool: fk_populate and fk_migrate's
- * kernel path (move_pages), which run `channels` short-lived threads per
- * call (the calling thread among them for fk_populate).
+/* Starts foliokit's threads for `n` channels now (after fk_init, whose
+ * FK_INIT_SPREAD_CHANNELS decides where the copy workers run): the shared
+ * pool of `n` copy workers, and `n - 1` helper threads that fk_populate
+ * and fk_migrate's kernel path (move_pages) share. Afterwards, calls with
+ * `channels <= n` create no thread: for a process about to install a
+ * seccomp filter. Helpers are shared by every caller and never waited
+ * for: a call whose helpers are busy does their share on its own thread.
+ * A second call with the same `n` does nothing; another `n` starts
+ * another copy pool (and more helpers if `n` is larger). If a thread
+ * cannot start, its share of each call runs on the calling thread.
  * Errors: -EINVAL (n == 0). */
 int fk_start_channels(unsigned n);
 

@@ -496,10 +496,11 @@ pub extern "C" fn fk_init(flags: c_uint) -> c_int {
     })
 }
 
-/// Starts the shared pool of `n` channels now; see the header.
+/// Starts the shared pool of `n` channels and `n - 1` helpers now; see the
+/// header.
 #[no_mangle]
 pub extern "C" fn fk_start_channels(n: c_uint) -> c_int {
-    guard(|| match fk::channels::shared(n as usize) {
+    guard(|| match fk::channels::start_shared(n as usize) {
         Ok(_) => Ok(0),
         Err(fk::channels::ChannelError::Zero) => Err(-libc::EINVAL),
         Err(_) => Err(INTERNAL),

@@ -81,7 +81,9 @@
 //! - **channel CPUs**: workers are unpinned by default, so they never
 //!   collide with vCPU threads you pinned; [`ChannelCpus::Cpus`] names the
 //!   CPUs, [`ChannelCpus::Spread`] spreads them over the process's mask.
-//!   `start_channels(n)` starts a pool of `n` workers during `init`.
+//!   `start_channels(n)` starts a pool of `n` copy workers, and the `n - 1`
+//!   helper threads populate and the kernel migration path share, during
+//!   `init`.
 //!
 //! ```
 //! use foliokit::{init, ChannelCpus, Config};
@@ -266,10 +268,12 @@ pub mod channels;
 pub mod clear;
 pub mod copy;
 pub mod cpu;
+mod helpers;
 pub mod mc;
 pub mod mem;
 pub mod migrate;
 pub mod nt;
+mod pidlock;
 pub mod runtime;
 pub mod strategy;
 // Raw userfaultfd/NUMA/pagemap wrappers: the library's own plumbing, with

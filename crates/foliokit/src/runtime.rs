@@ -70,7 +70,9 @@ pub struct Config {
     /// Where channel workers run.
     pub channel_cpus: ChannelCpus,
     /// Channel pools to start now (channel counts), so their threads exist
-    /// before the application's own threads are pinned or sandboxed.
+    /// before the application's own threads are pinned or sandboxed; see
+    /// [`crate::channels::start_shared`], which also starts helper threads
+    /// for populate and the kernel migration path.
     pub start_channels: Vec<usize>,
 }
 
@@ -109,7 +111,7 @@ impl Config {
         self
     }
 
-    /// Starts a pool of `n` channels during [`init`].
+    /// Starts a pool of `n` channels (and `n - 1` helpers) during [`init`].
     pub fn start_channels(mut self, n: usize) -> Self {
         self.start_channels.push(n);
         self
@@ -224,7 +226,7 @@ pub fn init(mut config: Config) -> Result<Started, InitError> {
         crate::mc::install_handler().map_err(InitError::Sigbus)?;
     }
     for &n in &c.start_channels {
-        channels::shared(n)?;
+        channels::start_shared(n)?;
     }
     Ok(Started {
         cpu,

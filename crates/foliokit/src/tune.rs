@@ -66,6 +66,13 @@ pub const CHANNEL_PIECE_BYTES: usize = 4 << 20;
 /// still halves its latency.
 pub const CHANNEL_MIN_BATCH_BYTES: usize = 1 << 20;
 
+/// Most helper threads ([`crate::mem::populate`], the kernel migration
+/// path) a process keeps: more channels than this are served by these.
+/// Their work is syscalls that fault or move pages, which scale to a
+/// socket's cores at most; the cap keeps a huge `channels` argument from
+/// making a thread per unit of it.
+pub const MAX_HELPERS: usize = 64;
+
 /// Set to make per-page loops yield at their yield points (the analogue of
 /// the kernel's need_resched flag). Nothing in foliokit sets it.
 pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{filled_region, pattern};
+use common::{filled_region, in_forked_child, pattern};
 use foliokit::arch::CopyFn;
 use foliokit::channels::{shared, Channel, ChannelError, ChannelPool, Completion, Op, Piece};
 use foliokit::mem::Region;
@@ -475,41 +475,6 @@ fn copies_through(pool: &ChannelPool, dst: &mut Region, src: &Region, folio: usi
     // else touches until the pool returns.
     let ok = unsafe { pool.copy_folios(&dsts, &srcs, folio, copy) }.is_ok();
     ok && dst.as_slice() == src.as_slice()
-}
-
-/// Forks; the child runs `child` and exits 0 if it returns true, 1 if it
-/// returns false or panics. The parent waits up to ~20 s, then kills it.
-fn in_forked_child(child: impl FnOnce() -> bool) {
-    // SAFETY: the child only allocates, spawns threads, copies and
-    // `_exit`s; it never returns into the test harness.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
-        // SAFETY: ends the child without running the parent's atexit
-        // handlers or destructors.
-        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-    }
-    let mut status = 0;
-    for _ in 0..2000 {
-        // SAFETY: waits for our own child; `status` is a valid out-pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
-        if r == pid {
-            assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "child failed: status {status:#x}"
-            );
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    // SAFETY: kills and reaps our own child.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
-    }
-    panic!("child hung: pool not reset after fork");
 }
 
 /// A child forked after the shared pool was used gets a pool with live

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{in_child, pattern, TruncatedFile};
+use common::{in_child, pattern, slowdown, thread_count, TruncatedFile};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, Path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -200,6 +200,32 @@ fn kernel_path_on_one_node_says_there_is_nothing_to_move() {
             rep.notes
         );
     }
+}
+
+/// The kernel path's shares run on the calling thread and persistent
+/// helpers: with them started, a call with that many channels makes no
+/// thread, on every node, and keeps every byte.
+#[test]
+fn kernel_path_makes_no_thread_once_helpers_are_started() {
+    let name = "kernel_path_makes_no_thread_once_helpers_are_started";
+    in_child(name, Duration::from_secs(60) * slowdown(), || {
+        foliokit::channels::start_shared(3).unwrap();
+        let mut r = Region::new(8 * MIB, PAGE).unwrap();
+        let want = pattern(r.len(), 31);
+        r.as_mut_slice().copy_from_slice(&want);
+        let before = thread_count();
+        for &n in &system::numa_nodes() {
+            let o = MigrateOptions::default().path(Path::Kernel).channels(3);
+            // SAFETY: our own region.
+            let rep = unsafe { migrate(r.as_mut_ptr(), r.len(), n, &o) }.unwrap();
+            assert!(rep.failed.is_empty(), "{:?}", rep.failed);
+            assert!(
+                r.as_slice() == &want[..],
+                "contents changed moving to node {n}"
+            );
+        }
+        assert_eq!(thread_count(), before, "the kernel path made threads");
+    });
 }
 
 /// An unmapped range, in a process of its own: in the test process,

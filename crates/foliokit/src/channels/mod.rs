@@ -71,14 +71,14 @@ mod cpu;
 pub(crate) use cpu::allowed_cpus;
 pub use cpu::CpuChannel;
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::arch::{ClearFn, CopyFn};
 use crate::batch::page_size;
+use crate::pidlock::PidLock;
 
 /// Why a channel pool or batch could not start.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -444,116 +444,14 @@ pub struct BatchTiming {
     pub done: Duration,
 }
 
-/// The shared pools of one process.
-struct Registry {
-    /// The process that made them: a forked child has their memory but not
-    /// their threads.
-    pid: u32,
-    /// Pools by channel count.
-    pools: Vec<(usize, Arc<ChannelPool>)>,
-}
+/// The shared pools of this process, by channel count.
+type Pools = Vec<(usize, Arc<ChannelPool>)>;
 
-/// The registry behind a lock that a forked child can break.
-///
-/// `owner` is 0 when free, else the pid of the process one of whose threads
-/// holds it. Why not a `Mutex`: if another thread of the parent holds the
-/// lock when some thread forks, the child's copy is locked by a thread that
-/// does not exist there, and a `Mutex` would block the child forever; no
-/// atfork handler is needed either (raw `clone` skips those). A holder's
-/// pid tells the child the lock is its parent's: it takes it over and,
-/// since the holder may have been mid-update, overwrites the registry
-/// without reading or dropping it. A pid in the lock word that is not ours
-/// is always stale: the lock lives in private memory, so only threads of
-/// this process (or of the parent, before the fork copied it) wrote it.
-/// Pids are never 0. (A child forked into a new pid namespace could get its
-/// parent's pid number; that case is not detected.) The critical sections
-/// are a lookup or a push (pools are built outside the lock), so waiters
-/// spin briefly, then yield.
-struct PidLock {
-    owner: AtomicU32,
-    registry: UnsafeCell<Option<Registry>>,
-}
+static POOLS: PidLock<Pools> = PidLock::new();
 
-// SAFETY: `registry` is only accessed by the thread that holds `owner`
-// (see `lock_pools`), which hands access from thread to thread with
-// Acquire/Release; its contents (`Arc<ChannelPool>`) are Send + Sync.
-unsafe impl Sync for PidLock {}
-
-static POOLS: PidLock = PidLock {
-    owner: AtomicU32::new(0),
-    registry: UnsafeCell::new(None),
-};
-
-/// Holds [`POOLS`]; releases it when dropped.
-struct PoolsGuard {
-    me: u32,
-}
-
-impl PoolsGuard {
-    /// This process's pools, made fresh if the registry is the parent's.
-    fn pools(&mut self) -> &mut Vec<(usize, Arc<ChannelPool>)> {
-        // SAFETY: we hold the lock (see `lock_pools`), so nobody else
-        // accesses the registry while this borrow of `self` lives; a
-        // registry left mid-update by a parent thread was overwritten in
-        // `lock_pools` before any reference to it was made.
-        let reg = unsafe { &mut *POOLS.registry.get() };
-        if reg.as_ref().is_some_and(|r| r.pid != self.me) {
-            // The parent's pools: their worker threads do not exist here.
-            // Dropping them would join those threads and hang, and a pool
-            // some caller still holds must stay valid, so leak them.
-            std::mem::forget(reg.take());
-        }
-        &mut reg
-            .get_or_insert_with(|| Registry {
-                pid: self.me,
-                pools: Vec::new(),
-            })
-            .pools
-    }
-}
-
-impl Drop for PoolsGuard {
-    fn drop(&mut self) {
-        POOLS.owner.store(0, Ordering::Release);
-    }
-}
-
-fn lock_pools() -> PoolsGuard {
-    let me = std::process::id();
-    let mut spins = 0u32;
-    loop {
-        match POOLS
-            .owner
-            .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
-        {
-            Ok(_) => return PoolsGuard { me },
-            Err(0) => {}
-            Err(holder) if holder == me => {
-                // Another thread of this process: wait for it.
-                if spins < 64 {
-                    spins += 1;
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-            Err(holder) => {
-                // A parent's thread held it when we were forked, and that
-                // thread does not exist here: take the lock over.
-                if POOLS
-                    .owner
-                    .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    // SAFETY: we hold the lock now. The parent's registry
-                    // may be half-written: overwrite it without reading or
-                    // dropping it (its pools are leaked, as in `pools`).
-                    unsafe { POOLS.registry.get().write(None) };
-                    return PoolsGuard { me };
-                }
-            }
-        }
-    }
+/// This process's pools, under the lock (fresh in a forked child).
+fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
+    f(POOLS.lock().get_or_insert_with(Vec::new))
 }
 
 /// The process-wide CPU pool with `n` channels, created on first use and
@@ -568,29 +466,42 @@ pub fn shared(n: usize) -> Result<Arc<ChannelPool>, ChannelError> {
     let find = |pools: &[(usize, Arc<ChannelPool>)]| {
         pools.iter().find(|(k, _)| *k == n).map(|(_, p)| p.clone())
     };
-    if let Some(p) = find(lock_pools().pools()) {
+    if let Some(p) = with_pools(|pools| find(pools)) {
         return Ok(p);
     }
     // Spawn the workers outside the lock, then publish, unless another
     // thread published first: then ours are dropped (joined), unlocked.
     let fresh = Arc::new(ChannelPool::cpu(n)?);
-    let mut guard = lock_pools();
-    let pools = guard.pools();
-    if let Some(p) = find(pools) {
-        drop(guard);
-        drop(fresh);
-        return Ok(p);
-    }
-    pools.push((n, fresh.clone()));
-    Ok(fresh)
+    let theirs = with_pools(|pools| {
+        let theirs = find(pools);
+        if theirs.is_none() {
+            pools.push((n, fresh.clone()));
+        }
+        theirs
+    });
+    Ok(theirs.unwrap_or(fresh))
+}
+
+/// Starts the [`shared`] pool of `n` channels, and `n - 1` of the helper
+/// threads that [`crate::mem::populate`] and the kernel migration path
+/// share, now: afterwards, calls with at most `n` channels make no thread
+/// (for a process about to forbid `clone` with seccomp, say). A helper that
+/// cannot start leaves its share of that work to the calling thread.
+pub fn start_shared(n: usize) -> Result<Arc<ChannelPool>, ChannelError> {
+    let pool = shared(n)?;
+    crate::helpers::start(n - 1);
+    Ok(pool)
 }
 
 /// Forgets the [`shared`] pools: their worker threads end once the last
 /// batch or caller holding a pool lets go of it; the next [`shared`] call
-/// starts new ones. For an application that wants no foliokit threads
-/// while it does something else (or before it exits).
+/// starts new ones. The helper threads of [`crate::mem::populate`] and the
+/// kernel migration path end too, once they finish the work they are in.
+/// For an application that wants no foliokit threads while it does
+/// something else (or before it exits).
 pub fn release_shared() {
-    let released: Vec<(usize, Arc<ChannelPool>)> = std::mem::take(lock_pools().pools());
+    crate::helpers::release();
+    let released = with_pools(std::mem::take);
     // Dropped outside the lock: the last drop joins the workers.
     drop(released);
 }
@@ -600,7 +511,7 @@ pub fn release_shared() {
 /// itself (it would wait for its own thread forever).
 #[doc(hidden)]
 pub fn hold_shared_lock<R>(f: impl FnOnce() -> R) -> R {
-    let _held = lock_pools();
+    let _held = POOLS.lock();
     f()
 }
 

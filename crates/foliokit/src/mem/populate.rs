@@ -1,9 +1,11 @@
 //! Parallel prefault: what a VMM does to preallocate guest RAM.
 //!
 //! The range is cut into `POPULATE_CHUNK`-aligned chunks (one PMD each, so
-//! THP stays THP) that `channels` threads take from a shared counter and
-//! fault in with `MADV_POPULATE_WRITE`; where the kernel refuses that
-//! (before 5.14, or for some mappings) a thread touches each page instead.
+//! THP stays THP) that the calling thread and up to `channels - 1`
+//! persistent helper threads take from a shared counter and fault in with
+//! `MADV_POPULATE_WRITE`; where the kernel refuses that (before 5.14, or for
+//! some mappings) a thread touches each page instead. No thread is made per
+//! call (see `crate::helpers`).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -57,7 +59,9 @@ pub struct PopulateReport {
     /// Chunks it was cut into (one PMD each unless `populate_chunked` was
     /// given larger ones; partial chunks at either end count).
     pub chunks: usize,
-    /// Threads that actually ran: the request, capped at the chunk count.
+    /// Threads that faulted at least one chunk: the calling thread and the
+    /// helpers that joined it. At most the request, capped at the chunk
+    /// count; fewer where helpers were busy with other callers' work.
     pub channels: usize,
     /// Chunks faulted by `MADV_POPULATE_WRITE`; the rest were touched.
     pub madvised_chunks: usize,
@@ -128,11 +132,16 @@ pub unsafe fn populate_chunked(
     let madvised = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let error: Mutex<Option<PopulateError>> = Mutex::new(None);
+    let busy = AtomicUsize::new(0);
     let worker = || {
+        let mut first = true;
         while !failed.load(Ordering::Relaxed) {
             let i = next.fetch_add(1, Ordering::Relaxed);
             if i >= chunks {
                 break;
+            }
+            if std::mem::take(&mut first) {
+                busy.fetch_add(1, Ordering::Relaxed);
             }
             let (a, l) = (bounds[i], bounds[i + 1] - bounds[i]);
             // SAFETY: the chunk lies inside the caller's mapped range.
@@ -153,20 +162,14 @@ pub unsafe fn populate_chunked(
             }
         }
     };
-    let threads = channels.min(chunks.max(1));
-    std::thread::scope(|s| {
-        for _ in 1..threads {
-            s.spawn(worker);
-        }
-        worker();
-    });
+    crate::helpers::fan_out(channels.min(chunks.max(1)) - 1, &worker);
     if let Some(e) = error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
     Ok(PopulateReport {
         bytes: len,
         chunks,
-        channels: threads,
+        channels: busy.into_inner(),
         madvised_chunks: madvised.load(Ordering::Relaxed),
         secs: t0.elapsed().as_secs_f64(),
     })

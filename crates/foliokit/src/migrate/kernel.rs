@@ -1,5 +1,7 @@
 //! The kernel path: move_pages(2) in batches, from one or more threads.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use super::{
@@ -66,33 +68,37 @@ fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, Migra
 /// Batch timings, and the pages that failed with their errno.
 type Moved = (Vec<BatchStat>, Vec<(usize, i32)>);
 
-/// Moves `pages` (page addresses) to `node` from `o.channels` threads on
-/// disjoint shares; returns the batch timings and the pages that failed.
+/// Moves `pages` (page addresses) to `node` in `o.channels` disjoint
+/// shares, run by the calling thread and up to `o.channels - 1` helpers
+/// (`crate::helpers`: persistent, never a thread per call); returns the
+/// batch timings and the pages that failed.
 pub fn move_list(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Moved, MigrateError> {
     if pages.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
     let per = pages.len().div_ceil(o.channels.max(1));
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = pages
-            .chunks(per)
-            .map(|share| s.spawn(move || worker(share, node, o)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(MigrateError::Sys {
-                        what: "move_pages worker",
-                        source: std::io::Error::other("worker thread panicked"),
-                    })
-                })
-            })
-            .collect()
+    let shares: Vec<&[usize]> = pages.chunks(per).collect();
+    let results: Vec<Mutex<Option<Result<Share, MigrateError>>>> =
+        shares.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    crate::helpers::fan_out(shares.len() - 1, &|| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(share) = shares.get(i) else {
+            break;
+        };
+        let r = worker(share, node, o);
+        *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
     });
     let (mut stats, mut failed) = (Vec::new(), Vec::new());
     for res in results {
-        let share = res?;
+        // Every share was taken and finished before fan_out returned.
+        let share =
+            res.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .ok_or(MigrateError::Sys {
+                    what: "move_pages worker",
+                    source: std::io::Error::other("a share was not run"),
+                })??;
         stats.extend(share.stats);
         failed.extend(share.failed);
     }

@@ -330,6 +330,50 @@ pub fn in_child(name: &str, timeout: std::time::Duration, body: impl FnOnce()) {
     }
 }
 
+/// Forks; the child runs `child` and exits 0 if it returns true, 1 if it
+/// returns false or panics. The parent waits up to ~20 s, then kills it.
+/// The child must not print or take locks other threads may hold: run it
+/// inside [`in_child`], where the test is the only thread.
+pub fn in_forked_child(child: impl FnOnce() -> bool) {
+    // SAFETY: the child only allocates, spawns threads, copies and
+    // `_exit`s; it never returns into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
+        // SAFETY: ends the child without running the parent's atexit
+        // handlers or destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    for _ in 0..2000 {
+        // SAFETY: waits for our own child; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
+        if r == pid {
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "child failed: status {status:#x}"
+            );
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // SAFETY: kills and reaps our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    panic!("forked child hung: killed after ~20 s");
+}
+
+/// Threads of this process now (entries of /proc/self/task).
+pub fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .expect("/proc/self/task")
+}
+
 /// Says why a test is skipped (in the output the parent shows).
 pub fn skip(reason: &str) {
     say(&format!("SKIP: {reason}"));
