@@ -71,6 +71,9 @@ int main(void)
     check(fk_init(1u << 30) == -EINVAL, "fk_init with an unknown flag is -EINVAL");
     check(fk_init(0) == 0, "fk_init(0)");
     check(fk_init(0) == -EALREADY, "a second fk_init is -EALREADY");
+    char why[160];
+    check(fk_profile_status(why, sizeof why) == 0, "no profile asked for: built-in rules");
+    printf("    (profile: %s)\n", why);
 
     /* Threads up front, as a process about to sandbox itself would: the
      * pool's two copy workers and one helper exist from here on, and no

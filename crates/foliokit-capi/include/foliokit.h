@@ -196,6 +196,13 @@ int fk_migrate(void *addr, size_t len, unsigned node,
 #define FK_INIT_SPREAD_CHANNELS 4u
 int fk_init(unsigned flags);
 
+/* Whether `auto` follows a calibration profile: 1 if one is in force
+ * (FK_INIT_PROFILE_FILE found a usable one), 0 for the built-in rules. If
+ * `buf` is not NULL, also writes one line saying why (which file, or why
+ * none was used: missing, another CPU, another version), cut to `len - 1`
+ * bytes and NUL-terminated. */
+int fk_profile_status(char *buf, size_t len);
+
 /* Starts foliokit's threads for `n` channels now (after fk_init, whose
  * FK_INIT_SPREAD_CHANNELS decides where the copy workers run): the shared
  * pool of `n` copy workers, and `n - 1` helper threads that fk_populate

@@ -496,6 +496,29 @@ pub extern "C" fn fk_init(flags: c_uint) -> c_int {
     })
 }
 
+/// # Safety
+/// See `fk_profile_status` in foliokit.h.
+#[no_mangle]
+pub unsafe extern "C" fn fk_profile_status(buf: *mut c_char, len: usize) -> c_int {
+    guard(|| {
+        let st = fk::tune::profile_status();
+        if !buf.is_null() && len > 0 {
+            // The note, cut to fit on a character boundary, then the NUL.
+            let mut n = st.note.len().min(len - 1);
+            while !st.note.is_char_boundary(n) {
+                n -= 1;
+            }
+            // SAFETY: the caller gives `len` writable bytes at `buf`; we
+            // write n + 1 <= len of them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(st.note.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        Ok(c_int::from(st.loaded))
+    })
+}
+
 /// Starts the shared pool of `n` channels and `n - 1` helpers now; see the
 /// header.
 #[no_mangle]
@@ -548,6 +571,24 @@ mod tests {
         unsafe { CStr::from_ptr(fk_strerror(code)) }
             .to_str()
             .unwrap()
+    }
+
+    #[test]
+    fn profile_status_writes_a_cut_nul_terminated_line_and_nothing_past_len() {
+        let full = fk::tune::profile_status();
+        let want = c_int::from(full.loaded);
+        // SAFETY: NULL buffer: nothing is written.
+        assert_eq!(unsafe { fk_profile_status(std::ptr::null_mut(), 8) }, want);
+        let mut buf = [0x55 as c_char; 16];
+        // SAFETY: len 0: nothing is written.
+        assert_eq!(unsafe { fk_profile_status(buf.as_mut_ptr(), 0) }, want);
+        assert!(buf.iter().all(|&b| b == 0x55));
+        // SAFETY: 5 writable bytes of 16.
+        assert_eq!(unsafe { fk_profile_status(buf.as_mut_ptr(), 5) }, want);
+        // SAFETY: NUL-terminated within the 5 bytes just written.
+        let got = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+        assert_eq!(got, &full.note[..4]);
+        assert!(buf[5..].iter().all(|&b| b == 0x55), "wrote past len");
     }
 
     #[test]
