@@ -315,6 +315,16 @@ pub fn in_child(name: &str, timeout: std::time::Duration, body: impl FnOnce()) {
             .collect::<Vec<_>>()
             .join("\n")
     };
+    // How close a passing test came to its deadline: a flaky timeout
+    // shows in the log before it happens.
+    let took = start.elapsed();
+    if status.is_some() && took > timeout / 4 {
+        say(&format!(
+            "{name}: NOTE: took {:.1} s of its {:.0} s limit",
+            took.as_secs_f64(),
+            timeout.as_secs_f64()
+        ));
+    }
     match status {
         None => panic!(
             "{name}: child hung for {timeout:?} and was killed\nstdout:\n{}\nstderr:\n{}",
