@@ -121,11 +121,9 @@ pub fn move_range(
     // PROT_NONE mapping, or for a THP under another migration at that
     // instant). They are moved like the rest; what happened to them is in
     // `failed`.
-    let unknown: Vec<i32> = before
-        .iter()
-        .copied()
-        .filter(|&n| n < 0 && n != -libc::ENOENT)
-        .collect();
+    let mut unlocated = before.iter().filter(|&&n| n < 0 && n != -libc::ENOENT);
+    let first_unlocated = unlocated.next().copied();
+    let unknown = first_unlocated.map_or(0, |_| 1 + unlocated.count());
     let to_move = before
         .iter()
         .filter(|&&n| n >= 0 && n != node as i32)
@@ -148,13 +146,12 @@ pub fn move_range(
             "{holes} pages had never been populated and were left empty"
         ));
     }
-    if let Some(&first) = unknown.first() {
+    if let Some(first) = first_unlocated {
         r.notes.push(format!(
-            "{} pages could not be located before the move (first status {first}: e.g. PROT_NONE, or a page another migration held at that instant)",
-            unknown.len()
+            "{unknown} pages could not be located before the move (first status {first}: e.g. PROT_NONE, or a page another migration held at that instant)"
         ));
     }
-    if to_move == 0 && unknown.is_empty() {
+    if to_move == 0 && unknown == 0 {
         r.notes.push(format!(
             "every page was already on node {node}: move_pages had nothing to move (the time is its page walk alone)"
         ));
