@@ -181,7 +181,8 @@ fn boot(
     let out = child.stdout.take().ok_or("no guest output")?;
     if let Some(err) = child.stderr.take() {
         std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
+            for l in BufReader::new(err).split(b'\n').map_while(Result::ok) {
+                let l = String::from_utf8_lossy(&l);
                 let l = l.trim();
                 if !l.is_empty() {
                     eprintln!("  vng: {l}");
@@ -191,8 +192,10 @@ fn boot(
     }
     let mut binary = String::new();
     let mut last: Option<(usize, usize)> = None;
-    for line in BufReader::new(out).lines() {
-        let raw = line?;
+    // By bytes, not `lines()`: one byte of console noise that is not UTF-8
+    // must not end the tally with an error mid-run.
+    for line in BufReader::new(out).split(b'\n') {
+        let raw = String::from_utf8_lossy(&line?).into_owned();
         // virtme-ng's console can prefix lines with padding and carriage
         // returns; the markers are what follows.
         let line = raw.trim_start_matches([' ', '\r']).trim_end();
