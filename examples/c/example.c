@@ -147,7 +147,7 @@ int main(void)
     o.path = FK_PATH_KERNEL;
     rc = fk_migrate(dst, LEN, 0, &o, &r);
     check(rc == 0 && memcmp(dst, src, LEN) == 0, "fk_migrate kernel path, 2 channels, contents kept");
-    check(threads() == started, "populate, copies and migrations with 2 channels made no thread");
+    check(threads() == started, "thread count unchanged by populate, copies and migrations");
     rc = fk_migrate(dst, LEN, 9999, &o, &r);
     check(rc == -ENODEV, "fk_migrate to a missing node is -ENODEV");
 

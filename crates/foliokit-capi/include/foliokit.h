@@ -210,6 +210,9 @@ int fk_profile_status(char *buf, size_t len);
  * `channels <= n` create no thread: for a process about to install a
  * seccomp filter. Helpers are shared by every caller and never waited
  * for: a call whose helpers are busy does their share on its own thread.
+ * A helper works for a call with the calling thread's CPU affinity and
+ * NUMA memory policy (where populated pages are allocated), and blocks
+ * asynchronous signals.
  * A second call with the same `n` does nothing; another `n` starts
  * another copy pool (and more helpers if `n` is larger). If a thread
  * cannot start, its share of each call runs on the calling thread.

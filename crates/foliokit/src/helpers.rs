@@ -10,18 +10,66 @@
 //! inside the loop, which finish the items they took. A helper busy with
 //! another caller's work costs this caller parallelism, never latency.
 //!
-//! The helpers live as long as the process (or until
-//! [`crate::channels::release_shared`]); they start on first use, or up
-//! front with [`crate::Config::start_channels`]. A forked child gets its
-//! own.
+//! A helper runs a caller's loop as the caller's own thread would: with
+//! its CPU affinity and its NUMA memory policy, which decide where the
+//! pages populate faults in are allocated (threads made per call used to
+//! inherit both from the caller). It blocks asynchronous signals, so the
+//! application's handlers never run on it.
+//!
+//! The helpers live as long as the process, or until
+//! [`crate::channels::release_shared`]; they start on first use, or up
+//! front with [`crate::channels::start_shared`]. A forked child gets its
+//! own. A helper that cannot be started is not tried again: its share of
+//! each call runs on the calling thread.
 
 use std::any::Any;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use crate::pidlock::PidLock;
+use crate::sys::numa::{self, NodeMask};
 use crate::tune::MAX_HELPERS;
+
+/// What a helper takes over from the caller's thread for the time it runs
+/// the caller's loop.
+struct Attrs {
+    cpus: libc::cpu_set_t,
+    /// Mode (with its flags) and nodes; `None` on a kernel without NUMA.
+    policy: Option<(libc::c_int, NodeMask)>,
+}
+
+impl Attrs {
+    /// The calling thread's; `None` if they cannot be read (more CPUs than
+    /// a `cpu_set_t` holds, a seccomp filter): then nobody else may run the
+    /// loop, since it could not run it the way the caller would.
+    fn of_this_thread() -> Option<Attrs> {
+        // SAFETY: cpu_set_t is plain data; the call writes only `cpus`.
+        let cpus = unsafe {
+            let mut cpus: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of_val(&cpus), &mut cpus) != 0 {
+                return None;
+            }
+            cpus
+        };
+        let policy = numa::get_mempolicy().ok()?;
+        Some(Attrs { cpus, policy })
+    }
+
+    /// Makes them this thread's; `false` if the kernel refused.
+    fn apply(&self) -> bool {
+        // SAFETY: reads `cpus`, a whole cpu_set_t.
+        let pinned = unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of_val(&self.cpus), &self.cpus) == 0
+        };
+        pinned
+            && self
+                .policy
+                .as_ref()
+                .is_none_or(|(mode, nodes)| numa::set_mempolicy(*mode, nodes).is_ok())
+    }
+}
 
 /// One caller's offer of its loop.
 struct Call {
@@ -30,6 +78,7 @@ struct Call {
     /// the caller does not return (so the loop outlives every run) until
     /// it has closed the offer and seen `running` reach 0.
     job: *const (dyn Fn() + Sync + 'static),
+    attrs: Attrs,
     state: Mutex<CallState>,
     finished: Condvar,
 }
@@ -57,8 +106,13 @@ impl Call {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A helper's part: run the loop once, unless the caller closed it.
+    /// A helper's part: become the caller's likeness, then run the loop
+    /// once, unless the caller closed the offer meanwhile.
     fn serve(&self) {
+        // Stale offers (most of them, once callers are done) cost a lock.
+        if !self.state().open || !self.attrs.apply() {
+            return;
+        }
         {
             let mut s = self.state();
             if !s.open {
@@ -122,12 +176,32 @@ impl Queue {
 /// This process's helpers.
 struct Helpers {
     queue: Arc<Queue>,
-    started: usize,
+    /// Helpers asked for so far: never asked for again, even if some could
+    /// not start (a seccomp filter may kill the process on a new `clone`).
+    attempted: usize,
+    /// Of those, how many could not be started.
+    failed: usize,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Helpers {
+    /// Helpers running or being started by some caller now.
+    fn count(&self) -> usize {
+        self.attempted - self.failed
+    }
 }
 
 static HELPERS: PidLock<Option<Helpers>> = PidLock::new();
 
 fn helper(queue: Arc<Queue>) {
+    // Process-directed signals go to the application's threads, never to
+    // this one. (Faults this thread causes are still delivered to it.)
+    // SAFETY: a full set of our own, passed to pthread_sigmask.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
     loop {
         let call = {
             let mut o = queue.offers();
@@ -145,59 +219,89 @@ fn helper(queue: Arc<Queue>) {
     }
 }
 
-/// The queue of this process's helpers and how many there are: at least
-/// `want` (capped at [`MAX_HELPERS`]), fewer if threads cannot be made.
-/// A helper starts with the CPU affinity of the thread that made it: start
-/// them from an unpinned thread ([`crate::Config::start_channels`]) if
-/// callers pin themselves.
+/// The queue of this process's helpers and how many there are (counting
+/// those another caller is starting now): at least `want` (capped at
+/// [`MAX_HELPERS`]) unless some could not be started.
+/// Threads are made outside the lock, which other callers spin on.
 fn queue(want: usize) -> (Arc<Queue>, usize) {
     let want = want.min(MAX_HELPERS);
-    let mut guard = HELPERS.lock();
-    let h = guard
-        .get_or_insert_with(|| None)
-        .get_or_insert_with(|| Helpers {
-            queue: Arc::new(Queue {
-                calls: Mutex::new(Offers {
-                    calls: VecDeque::new(),
-                    released: false,
+    let (queue, more) = {
+        let mut guard = HELPERS.lock();
+        let h = guard
+            .get_or_insert_with(|| None)
+            .get_or_insert_with(|| Helpers {
+                queue: Arc::new(Queue {
+                    calls: Mutex::new(Offers {
+                        calls: VecDeque::new(),
+                        released: false,
+                    }),
+                    more: Condvar::new(),
                 }),
-                more: Condvar::new(),
-            }),
-            started: 0,
-        });
-    while h.started < want {
-        let q = h.queue.clone();
-        let spawned = std::thread::Builder::new()
-            .name("foliokit-helper".into())
-            .spawn(move || helper(q));
-        if spawned.is_err() {
-            // Out of threads: the callers do the work themselves.
-            break;
+                attempted: 0,
+                failed: 0,
+                threads: Vec::new(),
+            });
+        let more = want.saturating_sub(h.attempted);
+        h.attempted += more;
+        if more == 0 {
+            return (h.queue.clone(), h.count());
         }
-        h.started += 1;
+        (h.queue.clone(), more)
+    };
+    let mut made = Vec::new();
+    for _ in 0..more {
+        let q = queue.clone();
+        match std::thread::Builder::new()
+            .name("foliokit-helper".into())
+            .spawn(move || helper(q))
+        {
+            Ok(t) => made.push(t),
+            // Out of threads: callers do the work themselves.
+            Err(_) => break,
+        }
     }
-    (h.queue.clone(), h.started)
-}
-
-/// Starts `n` helpers now, so that later calls (after a seccomp filter
-/// forbids `clone`, say) make no threads. Returns how many are running.
-pub(crate) fn start(n: usize) -> usize {
-    queue(n);
     let mut guard = HELPERS.lock();
-    guard
-        .get_or_insert_with(|| None)
-        .as_ref()
-        .map_or(0, |h| h.started)
+    match guard.get_or_insert_with(|| None) {
+        Some(h) if Arc::ptr_eq(&h.queue, &queue) => {
+            h.failed += more - made.len();
+            h.threads.append(&mut made);
+            (queue, h.count())
+        }
+        // Released meanwhile: the new threads saw the queue released and
+        // end at once.
+        _ => (queue, 0),
+    }
 }
 
-/// Ends this process's helpers once they finish the runs they are in; the
-/// next [`fan_out`] starts new ones.
+/// Starts helpers until `n` are running (as [`fan_out`] would); returns
+/// how many are running or being started.
+pub(crate) fn start(n: usize) -> usize {
+    queue(n).1
+}
+
+/// Ends this process's helpers and waits for them (for those inside a
+/// call, until they finish their part of it); the next [`fan_out`] starts
+/// new ones.
 pub(crate) fn release() {
-    let released = HELPERS.lock().get_or_insert_with(|| None).take();
-    if let Some(h) = released {
-        h.queue.offers().released = true;
-        h.queue.more.notify_all();
+    let Some(h) = HELPERS.lock().get_or_insert_with(|| None).take() else {
+        return;
+    };
+    h.queue.offers().released = true;
+    h.queue.more.notify_all();
+    let me = std::thread::current().id();
+    for t in h.threads {
+        // A helper's own call (inside some caller's loop) cannot wait for
+        // itself: it ends when that run returns.
+        if t.thread().id() != me {
+            let _ = t.join();
+        }
     }
+}
+
+/// Holds the helpers' registry lock until dropped (for
+/// [`crate::channels::hold_shared_lock`]).
+pub(crate) fn hold_lock() -> impl Drop {
+    HELPERS.lock()
 }
 
 /// Runs `job` on the calling thread and on up to `extra` helpers at once,
@@ -207,17 +311,25 @@ pub(crate) fn release() {
 /// how many helpers joined. A panic in any run is resumed here, after
 /// every run has ended.
 pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
-    if extra == 0 {
+    let attrs = (extra > 0).then(Attrs::of_this_thread).flatten();
+    let (q, helpers) = match attrs {
+        Some(_) => queue(extra),
+        None => {
+            job();
+            return 0;
+        }
+    };
+    let Some(attrs) = attrs.filter(|_| helpers > 0) else {
         job();
         return 0;
-    }
-    let (q, helpers) = queue(extra);
+    };
     let erased: *const (dyn Fn() + Sync + '_) = job;
     // SAFETY: only the lifetime is changed; see `Call::job` for why no
     // helper runs the closure after this call returns.
     let erased: *const (dyn Fn() + Sync + 'static) = unsafe { std::mem::transmute(erased) };
     let call = Arc::new(Call {
         job: erased,
+        attrs,
         state: Mutex::new(CallState {
             open: true,
             running: 0,
@@ -271,19 +383,82 @@ mod tests {
         }
     }
 
-    #[test]
-    fn helpers_join_and_run_at_the_same_time() {
-        // Two runs meet at a barrier: only possible if a helper runs the
-        // loop alongside the caller. The first run in waits for the other.
-        let barrier = Barrier::new(2);
-        let met = AtomicUsize::new(0);
+    /// Runs `job` through `fan_out(1, ..)`, making sure one helper joins:
+    /// the caller's own run waits for a helper's to start first. `None`,
+    /// with the reason printed, where no helper can be started.
+    fn with_one_helper<R: Send>(job: impl Fn(bool) -> Option<R> + Sync) -> Option<R> {
+        if start(1) == 0 {
+            eprintln!("SKIP: no helper thread could be started here");
+            return None;
+        }
+        let caller = std::thread::current().id();
+        let entered = AtomicBool::new(false);
+        let got = Mutex::new(None);
         let joined = fan_out(1, &|| {
-            if met.fetch_add(1, Ordering::SeqCst) < 2 {
-                barrier.wait();
+            let mine = std::thread::current().id() == caller;
+            if mine {
+                while !entered.load(Ordering::SeqCst) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            } else {
+                entered.store(true, Ordering::SeqCst);
+            }
+            if let Some(r) = job(mine) {
+                *got.lock().unwrap() = Some(r);
             }
         });
         assert_eq!(joined, 1);
-        assert_eq!(met.load(Ordering::SeqCst), 2);
+        got.into_inner().unwrap()
+    }
+
+    #[test]
+    fn helpers_join_and_run_at_the_same_time() {
+        // Two runs meet at a barrier: only possible if a helper runs the
+        // loop alongside the caller.
+        let barrier = Barrier::new(2);
+        with_one_helper(|_| {
+            barrier.wait();
+            Some(())
+        });
+    }
+
+    #[test]
+    fn a_helper_runs_with_the_callers_cpus_and_memory_policy() {
+        // The caller narrows itself to one CPU and binds its allocations to
+        // the first node; the helper must run its loop the same way.
+        let Some(before) = Attrs::of_this_thread() else {
+            eprintln!("SKIP: this thread's attributes cannot be read here");
+            return;
+        };
+        if before.policy.is_none() {
+            eprintln!("SKIP: the kernel has no NUMA policies (ENOSYS)");
+            return;
+        }
+        let node0 = crate::mem::system::numa_nodes()[0] as usize;
+        let first_cpu = crate::channels::allowed_cpus()[0];
+        let mut narrow = Attrs {
+            cpus: before.cpus,
+            policy: None,
+        };
+        // SAFETY: plain bit operations on our own cpu_set_t.
+        unsafe {
+            libc::CPU_ZERO(&mut narrow.cpus);
+            libc::CPU_SET(first_cpu, &mut narrow.cpus);
+        }
+        let mut nodes = NodeMask::default();
+        nodes[node0 / 64] |= 1 << (node0 % 64);
+        narrow.policy = Some((libc::MPOL_BIND, nodes));
+        assert!(narrow.apply(), "narrowing the test thread");
+        let seen = with_one_helper(|mine| (!mine).then(Attrs::of_this_thread).flatten());
+        // Back to what the test thread had.
+        assert!(before.apply());
+        let Some(seen) = seen else { return };
+        // SAFETY: reads our own cpu_set_t.
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &seen.cpus) })
+            .collect();
+        assert_eq!(cpus, vec![first_cpu]);
+        assert_eq!(seen.policy, Some((libc::MPOL_BIND, nodes)));
     }
 
     #[test]
@@ -319,19 +494,32 @@ mod tests {
     }
 
     #[test]
-    fn a_helper_panic_reaches_the_caller_after_every_run_ended() {
-        let runs = AtomicUsize::new(0);
+    fn a_helper_panic_reaches_the_caller_after_the_helpers_run_ended() {
+        // Only the helper panics, and it unwinds through a guard that
+        // counts: fan_out must resume its panic, after that guard ran.
+        struct Ended<'a>(&'a AtomicUsize);
+        impl Drop for Ended<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let ended = AtomicUsize::new(0);
         let caught = catch_unwind(AssertUnwindSafe(|| {
-            fan_out(1, &|| {
-                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
-                    // Whoever is first waits for the second, then panics.
-                    while runs.load(Ordering::SeqCst) < 2 {
-                        std::thread::yield_now();
-                    }
-                    panic!("from a run");
+            with_one_helper(|mine| {
+                if !mine {
+                    let _counted = Ended(&ended);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    panic!("from the helper");
                 }
+                Some(())
             })
         }));
-        assert!(caught.is_err());
+        let p = match caught {
+            Err(p) => p,
+            Ok(None) => return, // skipped, saying why
+            Ok(Some(())) => panic!("the helper's panic was lost"),
+        };
+        assert_eq!(p.downcast_ref::<&str>(), Some(&"from the helper"));
+        assert_eq!(ended.load(Ordering::SeqCst), 1);
     }
 }

@@ -520,8 +520,9 @@ fn shared_pool_works_after_fork() {
     );
 }
 
-/// A thread forks while another holds the shared pools' lock: the child
-/// must not wait for a lock whose holder it does not have.
+/// A thread forks while another holds the locks of the shared pools and of
+/// the helpers: the child must not wait for a lock whose holder it does not
+/// have, and gets pools and helpers of its own.
 #[test]
 fn fork_while_another_thread_holds_the_pool_lock() {
     common::in_child(
@@ -536,7 +537,11 @@ fn fork_while_another_thread_holds_the_pool_lock() {
                 std::thread::scope(|s| {
                     s.spawn(|| {
                         in_forked_child(|| {
+                            let Ok(mut r) = Region::unpopulated(4 << 20, PAGE) else {
+                                return false;
+                            };
                             shared(2).is_ok_and(|p| copies_through(&p, &mut dst, &src, folio))
+                                && foliokit::mem::populate(r.as_mut_slice(), 3).is_ok()
                         })
                     })
                     .join()

@@ -194,68 +194,22 @@ fn channels_run_on_the_cpus_the_application_chose() {
 /// it reads no file.)
 #[cfg(target_arch = "x86_64")]
 fn forbid_files() {
-    const RET_ALLOW: u32 = 0x7fff_0000;
-    const RET_KILL_PROCESS: u32 = 0x8000_0000;
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-    const SECCOMP_SET_MODE_FILTER: libc::c_long = 1;
-    const SECCOMP_FILTER_FLAG_TSYNC: libc::c_long = 1;
-    let nr = |n: i64| n as u32;
-    let forbidden = [
-        nr(libc::SYS_open),
-        nr(libc::SYS_openat),
-        nr(libc::SYS_openat2),
-        nr(libc::SYS_creat),
-        nr(libc::SYS_stat),
-        nr(libc::SYS_lstat),
-        nr(libc::SYS_access),
-        nr(libc::SYS_faccessat),
-        nr(libc::SYS_faccessat2),
-        nr(libc::SYS_readlink),
-        nr(libc::SYS_readlinkat),
-    ];
-    let stmt = |code: u32, k: u32| libc::sock_filter {
-        code: code as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
-        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-        jt,
-        jf,
-        k,
-    };
-    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
-    let ret = libc::BPF_RET | libc::BPF_K;
-    let n = forbidden.len();
-    // 0: arch; 1: not x86_64 -> kill (the last instruction); 2: nr;
-    // 3..3+n: forbidden -> kill; then allow; then kill.
-    let mut prog = vec![
-        stmt(load, 4), // seccomp_data.arch
-        jeq(AUDIT_ARCH_X86_64, 0, (n + 2) as u8),
-        stmt(load, 0), // seccomp_data.nr
-    ];
-    for (i, &f) in forbidden.iter().enumerate() {
-        prog.push(jeq(f, (n - i) as u8, 0));
-    }
-    prog.push(stmt(ret, RET_ALLOW));
-    prog.push(stmt(ret, RET_KILL_PROCESS));
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_mut_ptr(),
-    };
-    // SAFETY: no_new_privs, then a filter program that lives until the
-    // call returns (the kernel copies it).
-    unsafe {
-        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-        let rc = libc::syscall(
-            libc::SYS_seccomp,
-            SECCOMP_SET_MODE_FILTER,
-            SECCOMP_FILTER_FLAG_TSYNC,
-            &fprog as *const libc::sock_fprog,
-        );
-        assert_eq!(rc, 0, "seccomp: {}", std::io::Error::last_os_error());
-    }
+    common::seccomp_filter(
+        &[
+            libc::SYS_open,
+            libc::SYS_openat,
+            libc::SYS_openat2,
+            libc::SYS_creat,
+            libc::SYS_stat,
+            libc::SYS_lstat,
+            libc::SYS_access,
+            libc::SYS_faccessat,
+            libc::SYS_faccessat2,
+            libc::SYS_readlink,
+            libc::SYS_readlinkat,
+        ],
+        common::SeccompAction::KillProcess,
+    );
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -506,12 +506,14 @@ pub fn release_shared() {
     drop(released);
 }
 
-/// Runs `f` while holding the lock of the [`shared`] pools: a test hook,
-/// for forking while another thread holds it. `f` must not call [`shared`]
-/// itself (it would wait for its own thread forever).
+/// Runs `f` while holding the locks of the [`shared`] pools and of the
+/// helper threads: a test hook, for forking while another thread holds
+/// them. `f` must not call [`shared`], populate or migrate itself (it would
+/// wait for its own thread forever).
 #[doc(hidden)]
 pub fn hold_shared_lock<R>(f: impl FnOnce() -> R) -> R {
-    let _held = POOLS.lock();
+    let _pools = POOLS.lock();
+    let _helpers = crate::helpers::hold_lock();
     f()
 }
 

@@ -95,3 +95,60 @@ pub fn page_nodes(pages: &[usize], status: &mut [i32]) -> io::Result<()> {
         Ok(())
     }
 }
+
+/// Nodes a [`NodeMask`] can name: the kernel's largest `MAX_NUMNODES`.
+const NODEMASK_BITS: usize = 1024;
+
+/// A node mask as `get_mempolicy`/`set_mempolicy` take it.
+pub type NodeMask = [libc::c_ulong; NODEMASK_BITS / libc::c_ulong::BITS as usize];
+
+/// The calling thread's memory policy: its mode (with the mode flags
+/// `MPOL_F_STATIC_NODES`, `MPOL_F_RELATIVE_NODES`... ORed in, as the kernel
+/// reports it) and its nodes. `Ok(None)` on a kernel without NUMA
+/// (`ENOSYS`): there is no policy to follow.
+pub fn get_mempolicy() -> io::Result<Option<(libc::c_int, NodeMask)>> {
+    let mut mode: libc::c_int = 0;
+    let mut mask: NodeMask = [0; NODEMASK_BITS / libc::c_ulong::BITS as usize];
+    // SAFETY: `mode` and `mask` are ours; maxnode is the mask's size in
+    // bits, which the kernel fills at most (no address, no flags: the
+    // thread's own policy).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut libc::c_int,
+            mask.as_mut_ptr(),
+            NODEMASK_BITS,
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if rc == 0 {
+        return Ok(Some((mode, mask)));
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENOSYS) {
+        Ok(None)
+    } else {
+        Err(e)
+    }
+}
+
+/// Sets the calling thread's memory policy to what [`get_mempolicy`]
+/// returned (for this or another thread of the process).
+pub fn set_mempolicy(mode: libc::c_int, mask: &NodeMask) -> io::Result<()> {
+    // SAFETY: the mask is `NODEMASK_BITS` bits; maxnode is one more, as the
+    // kernel counts it (it reads maxnode - 1 bits).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            mode,
+            mask.as_ptr(),
+            NODEMASK_BITS + 1,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -341,7 +341,8 @@ pub fn in_child(name: &str, timeout: std::time::Duration, body: impl FnOnce()) {
 }
 
 /// Forks; the child runs `child` and exits 0 if it returns true, 1 if it
-/// returns false or panics. The parent waits up to ~20 s, then kills it.
+/// returns false or panics. The parent waits up to ~20 s (times
+/// [`slowdown`]), then kills it.
 /// The child must not print or take locks other threads may hold: run it
 /// inside [`in_child`], where the test is the only thread.
 pub fn in_forked_child(child: impl FnOnce() -> bool) {
@@ -356,7 +357,7 @@ pub fn in_forked_child(child: impl FnOnce() -> bool) {
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
     let mut status = 0;
-    for _ in 0..2000 {
+    for _ in 0..2000 * slowdown() {
         // SAFETY: waits for our own child; `status` is a valid out-pointer.
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
@@ -374,7 +375,7 @@ pub fn in_forked_child(child: impl FnOnce() -> bool) {
         libc::kill(pid, libc::SIGKILL);
         libc::waitpid(pid, &mut status, 0);
     }
-    panic!("forked child hung: killed after ~20 s");
+    panic!("forked child hung: killed after ~{} s", 20 * slowdown());
 }
 
 /// Threads of this process now (entries of /proc/self/task).
@@ -382,6 +383,97 @@ pub fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task")
         .map(|d| d.count())
         .expect("/proc/self/task")
+}
+
+/// What a [`seccomp_filter`] does to a forbidden call.
+#[derive(Clone, Copy)]
+pub enum SeccompAction {
+    /// Kill the process (SIGSYS): the call must never happen.
+    KillProcess,
+    /// Fail the call with this errno: code must cope without it.
+    Errno(u16),
+}
+
+/// Installs, on every thread of the process (TSYNC), a seccomp filter that
+/// applies `action` to the system calls `forbidden` and allows the rest.
+/// x86_64 only (other architectures' calls would be killed).
+#[cfg(target_arch = "x86_64")]
+pub fn seccomp_filter(forbidden: &[i64], action: SeccompAction) {
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_KILL_PROCESS: u32 = 0x8000_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const SECCOMP_SET_MODE_FILTER: libc::c_long = 1;
+    const SECCOMP_FILTER_FLAG_TSYNC: libc::c_long = 1;
+    let deny = match action {
+        SeccompAction::KillProcess => RET_KILL_PROCESS,
+        SeccompAction::Errno(e) => RET_ERRNO | u32::from(e),
+    };
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    let n = forbidden.len();
+    assert!(n < 250, "one jump must reach the end");
+    // 0: arch; 1: not x86_64 -> kill (the last instruction); 2: nr;
+    // 3..3+n: forbidden -> deny; then allow; then deny; then kill.
+    let mut prog = vec![
+        stmt(load, 4), // seccomp_data.arch
+        jeq(AUDIT_ARCH_X86_64, 0, (n + 3) as u8),
+        stmt(load, 0), // seccomp_data.nr
+    ];
+    for (i, &f) in forbidden.iter().enumerate() {
+        prog.push(jeq(f as u32, (n - i) as u8, 0));
+    }
+    prog.push(stmt(ret, RET_ALLOW));
+    prog.push(stmt(ret, deny));
+    prog.push(stmt(ret, RET_KILL_PROCESS));
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: no_new_privs, then a filter program that lives until the
+    // call returns (the kernel copies it).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        let rc = libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            SECCOMP_FILTER_FLAG_TSYNC,
+            &fprog as *const libc::sock_fprog,
+        );
+        assert_eq!(rc, 0, "seccomp: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// From here on no thread or process can be made (`clone`, `clone3`,
+/// `fork`, `vfork` fail with EPERM), and this is checked: for tests of
+/// "makes no thread". x86_64 only.
+#[cfg(target_arch = "x86_64")]
+pub fn refuse_new_threads() {
+    seccomp_filter(
+        &[
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_fork,
+            libc::SYS_vfork,
+        ],
+        SeccompAction::Errno(libc::EPERM as u16),
+    );
+    assert!(
+        std::thread::Builder::new().spawn(|| {}).is_err(),
+        "the filter must refuse a new thread"
+    );
 }
 
 /// Says why a test is skipped (in the output the parent shows).
