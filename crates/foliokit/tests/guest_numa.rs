@@ -311,3 +311,78 @@ fn a_sparse_range_moves_only_its_pages() {
         }
     })
 }
+
+/// Sets the calling thread's memory policy: `MPOL_BIND` to `node`, or the
+/// default with `None`.
+fn bind_thread(node: Option<u32>) {
+    let mut mask = [0 as libc::c_ulong; 16];
+    let mode = match node {
+        Some(n) => {
+            mask[n as usize / 64] |= 1 << (n % 64);
+            libc::MPOL_BIND
+        }
+        None => libc::MPOL_DEFAULT,
+    };
+    // SAFETY: a 1024-bit mask of ours; maxnode counts one more, as the
+    // kernel expects.
+    let rc = unsafe { libc::syscall(libc::SYS_set_mempolicy, mode, mask.as_ptr(), 1025) };
+    assert_eq!(rc, 0, "set_mempolicy: {}", std::io::Error::last_os_error());
+}
+
+/// populate's helpers are persistent threads started by someone else, yet
+/// the pages land where the *calling* thread's memory policy says, as they
+/// did with threads made for the call: here, bound to each node in turn,
+/// the memory-only one included, while the helpers were started by a
+/// thread with the default policy.
+#[test]
+fn populate_follows_the_calling_threads_memory_policy() {
+    in_child(
+        "populate_follows_the_calling_threads_memory_policy",
+        T,
+        || {
+            let Some(n) = nodes() else { return };
+            foliokit::channels::start_shared(3).unwrap();
+            let len = 16 << 20;
+            let mut helped = 0;
+            for &node in n.iter().rev() {
+                // A few tries for a run that helpers joined (the caller may
+                // finish alone while they wake): that is the case under test.
+                for _ in 0..5 {
+                    let mut r = Region::unpopulated(len, PAGE).expect("region");
+                    let at = r.as_mut_ptr() as usize;
+                    bind_thread(Some(node));
+                    let rep = foliokit::mem::populate(r.as_mut_slice(), 3);
+                    bind_thread(None);
+                    let rep = rep.unwrap();
+                    let st = settled(at, len, |st| st.iter().all(|&s| s == node as i32));
+                    let off: Vec<(usize, i32)> = st
+                        .iter()
+                        .enumerate()
+                        .filter(|&(_, &s)| s != node as i32)
+                        .map(|(p, &s)| (p, s))
+                        .collect();
+                    assert!(
+                off.is_empty(),
+                "populate bound to node {node} ({} threads took part): {} pages elsewhere, first (page, status): {:?}; numa_maps: {}",
+                rep.channels,
+                off.len(),
+                &off[..off.len().min(8)],
+                numa_maps(at)
+            );
+                    say(&format!(
+                        "NOTE: node {node}: every page there, {} of 3 threads took part",
+                        rep.channels
+                    ));
+                    if rep.channels > 1 {
+                        helped += 1;
+                        break;
+                    }
+                }
+            }
+            assert!(
+                helped > 0,
+                "no populate call was joined by a helper: nothing tested"
+            );
+        },
+    );
+}
