@@ -22,8 +22,10 @@ pub struct PrefaultReport {
     pub secs: f64,
 }
 
-/// Faults in every region of `mem` for writing, from `channels` threads,
-/// without changing its contents.
+/// Faults in every region of `mem` for writing, from `channels` threads
+/// (the calling one and foliokit's persistent helpers, which take on the
+/// caller's CPU affinity and NUMA memory policy: bind the calling thread
+/// to place guest RAM), without changing its contents.
 ///
 /// Safe to call while vCPUs run: each page is populated by the kernel
 /// (`MADV_POPULATE_WRITE`) or, where that is refused, by an atomic no-op
