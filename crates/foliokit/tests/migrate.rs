@@ -210,7 +210,7 @@ fn kernel_path_on_one_node_says_there_is_nothing_to_move() {
 #[test]
 fn kernel_path_makes_no_thread_once_helpers_are_started() {
     let name = "kernel_path_makes_no_thread_once_helpers_are_started";
-    in_child(name, Duration::from_secs(60) * common::slowdown(), || {
+    in_child(name, Duration::from_secs(60), || {
         foliokit::channels::start_shared(3).unwrap();
         let mut r = Region::new(8 * MIB, PAGE).unwrap();
         let want = pattern(r.len(), 31);

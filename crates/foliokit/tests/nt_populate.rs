@@ -3,9 +3,7 @@
 
 mod common;
 
-use common::{
-    in_child, in_forked_child, pattern, slowdown, sweep_copy, thread_count, Guarded, Place,
-};
+use common::{in_child, in_forked_child, pattern, sweep_copy, thread_count, Guarded, Place};
 use foliokit::mem::{populate, populate_raw, resident_pages, system, PopulateError, Region};
 use foliokit::nt::{
     fill_from_template, fill_from_template_cached, fill_records, fill_records_cached, memcpy_nt,
@@ -321,7 +319,7 @@ fn populate_makes_every_page_resident_and_keeps_contents() {
 #[test]
 fn populate_makes_no_thread_once_helpers_are_started() {
     let name = "populate_makes_no_thread_once_helpers_are_started";
-    in_child(name, Duration::from_secs(60) * slowdown(), || {
+    in_child(name, Duration::from_secs(60), || {
         foliokit::channels::start_shared(3).unwrap();
         common::refuse_new_threads();
         for channels in [1, 2, 3, 3] {
@@ -339,7 +337,7 @@ fn populate_makes_no_thread_once_helpers_are_started() {
 #[test]
 fn populate_in_a_child_forked_mid_populate_has_helpers_of_its_own() {
     let name = "populate_in_a_child_forked_mid_populate_has_helpers_of_its_own";
-    in_child(name, Duration::from_secs(60) * slowdown(), || {
+    in_child(name, Duration::from_secs(60), || {
         let fault_in = |channels: usize| {
             let mut r = Region::unpopulated(16 << 20, PAGE).unwrap();
             populate(r.as_mut_slice(), channels).unwrap();

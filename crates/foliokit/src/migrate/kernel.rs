@@ -65,6 +65,31 @@ fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, Migra
     Ok(Share { stats, failed })
 }
 
+/// Cuts `pages` (ascending addresses) into about `n` shares of equal size
+/// whose boundaries never fall inside a PMD-sized block. Two threads
+/// moving parts of one huge folio at once race: one moves the folio and
+/// the other finds its subpages under migration entries (`-ENOENT`, seen
+/// on 6.12 with 3 shares of a THP range) and reports them failed although
+/// they arrive a moment later.
+fn shares(pages: &[usize], n: usize) -> Vec<&[usize]> {
+    let page = page_size();
+    // A PMD maps one page table's worth of pages (8-byte entries).
+    let pmd = page * (page / 8);
+    let per = pages.len().div_ceil(n).max(1);
+    let mut out = Vec::with_capacity(n);
+    let mut rest = pages;
+    while !rest.is_empty() {
+        let mut end = per.min(rest.len());
+        while end < rest.len() && rest[end] / pmd == rest[end - 1] / pmd {
+            end += 1;
+        }
+        let (share, tail) = rest.split_at(end);
+        out.push(share);
+        rest = tail;
+    }
+    out
+}
+
 /// Batch timings, and the pages that failed with their errno.
 type Moved = (Vec<BatchStat>, Vec<(usize, i32)>);
 
@@ -76,8 +101,7 @@ pub fn move_list(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Moved
     if pages.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
-    let per = pages.len().div_ceil(o.channels.max(1));
-    let shares: Vec<&[usize]> = pages.chunks(per).collect();
+    let shares = shares(pages, o.channels.max(1));
     let results: Vec<Mutex<Option<Result<Share, MigrateError>>>> =
         shares.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
@@ -157,4 +181,32 @@ pub fn move_range(
         ));
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_every_page_once_and_never_split_a_pmd() {
+        let page = page_size();
+        let pmd = page * (page / 8);
+        let base = 64 * pmd;
+        // A whole range, a range starting mid-PMD, and a sparse one.
+        let whole: Vec<usize> = (0..2048).map(|i| base + i * page).collect();
+        let offset: Vec<usize> = (100..1900).map(|i| base + i * page).collect();
+        let sparse: Vec<usize> = (0..4096).step_by(7).map(|i| base + i * page).collect();
+        for pages in [&whole, &offset, &sparse] {
+            for n in 1..=8 {
+                let shares = shares(pages, n);
+                assert_eq!(shares.concat(), *pages, "every page once, in order");
+                assert!(shares.len() <= n, "{} shares for {n}", shares.len());
+                for w in shares.windows(2) {
+                    let (a, b) = (w[0].last().unwrap(), w[1][0]);
+                    assert_ne!(a / pmd, b / pmd, "a PMD block split between shares");
+                }
+            }
+        }
+        assert!(shares(&[], 3).is_empty());
+    }
 }
