@@ -107,6 +107,46 @@ fn numa_maps(at: usize) -> String {
         .to_string()
 }
 
+/// The kernel's migration and NUMA-balancing counters (/proc/vmstat), and
+/// whether NUMA balancing is on: a page that another migration is moving,
+/// or moved back, shows here.
+fn migration_counters() -> Vec<(String, i64)> {
+    let mut v: Vec<(String, i64)> = std::fs::read_to_string("/proc/vmstat")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, n) = l.split_once(' ')?;
+            let keep = k.starts_with("pgmigrate_")
+                || k.starts_with("numa_")
+                || k.starts_with("compact_")
+                || k.starts_with("thp_migration");
+            Some((k.to_string(), n.trim().parse().ok()?)).filter(|_| keep)
+        })
+        .collect();
+    let balancing = std::fs::read_to_string("/proc/sys/kernel/numa_balancing")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(-1);
+    v.push(("(numa_balancing)".into(), balancing));
+    v
+}
+
+/// The counters that changed between two readings.
+fn counter_deltas(before: &[(String, i64)], after: &[(String, i64)]) -> String {
+    after
+        .iter()
+        .filter_map(|(k, a)| {
+            let b = before.iter().find(|(kb, _)| kb == k).map_or(0, |(_, b)| *b);
+            if k.starts_with('(') {
+                // A setting, not a counter: its value.
+                return Some(format!("{k} {a}"));
+            }
+            (a != &b).then(|| format!("{k} +{}", a - b))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// AnonHugePages (kB) of the mapping holding `at`, from smaps.
 fn thp_kb(at: usize) -> u64 {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
@@ -282,8 +322,9 @@ fn a_sparse_range_moves_only_its_pages() {
                 continue;
             }
             let opts = MigrateOptions::default().path(path);
+            let vm_before = migration_counters();
             // SAFETY: our own private anonymous region.
-            unsafe { migrate(at as *mut u8, len, n[1], &opts) }.unwrap();
+            let rep = unsafe { migrate(at as *mut u8, len, n[1], &opts) }.unwrap();
             let st = settled(at, len, |st| {
                 st.iter().enumerate().all(|(p, &s)| {
                     if p % 4 == 0 {
@@ -293,6 +334,23 @@ fn a_sparse_range_moves_only_its_pages() {
                     }
                 })
             });
+            // Every written page that is not on the target, by status.
+            let mut off = std::collections::BTreeMap::<i32, (usize, usize)>::new();
+            for (p, &s) in st.iter().enumerate().step_by(4) {
+                if s != n[1] as i32 {
+                    off.entry(s).or_insert((0, p)).0 += 1;
+                }
+            }
+            assert!(
+                off.is_empty(),
+                "{path:?}: written pages not on node {}: {{status: (count, first page)}} {off:?} of {}; move_pages failures {:?}; notes {:?}; kernel counters over the call and the wait: {}; numa_maps: {}",
+                n[1],
+                st.len() / 4,
+                &rep.failed[..rep.failed.len().min(5)],
+                rep.notes,
+                counter_deltas(&vm_before, &migration_counters()),
+                numa_maps(at)
+            );
             for (p, &s) in st.iter().enumerate() {
                 if p % 4 == 0 {
                     assert_eq!(s, n[1] as i32, "{path:?}: page {p} not moved");
