@@ -9,6 +9,7 @@ use super::{
 };
 use crate::batch::page_size;
 use crate::sys::numa;
+use crate::sys::pagemap::{page_states, PageState};
 
 /// What one thread's share of the range did.
 struct Share {
@@ -139,25 +140,43 @@ pub fn move_range(
     let all: Vec<usize> = (addr..addr + len).step_by(page).collect();
     let mut before = vec![0i32; all.len()];
     numa::page_nodes(&all, &mut before).map_err(sys("move_pages (query)"))?;
-    // Holes (never touched or zapped) stay holes: -ENOENT is "no page".
-    let holes = before.iter().filter(|&&n| n == -libc::ENOENT).count();
-    // Other errors: pages the query could not locate (-EFAULT for a
-    // PROT_NONE mapping, or for a THP under another migration at that
-    // instant). They are moved like the rest; what happened to them is in
-    // `failed`.
-    let mut unlocated = before.iter().filter(|&&n| n < 0 && n != -libc::ENOENT);
-    let first_unlocated = unlocated.next().copied();
-    let unknown = first_unlocated.map_or(0, |_| 1 + unlocated.count());
+    // -ENOENT is "no page" to the query, but also a mapped page the kernel
+    // cannot see there: seen on 6.1 for pages NUMA balancing had marked for
+    // a hinting fault (until next touched; its huge pages read -EFAULT),
+    // and swapped pages. pagemap tells them from holes without touching
+    // them; without it (no /proc) -ENOENT counts as a hole.
+    let states = before
+        .contains(&-libc::ENOENT)
+        .then(|| page_states(addr, all.len(), page).ok())
+        .flatten();
+    let state = |i: usize| states.as_ref().map(|s| s[i]);
+    let (mut holes, mut swapped) = (0, 0);
+    // Pages the query could not locate (-EFAULT for a PROT_NONE mapping or
+    // a THP under another migration, or a mapped page read as -ENOENT)
+    // are moved like the rest; what happened to them is in `failed`.
+    let (mut unknown, mut first_unlocated) = (0, None);
+    let mut pages = Vec::with_capacity(all.len());
+    for (i, (&p, &n)) in all.iter().zip(&before).enumerate() {
+        match (n, state(i)) {
+            (n, _) if n >= 0 => pages.push(p),
+            (n, Some(PageState::Swapped)) if n == -libc::ENOENT => swapped += 1,
+            (n, Some(PageState::Present)) if n == -libc::ENOENT => {
+                unknown += 1;
+                first_unlocated.get_or_insert(n);
+                pages.push(p);
+            }
+            (n, _) if n == -libc::ENOENT => holes += 1,
+            (n, _) => {
+                unknown += 1;
+                first_unlocated.get_or_insert(n);
+                pages.push(p);
+            }
+        }
+    }
     let to_move = before
         .iter()
         .filter(|&&n| n >= 0 && n != node as i32)
         .count();
-    let pages: Vec<usize> = all
-        .iter()
-        .zip(&before)
-        .filter(|(_, &n)| n != -libc::ENOENT)
-        .map(|(&p, _)| p)
-        .collect();
     let t0 = Instant::now();
     let (batches, failed) = move_list(&pages, node, o)?;
     let mut r = MigrateReport::new(MigratePath::Kernel, len);
@@ -170,9 +189,14 @@ pub fn move_range(
             "{holes} pages had never been populated and were left empty"
         ));
     }
+    if swapped > 0 {
+        r.notes.push(format!(
+            "{swapped} pages are swapped out (on no node) and were left there"
+        ));
+    }
     if let Some(first) = first_unlocated {
         r.notes.push(format!(
-            "{unknown} pages could not be located before the move (first status {first}: e.g. PROT_NONE, or a page another migration held at that instant)"
+            "{unknown} pages could not be located before the move (first status {first}: e.g. PROT_NONE, a page another migration held at that instant, or, on older kernels such as 6.1, pages NUMA balancing had marked for a hinting fault, until next touched)"
         ));
     }
     if to_move == 0 && unknown == 0 {
