@@ -219,7 +219,26 @@ fn kernel_path_makes_no_thread_once_helpers_are_started() {
         for &n in &system::numa_nodes() {
             let o = MigrateOptions::default().path(Path::Kernel).channels(3);
             // SAFETY: our own region.
-            let rep = unsafe { migrate(r.as_mut_ptr(), r.len(), n, &o) }.unwrap();
+            let mut rep = unsafe { migrate(r.as_mut_ptr(), r.len(), n, &o) }.unwrap();
+            // On 6.1, pages NUMA balancing marked for a hinting fault are
+            // invisible to move_pages until touched (-EFAULT for a huge
+            // page, -ENOENT for a small one; README): a caller touches
+            // them and calls again. Seen in the 6.1 guest.
+            for _ in 0..3 {
+                let transient = [libc::EFAULT, libc::ENOENT, libc::EBUSY, libc::EAGAIN];
+                if rep.failed.is_empty() || !rep.failed.iter().all(|(_, e)| transient.contains(e)) {
+                    break;
+                }
+                common::say(&format!(
+                    "NOTE: node {n}: {} pages not moved (first errno {}); touching and moving again",
+                    rep.failed.len(),
+                    rep.failed[0].1
+                ));
+                let sum = r.as_slice().iter().step_by(PAGE).fold(0u8, |a, &b| a ^ b);
+                std::hint::black_box(sum);
+                // SAFETY: as above.
+                rep = unsafe { migrate(r.as_mut_ptr(), r.len(), n, &o) }.unwrap();
+            }
             assert!(rep.failed.is_empty(), "{:?}", rep.failed);
             assert!(
                 r.as_slice() == &want[..],
