@@ -311,18 +311,15 @@ pub(crate) fn hold_lock() -> impl Drop {
 /// how many helpers joined. A panic in any run is resumed here, after
 /// every run has ended.
 pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
-    let attrs = (extra > 0).then(Attrs::of_this_thread).flatten();
-    let (q, helpers) = match attrs {
-        Some(_) => queue(extra),
-        None => {
-            job();
-            return 0;
-        }
-    };
-    let Some(attrs) = attrs.filter(|_| helpers > 0) else {
+    let Some(attrs) = (extra > 0).then(Attrs::of_this_thread).flatten() else {
         job();
         return 0;
     };
+    let (q, helpers) = queue(extra);
+    if helpers == 0 {
+        job();
+        return 0;
+    }
     let erased: *const (dyn Fn() + Sync + '_) = job;
     // SAFETY: only the lifetime is changed; see `Call::job` for why no
     // helper runs the closure after this call returns.

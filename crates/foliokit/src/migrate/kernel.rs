@@ -155,28 +155,23 @@ pub fn move_range(
     // a THP under another migration, or a mapped page read as -ENOENT)
     // are moved like the rest; what happened to them is in `failed`.
     let (mut unknown, mut first_unlocated) = (0, None);
+    let mut to_move = 0;
     let mut pages = Vec::with_capacity(all.len());
     for (i, (&p, &n)) in all.iter().zip(&before).enumerate() {
-        match (n, state(i)) {
-            (n, _) if n >= 0 => pages.push(p),
-            (n, Some(PageState::Swapped)) if n == -libc::ENOENT => swapped += 1,
-            (n, Some(PageState::Present)) if n == -libc::ENOENT => {
-                unknown += 1;
-                first_unlocated.get_or_insert(n);
-                pages.push(p);
-            }
-            (n, _) if n == -libc::ENOENT => holes += 1,
-            (n, _) => {
-                unknown += 1;
-                first_unlocated.get_or_insert(n);
-                pages.push(p);
-            }
+        if n >= 0 {
+            to_move += usize::from(n != node as i32);
+        } else if n == -libc::ENOENT && state(i) == Some(PageState::Swapped) {
+            swapped += 1;
+            continue;
+        } else if n == -libc::ENOENT && state(i) != Some(PageState::Present) {
+            holes += 1;
+            continue;
+        } else {
+            unknown += 1;
+            first_unlocated.get_or_insert(n);
         }
+        pages.push(p);
     }
-    let to_move = before
-        .iter()
-        .filter(|&&n| n >= 0 && n != node as i32)
-        .count();
     let t0 = Instant::now();
     let (batches, failed) = move_list(&pages, node, o)?;
     let mut r = MigrateReport::new(MigratePath::Kernel, len);
