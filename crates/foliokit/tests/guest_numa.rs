@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{in_child, pattern, relocation_available, say, skip};
+use common::{in_child, pattern, relocation_available, say, skip, touch_pages};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateOptions, MigratePath, Path};
 use std::time::Duration;
@@ -105,13 +105,6 @@ fn numa_maps(at: usize) -> String {
         .find(|l| l.starts_with(&format!("{start:x} ")))
         .unwrap_or("(not listed)")
         .to_string()
-}
-
-/// Reads a byte of every page: resolves the hinting faults NUMA balancing
-/// set up (and changes nothing).
-fn touch_pages(mem: &[u8]) {
-    let sum = mem.iter().step_by(PAGE).fold(0u8, |a, &b| a ^ b);
-    std::hint::black_box(sum);
 }
 
 /// The kernel's migration and NUMA-balancing counters (/proc/vmstat), and

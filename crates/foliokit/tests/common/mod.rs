@@ -383,6 +383,13 @@ pub fn in_forked_child(child: impl FnOnce() -> bool) {
     panic!("forked child hung: killed after ~{} s", 20 * slowdown());
 }
 
+/// Reads a byte of every 4 KiB page of `mem`: resolves the hinting faults
+/// NUMA balancing set up there (and changes nothing).
+pub fn touch_pages(mem: &[u8]) {
+    let sum = mem.iter().step_by(4096).fold(0u8, |a, &b| a ^ b);
+    std::hint::black_box(sum);
+}
+
 /// Threads of this process now (entries of /proc/self/task).
 pub fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task")
