@@ -152,7 +152,10 @@ struct fk_migrate_result {
     size_t size;           /* in: sizeof(struct fk_migrate_result);
                               out: bytes the library filled */
     double gbps;           /* bytes per second / 2^30 */
-    double first_folio_us; /* median over batches */
+    double first_folio_us; /* median over batches of the time from a
+                              batch's start (before any page of it is
+                              taken out) until its first folio is usable
+                              again: relocation's copy included */
     size_t pages_to_move;  /* kernel path: populated pages not yet on the
                               node; relocation: populated pages found */
     int relocated;         /* 1 if the relocation path ran */

@@ -252,6 +252,15 @@ pub struct Row {
     pub limit_gbps: Option<f64>,
     /// The row's median over `limit_gbps`.
     pub of_limit: Option<f64>,
+    /// The row beat its limit beyond the run's noise: the limit missed
+    /// something (tables print "missed" instead of a percentage).
+    pub limit_missed: bool,
+}
+
+/// A row further above its limit than this (the A/A tolerance) means the
+/// limit missed something; closer is noise.
+pub fn over_limit(of: Option<f64>) -> bool {
+    of.is_some_and(|x| x > 1.0 + foliokit_lab::measure::AA_TOLERANCE)
 }
 
 /// "62%" of a limit, or "-" without one.
@@ -286,7 +295,11 @@ impl TableRow for Row {
             pm(&self.gbps, 2),
             format!("{:.2}", self.gbps.median),
             format!("{:.2}x", self.speedup),
-            pct(self.of_limit),
+            if self.limit_missed {
+                "missed".into()
+            } else {
+                pct(self.of_limit)
+            },
         ]
     }
 
@@ -359,7 +372,7 @@ impl LimitNote {
     pub fn line(&self) -> String {
         let l = &self.limits;
         format!(
-            "limit {} x{}{}: read {:.2}, write 0s {:.2}, write {:.2} -> {} limit {:.2} GB/s (medians)",
+            "limit {} x{}{}: read {:.2}, write 0s {:.2}, write {:.2} -> {} limit {:.2} GB/s (medians), set by {}",
             show_size(self.folio_size),
             self.channels,
             match l.stores {
@@ -375,8 +388,26 @@ impl LimitNote {
                 foliokit_lab::measure::LimitOp::Init => "init",
                 foliokit_lab::measure::LimitOp::Fault => "fault",
             },
-            l.gbps()
+            l.gbps(),
+            l.set_by
         )
+    }
+}
+
+/// The A/A control of one (folio size, channels) group.
+#[derive(Debug, Clone, Serialize)]
+pub struct AaNote {
+    pub folio_size: usize,
+    pub channels: usize,
+    #[serde(flatten)]
+    pub control: foliokit_lab::measure::AaControl,
+}
+
+impl AaNote {
+    /// The table's footer line.
+    pub fn line(&self) -> String {
+        let at = format!(" {} x{}", show_size(self.folio_size), self.channels);
+        self.control.line(&at)
     }
 }
 

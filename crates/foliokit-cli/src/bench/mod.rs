@@ -14,7 +14,8 @@ use std::fmt::Write as _;
 use crate::args::{approx_size, show_size};
 use crate::machine::mem_available;
 use crate::report::{
-    pct, AutoSummary, BackingNote, HotRepeats, LimitNote, McRatio, Report, Row, Skipped,
+    over_limit, pct, AaNote, AutoSummary, BackingNote, HotRepeats, LimitNote, McRatio, Report, Row,
+    Skipped,
 };
 use crate::CliError;
 
@@ -144,6 +145,8 @@ pub struct StrategyTables {
     skipped: Vec<Skipped>,
     limits: Vec<LimitNote>,
     reps: Vec<HotRepeats>,
+    aa: Vec<AaNote>,
+    order: Option<String>,
 }
 
 impl StrategyTables {
@@ -177,6 +180,8 @@ impl StrategyTables {
                 .collect(),
             limits: Vec::new(),
             reps: Vec::new(),
+            aa: Vec::new(),
+            order: None,
         }
     }
 
@@ -201,6 +206,12 @@ impl StrategyTables {
                 calls_per_loop: measured.reps,
             });
         }
+        self.aa.extend(measured.aa.clone().map(|control| AaNote {
+            folio_size: folio,
+            channels,
+            control,
+        }));
+        self.order.get_or_insert_with(|| measured.order.line());
         let limit = measured.limits.as_ref().map(|l| l.gbps());
         if let Some(l) = &measured.limits {
             self.limits.push(LimitNote {
@@ -233,6 +244,7 @@ impl StrategyTables {
             speedup: x.gbps.median / base,
             limit_gbps: limit,
             of_limit: limit.map(|l| x.gbps.median / l),
+            limit_missed: over_limit(limit.map(|l| x.gbps.median / l)),
         }));
         let best = m
             .iter()
@@ -274,6 +286,7 @@ impl StrategyTables {
             "speedup: median over the median of '{}' on {on} at the same folio size",
             self.baseline
         ));
+        report.footer.extend(self.order.iter().cloned());
         report.footer.extend(self.reps.iter().map(HotRepeats::line));
         for l in &self.limits {
             report.footer.push(l.line());
@@ -309,7 +322,34 @@ impl StrategyTables {
                 }
             }
         }
-        for a in &self.auto {
+        let missed: Vec<String> = report
+            .rows
+            .iter()
+            .filter(|r| r.limit_missed)
+            .map(|r| {
+                format!(
+                    "{} at {} x{}",
+                    r.function,
+                    show_size(r.folio_size),
+                    r.channels
+                )
+            })
+            .collect();
+        if !missed.is_empty() {
+            report.footer.push(format!(
+                "limit missed: {} ran above the same-run limit beyond the noise (shown as 'missed'): the probes and primitives did not find what this machine can do there",
+                missed.join(", ")
+            ));
+        }
+        report.footer.extend(self.aa.iter().map(AaNote::line));
+        let ranks = self.aa.iter().all(|a| a.control.agrees());
+        if !ranks {
+            report.footer.push(
+                "this run cannot rank strategies: an A/A control disagreed (see above); the auto verdicts below are withheld"
+                    .into(),
+            );
+        }
+        for a in self.auto.iter().filter(|_| ranks) {
             report.footer.push(format!(
                 "auto at {} x{} ran {}: {} of the limit, {:.2}x {}{}, {:.2}x the best named ({})",
                 show_size(a.folio_size),
@@ -351,6 +391,7 @@ impl StrategyTables {
         if !self.reps.is_empty() {
             report.section("hot_repeats", &self.reps);
         }
+        report.section("aa_control", &self.aa);
     }
 }
 

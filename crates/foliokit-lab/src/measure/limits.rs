@@ -85,6 +85,17 @@ pub enum Stores {
     Cached,
 }
 
+impl Stores {
+    /// The other kind: a resident run also probes streaming stores, which
+    /// can beat the cache by writing past it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Stores::Streaming => "streaming stores",
+            Stores::Cached => "ordinary stores",
+        }
+    }
+}
+
 /// The operation a limit is for: which probes it combines, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -103,19 +114,19 @@ impl LimitOp {
                 "copy limit = min(read, write): a copy reads and writes every byte, so it is no faster than either alone (write = streaming write of non-zero bytes)"
             }
             (LimitOp::Copy, Stores::Cached) => {
-                "copy limit = min(read, write) on cache-resident buffers: a copy reads and writes every byte, so it is no faster than either alone (write = ordinary stores of non-zero bytes, which keep the buffer in cache; streaming rows can beat it by writing past the cache)"
+                "copy limit = min(read, write) on cache-resident buffers: a copy reads and writes every byte, so it is no faster than either alone (write = ordinary stores of non-zero bytes, which keep the buffer in cache, or streaming stores where those are faster)"
             }
             (LimitOp::Clear | LimitOp::Fault, Stores::Streaming) => {
                 "limit = streaming write of zeros"
             }
             (LimitOp::Clear | LimitOp::Fault, Stores::Cached) => {
-                "limit = ordinary stores of zeros into the cache-resident buffer (streaming rows can beat it by writing past the cache)"
+                "limit = ordinary stores of zeros into the cache-resident buffer, or streaming stores of zeros where those are faster"
             }
             (LimitOp::Init, Stores::Streaming) => {
                 "limit = streaming write of non-zero bytes over the array"
             }
             (LimitOp::Init, Stores::Cached) => {
-                "limit = ordinary stores of non-zero bytes over the cache-resident array"
+                "limit = ordinary stores of non-zero bytes over the cache-resident array, or streaming stores where those are faster"
             }
         }
     }
@@ -144,6 +155,23 @@ pub struct Limits {
     /// reads and writes took turns (a reference point, not the limit).
     pub serial_gbps: Stats,
     pub formula: &'static str,
+    /// Every bound the limit is the per-pass maximum of, with its median
+    /// GB/s: the probes, the other store kind's probes, and each
+    /// single-primitive row of the run (what this machine was seen to do
+    /// is what it can do).
+    pub bounds: Vec<Bound>,
+    /// The bound with the highest median: what set the limit.
+    pub set_by: String,
+    /// The limit per timed pass (the maximum of the bounds in that pass).
+    #[serde(skip)]
+    per_pass: Vec<f64>,
+}
+
+/// One lower bound on what the machine can do for the operation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bound {
+    pub name: String,
+    pub gbps: f64,
 }
 
 impl Limits {
@@ -166,6 +194,8 @@ impl Limits {
         let serial: Vec<f64> = (0..per_loop.len())
             .map(|l| r[l] * w[l] / (r[l] + w[l]))
             .collect();
+        let limit = Stats::of(&per_loop)?;
+        let name = format!("probes ({})", stores.label());
         Some(Limits {
             serial_gbps: Stats::of(&serial)?,
             op,
@@ -173,9 +203,48 @@ impl Limits {
             read: Stats::of(r)?,
             write_zero: Stats::of(w0)?,
             write: Stats::of(w)?,
-            limit: Stats::of(&per_loop)?,
+            bounds: vec![Bound {
+                name: name.clone(),
+                gbps: limit.median,
+            }],
+            set_by: name,
+            limit,
             formula: op.formula(stores),
+            per_pass: per_loop,
         })
+    }
+
+    /// The same limit, raised per pass to another bound `name` reached
+    /// (GB/s per pass, in the same pass order): a row or a probe set that
+    /// went faster shows the probes missed something.
+    pub fn raise(mut self, name: &str, rates: &[f64]) -> Limits {
+        let Some(s) = Stats::of(rates) else {
+            return self;
+        };
+        for (l, &r) in self.per_pass.iter_mut().zip(rates) {
+            *l = l.max(r);
+        }
+        if s.median > self.bounds.iter().map(|b| b.gbps).fold(f64::MIN, f64::max) {
+            self.set_by = name.to_string();
+        }
+        self.bounds.push(Bound {
+            name: name.to_string(),
+            gbps: s.median,
+        });
+        if let Some(l) = Stats::of(&self.per_pass) {
+            self.limit = l;
+        }
+        self
+    }
+
+    /// The probes' own limit (before [`Limits::raise`]), per pass: what
+    /// another probe set raises a limit by.
+    pub fn probe_rates(op: LimitOp, bytes: usize, secs: &[Vec<f64>]) -> Vec<f64> {
+        let rate = |k: usize, l: usize| gbps(bytes, secs[k][l]);
+        let n = secs.iter().map(Vec::len).min().unwrap_or(0);
+        (0..n)
+            .map(|l| op.combine(rate(0, l), rate(1, l), rate(2, l)))
+            .collect()
     }
 
     /// The limit's median, GB/s: what rows are compared with.

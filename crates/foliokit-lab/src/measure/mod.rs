@@ -1,20 +1,25 @@
 //! Measuring strategies the same way everywhere (`bench`, `calibrate`).
 //!
-//! Candidates run interleaved, loop-major: loop 1 runs every candidate, then
-//! loop 2, and so on, each loop in a rotated order. A noisy neighbour on a
-//! shared machine then slows all candidates alike instead of whichever
-//! happened to run during the noise, which keeps ratios from one run
-//! meaningful.
+//! Candidates run interleaved, pass-major: pass 1 runs every candidate,
+//! then pass 2, and so on, each pass in an order from a balanced design
+//! (see `order.rs`). A noisy neighbour on a shared machine then slows all
+//! candidates alike instead of whichever happened to run during the noise,
+//! and no candidate always inherits the same neighbour's cache state, which
+//! keeps ratios from one run meaningful.
 
+mod aa;
 mod limits;
 mod ops;
+mod order;
 mod stats;
 
+pub use aa::{AaControl, AA_TOLERANCE};
 pub use limits::{probe, LimitOp, Limits, Probe, Stores};
 pub use ops::{
     measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Measured, Measurement,
     Plan,
 };
+pub use order::{williams, Order};
 pub use stats::{gbps, Stats};
 
 use std::time::Instant;
@@ -26,28 +31,27 @@ use std::time::Instant;
 pub const HOT_SAMPLE_BYTES: usize = 256 << 20;
 
 /// Runs `body(state, c)` for every candidate `c < candidates`: one untimed
-/// warm-up pass, then `loops` timed passes. `prepare(state, c)` runs untimed
-/// before each timed call (cache eviction). `tick` is called after every
-/// call, for progress. Returns the seconds of each timed call, per candidate.
+/// warm-up pass, then the timed passes of `order` (at least `loops`, each
+/// in its balanced order). `prepare(state, c)` runs untimed before every
+/// call (cache eviction, re-warming). `tick` is called after every call,
+/// for progress. Returns the seconds of each timed call, per candidate, in
+/// pass order.
 pub fn run_interleaved<T, E>(
-    candidates: usize,
-    loops: usize,
+    order: &Order,
     state: &mut T,
     mut prepare: impl FnMut(&mut T, usize) -> Result<(), E>,
     mut body: impl FnMut(&mut T, usize) -> Result<(), E>,
     mut tick: impl FnMut(),
 ) -> Result<Vec<Vec<f64>>, E> {
+    let candidates = order.candidates;
     for c in 0..candidates {
         prepare(state, c)?;
         body(state, c)?;
         tick();
     }
-    let mut secs = vec![Vec::with_capacity(loops); candidates];
-    for l in 0..loops {
-        // Rotate the order each loop so no candidate always runs right
-        // after the same neighbour (whose cache footprint it would inherit).
-        for k in 0..candidates {
-            let c = (l + k) % candidates;
+    let mut secs = vec![Vec::with_capacity(order.passes); candidates];
+    for p in 0..order.passes {
+        for c in order.pass(p) {
             prepare(state, c)?;
             let t = Instant::now();
             body(state, c)?;
@@ -63,11 +67,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_candidate_runs_warm_up_plus_loops_in_rotated_order() {
+    fn every_candidate_runs_warm_up_plus_passes_in_balanced_order() {
         let mut order = Vec::new();
+        let design = Order::new(3, 2);
         let secs = run_interleaved::<_, ()>(
-            3,
-            2,
+            &design,
             &mut order,
             |_, _| Ok(()),
             |o, c| {
@@ -77,15 +81,17 @@ mod tests {
             || {},
         )
         .unwrap();
-        assert_eq!(order, [0, 1, 2, 0, 1, 2, 1, 2, 0]);
-        assert!(secs.iter().all(|s| s.len() == 2));
+        let mut want = vec![0, 1, 2];
+        (0..design.passes).for_each(|p| want.extend(design.pass(p)));
+        assert_eq!(order, want);
+        assert_eq!(design.passes, 6, "three candidates: a design of six orders");
+        assert!(secs.iter().all(|s| s.len() == 6));
     }
 
     #[test]
     fn errors_stop_the_run() {
         let r = run_interleaved(
-            2,
-            3,
+            &Order::new(2, 3),
             &mut (),
             |_, _| Ok(()),
             |_, c| if c == 1 { Err("boom") } else { Ok(()) },

@@ -2,7 +2,9 @@
 
 use serde::Serialize;
 
+use super::aa::AaControl;
 use super::limits::{run_probe, LimitOp, Limits, Probe, Stores};
+use super::order::Order;
 use super::{gbps, run_interleaved, Stats, HOT_SAMPLE_BYTES};
 use foliokit::batch::{folio_starts, Reuse};
 use foliokit::mc::copy_folios_mc;
@@ -50,6 +52,10 @@ pub struct Measurement {
     /// Calls per timed loop: above 1 for cache-resident hot runs (see
     /// [`HOT_SAMPLE_BYTES`]); each figure is bytes moved over the loop's time.
     pub reps: usize,
+    /// Two timings of the same code in this run, and whether they agree.
+    pub aa: Option<AaControl>,
+    /// The balanced order the passes ran in.
+    pub order: Order,
 }
 
 /// One measurement.
@@ -138,12 +144,129 @@ fn reps(rewarm: bool, bytes: usize) -> usize {
     }
 }
 
+/// What one interleaved slot times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Slot {
+    /// Candidate `i` (the listed ones, then the A/A twin if one was added).
+    Cand(usize),
+    /// A limit probe with these stores.
+    Probe(Probe, Stores),
+}
+
+/// The slots of one measurement: every candidate, the A/A twin where the
+/// list lacks it, and the probes (a resident run probes both store kinds:
+/// streaming stores can beat the cache by writing past it, and a limit
+/// must bound every row).
+struct Layout {
+    slots: Vec<Slot>,
+    /// (a, b, whether b was added): the candidates the A/A control compares.
+    aa: Option<(usize, usize, bool)>,
+}
+
+impl Layout {
+    /// `same(i, j)`: candidates `i` and `j` run the same code; `twin`: the
+    /// index `auto` resolves to among the listed candidates, or `None` when
+    /// the caller must append it (then it gets index `listed`).
+    fn new(
+        listed: usize,
+        auto: Option<(usize, Option<usize>)>,
+        plan: &Plan,
+        rewarm: bool,
+    ) -> Layout {
+        let (aa, total) = match auto {
+            Some((a, Some(b))) => (Some((a, b, false)), listed),
+            Some((a, None)) => (Some((a, listed, true)), listed + 1),
+            // No auto listed: the first candidate against a second copy.
+            None if listed > 0 => (Some((0, listed, true)), listed + 1),
+            None => (None, listed),
+        };
+        let mut slots: Vec<Slot> = (0..total).map(Slot::Cand).collect();
+        if plan.limits {
+            let kinds: &[Stores] = if rewarm {
+                &[Stores::Cached, Stores::Streaming]
+            } else {
+                &[Stores::Streaming]
+            };
+            for &st in kinds {
+                slots.extend(Probe::ALL.iter().map(|&p| Slot::Probe(p, st)));
+            }
+        }
+        Layout { slots, aa }
+    }
+}
+
+/// Builds the measurement from the slots' per-pass seconds: rows for the
+/// listed candidates, the limit raised to every single-primitive row and
+/// the other store kind's probes, and the A/A control.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    op: LimitOp,
+    layout: &Layout,
+    names: &[String],
+    primitive: &[bool],
+    listed: usize,
+    resolved: Vec<String>,
+    secs: Vec<Vec<f64>>,
+    bytes: usize,
+    rewarm: bool,
+    order: Order,
+    reps: usize,
+) -> Measurement {
+    let probe_secs = |st: Stores| -> Vec<Vec<f64>> {
+        Probe::ALL
+            .iter()
+            .filter_map(|&p| {
+                let k = layout.slots.iter().position(|&s| s == Slot::Probe(p, st))?;
+                Some(secs[k].clone())
+            })
+            .collect()
+    };
+    let limits = (|| {
+        let own = probe_secs(stores(rewarm));
+        if own.len() != Probe::ALL.len() {
+            return None;
+        }
+        let mut l = Limits::from_secs(op, stores(rewarm), bytes, &own)?;
+        if rewarm {
+            let other = probe_secs(Stores::Streaming);
+            if other.len() == Probe::ALL.len() {
+                let name = format!("probes ({})", Stores::Streaming.label());
+                l = l.raise(&name, &Limits::probe_rates(op, bytes, &other));
+            }
+        }
+        for i in (0..listed).filter(|&i| primitive[i]) {
+            let rates: Vec<f64> = secs[i].iter().map(|&t| gbps(bytes, t)).collect();
+            l = l.raise(&names[i], &rates);
+        }
+        Some(l)
+    })();
+    let aa = layout.aa.and_then(|(a, b, added)| {
+        let mut c = AaControl::of(&names[a], &secs[a], &names[b], &secs[b], bytes, added)?;
+        if resolved[a] != resolved[b] {
+            c.problem = Some(format!(
+                "{} ran {} but the control timed {}",
+                names[a], resolved[a], resolved[b]
+            ));
+        }
+        Some(c)
+    });
+    Measurement {
+        rows: collect(&names[..listed], resolved, &secs[..listed], bytes),
+        limits,
+        reps,
+        aa,
+        order,
+    }
+}
+
 /// Measures copying `src` into `dst` in `plan.folio_size` folios with each
 /// candidate. Each candidate's warm-up call is verified against the source.
 /// In hot mode, when both buffers fit the LLC, each timed loop follows an
 /// untimed call of the same candidate (so it measures the candidate's own
 /// steady state), repeats the call [`Measurement::reps`] times, and the
-/// limit probes store into the cache ([`Stores::Cached`]).
+/// limit probes store into the cache ([`Stores::Cached`]) as well as past
+/// it. In evict mode both buffers are flushed before every call, so every
+/// candidate starts from the same state whatever ran before it.
 pub fn measure_copy(
     src: &Region,
     dst: &mut Region,
@@ -160,6 +283,27 @@ pub fn measure_copy(
     } else {
         None
     };
+    let shape = Shape::batch(plan.folio_size, len / plan.folio_size.max(1), plan.reuse)
+        .on_channels(plan.channels);
+    // The A/A control: auto beside the named strategy it resolves to.
+    let mut cands = candidates.to_vec();
+    let auto = cands
+        .iter()
+        .position(|c| c.strategy == CopyStrategy::Auto && !c.mc)
+        .map(|a| {
+            let twin = CopyCandidate::plain(CopyStrategy::Auto.resolve(shape));
+            (a, cands.iter().position(|c| *c == twin))
+        });
+    let rewarm = rewarm(plan, 2 * len);
+    let layout = Layout::new(cands.len(), auto, plan, rewarm);
+    let listed = cands.len();
+    match layout.aa {
+        Some((a, _, true)) if auto.is_some() => {
+            cands.push(CopyCandidate::plain(cands[a].strategy.resolve(shape)))
+        }
+        Some((a, _, true)) => cands.push(cands[a]),
+        _ => {}
+    }
     // The channel path takes folio lists. Build them once: the buffers do
     // not move, and building them inside the timed call would bill only the
     // channel rows for it.
@@ -174,15 +318,13 @@ pub fn measure_copy(
         None => (Vec::new(), Vec::new()),
     };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
-        let cand = candidates[c];
+        let cand = cands[c];
         let opts = CopyOptions::default()
             .strategy(cand.strategy)
             .reuse(plan.reuse);
         let (d, s) = (&mut dst.as_mut_slice()[..len], &src.as_slice()[..len]);
         if let Some(pool) = &pool {
-            let resolved = cand.strategy.resolve(
-                Shape::batch(plan.folio_size, dsts.len(), plan.reuse).on_channels(plan.channels),
-            );
+            let resolved = cand.strategy.resolve(shape);
             let f = resolved.function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside two live, disjoint regions that
             // nothing else touches until the pool returns.
@@ -201,18 +343,14 @@ pub fn measure_copy(
                 .to_string())
         }
     };
-    let rewarm = rewarm(plan, 2 * len);
     let reps = reps(rewarm, len);
-    let n = candidates.len();
-    let probes = if plan.limits { Probe::ALL.len() } else { 0 };
     // Probes read the source and write the destination, on the same
     // channels and in the same folio pieces as the rows.
     let src_starts: Vec<*mut u8> = match pool {
         Some(_) => srcs.iter().map(|p| p.cast_mut()).collect(),
         None => Vec::new(),
     };
-    let run_probe_once = |dst: &mut Region, k: usize| -> Result<(), MeasureError> {
-        let p = Probe::ALL[k];
+    let run_probe_once = |dst: &mut Region, p: Probe, st: Stores| -> Result<(), MeasureError> {
         let (ptr, starts) = match p {
             Probe::Read => (src.as_ptr().cast_mut(), &src_starts),
             _ => (dst.as_mut_ptr(), &dsts),
@@ -221,54 +359,91 @@ pub fn measure_copy(
         // SAFETY: the range is the first `len` bytes of a live region; the
         // read probe only reads the source (borrowed shared, never written
         // while we hold it); writes go to `dst`, borrowed exclusively.
-        unsafe { run_probe(p, stores(rewarm), ptr, len, pool) }?;
+        unsafe { run_probe(p, st, ptr, len, pool) }?;
         Ok(())
     };
-    let mut resolved = vec![String::new(); n + probes];
+    let slots = &layout.slots;
+    let order = Order::new(slots.len(), plan.loops);
+    let mut resolved = vec![String::new(); slots.len()];
     let secs = run_interleaved(
-        n + probes,
-        plan.loops,
+        &order,
         dst,
-        |dst, c| match plan.cache {
-            CacheMode::Evict => src.evict().map_err(MeasureError::from),
-            CacheMode::Hot if rewarm && c >= n => run_probe_once(dst, c - n),
-            CacheMode::Hot if rewarm => run_once(dst, c).map(drop),
-            CacheMode::Hot => Ok(()),
-        },
-        |dst, c| {
-            if c >= n {
-                let run = |d: &mut Region| run_probe_once(d, c - n);
-                return probe_call(Probe::ALL[c - n], dst, len, reps, &mut resolved[c], run);
+        |dst, k| match (plan.cache, slots[k]) {
+            (CacheMode::Evict, _) => {
+                src.evict()?;
+                dst.evict().map_err(MeasureError::from)
             }
-            if !resolved[c].is_empty() {
+            (CacheMode::Hot, Slot::Probe(p, st)) if rewarm => run_probe_once(dst, p, st),
+            (CacheMode::Hot, Slot::Cand(c)) if rewarm => run_once(dst, c).map(drop),
+            (CacheMode::Hot, _) => Ok(()),
+        },
+        |dst, k| {
+            let c = match slots[k] {
+                Slot::Probe(p, st) => {
+                    let run = |d: &mut Region| run_probe_once(d, p, st);
+                    return probe_call(p, dst, len, reps, &mut resolved[k], run);
+                }
+                Slot::Cand(c) => c,
+            };
+            if !resolved[k].is_empty() {
                 return (0..reps).try_for_each(|_| run_once(dst, c).map(drop));
             }
             // The warm-up call: verify it copied every byte.
             dst.as_mut_slice()[..len].fill(0);
             let ran = run_once(dst, c)?;
             if dst.as_slice()[..len] != src.as_slice()[..len] {
-                return Err(MeasureError::Wrong(candidates[c].name()));
+                return Err(MeasureError::Wrong(cands[c].name()));
             }
-            resolved[c] = ran;
+            resolved[k] = ran;
             Ok(())
         },
         &mut tick,
     )?;
-    let names: Vec<String> = candidates.iter().map(CopyCandidate::name).collect();
-    resolved.truncate(n);
-    Ok(Measurement {
-        rows: collect(&names, resolved, &secs[..n], len * reps),
-        limits: plan
-            .limits
-            .then(|| Limits::from_secs(LimitOp::Copy, stores(rewarm), len * reps, &secs[n..]))
-            .flatten(),
+    let names: Vec<String> = cands.iter().map(CopyCandidate::name).collect();
+    let primitive: Vec<bool> = cands
+        .iter()
+        .map(|c| !c.mc && COPY_PRIMITIVES.contains(&c.strategy))
+        .collect();
+    resolved.truncate(cands.len());
+    Ok(finish(
+        LimitOp::Copy,
+        &layout,
+        &names,
+        &primitive,
+        listed,
+        resolved,
+        secs,
+        len * reps,
+        rewarm,
+        order,
         reps,
-    })
+    ))
 }
+
+/// Copy strategies that are one primitive (a string instruction or one
+/// vector loop over the whole folio): whatever they reach, the machine
+/// can do, so a copy limit is at least their best.
+const COPY_PRIMITIVES: [CopyStrategy; 6] = [
+    CopyStrategy::Movsq,
+    CopyStrategy::Movsb,
+    CopyStrategy::Unrolled,
+    CopyStrategy::Avx2,
+    CopyStrategy::Avx512,
+    CopyStrategy::Nt,
+];
+
+/// Clear strategies that are one primitive over the whole folio (`rep
+/// stos`, streaming stores of zeros, `clzero`).
+const CLEAR_PRIMITIVES: [ClearStrategy; 4] = [
+    ClearStrategy::Stosb,
+    ClearStrategy::Stosq,
+    ClearStrategy::Nt,
+    ClearStrategy::Clzero,
+];
 
 /// Measures zeroing `dst` in `plan.folio_size` folios with each strategy,
 /// verifying each warm-up call; hot mode re-warms, repeats and probes the
-/// cache as [`measure_copy`] does.
+/// cache as [`measure_copy`] does, evict mode flushes before every call.
 pub fn measure_clear(
     dst: &mut Region,
     strategies: &[ClearStrategy],
@@ -281,6 +456,22 @@ pub fn measure_clear(
     } else {
         None
     };
+    let shape = Shape::batch(plan.folio_size, len / plan.folio_size.max(1), plan.reuse)
+        .on_channels(plan.channels);
+    let mut strategies = strategies.to_vec();
+    let auto = strategies
+        .iter()
+        .position(|&s| s == ClearStrategy::Auto)
+        .map(|a| {
+            let twin = ClearStrategy::Auto.resolve(shape);
+            (a, strategies.iter().position(|&s| s == twin))
+        });
+    let rewarm = rewarm(plan, len);
+    let layout = Layout::new(strategies.len(), auto, plan, rewarm);
+    let listed = strategies.len();
+    if let Some((a, _, true)) = layout.aa {
+        strategies.push(strategies[a].resolve(shape));
+    }
     // Built once, outside the timed calls, as in measure_copy.
     let dsts = match pool {
         Some(_) => folio_starts(dst.as_mut_ptr(), len, plan.folio_size),
@@ -288,9 +479,7 @@ pub fn measure_clear(
     };
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
         if let Some(pool) = &pool {
-            let resolved = strategies[c].resolve(
-                Shape::batch(plan.folio_size, dsts.len(), plan.reuse).on_channels(plan.channels),
-            );
+            let resolved = strategies[c].resolve(shape);
             let f = resolved.range_function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside the live region, which nothing
             // else touches until the pool returns.
@@ -305,33 +494,34 @@ pub fn measure_clear(
             .strategy
             .to_string())
     };
-    let rewarm = rewarm(plan, len);
     let reps = reps(rewarm, len);
-    let n = strategies.len();
-    let probes = if plan.limits { Probe::ALL.len() } else { 0 };
-    let run_probe_once = |dst: &mut Region, k: usize| -> Result<(), MeasureError> {
+    let run_probe_once = |dst: &mut Region, p: Probe, st: Stores| -> Result<(), MeasureError> {
         let pool = pool.as_ref().map(|p| (&**p, &dsts[..], plan.folio_size));
         // SAFETY: the whole live region, borrowed exclusively.
-        unsafe { run_probe(Probe::ALL[k], stores(rewarm), dst.as_mut_ptr(), len, pool) }?;
+        unsafe { run_probe(p, st, dst.as_mut_ptr(), len, pool) }?;
         Ok(())
     };
-    let mut resolved = vec![String::new(); n + probes];
+    let slots = &layout.slots;
+    let order = Order::new(slots.len(), plan.loops);
+    let mut resolved = vec![String::new(); slots.len()];
     let secs = run_interleaved(
-        n + probes,
-        plan.loops,
+        &order,
         dst,
-        |dst, c| match plan.cache {
-            CacheMode::Evict => dst.evict().map_err(MeasureError::from),
-            CacheMode::Hot if rewarm && c >= n => run_probe_once(dst, c - n),
-            CacheMode::Hot if rewarm => run_once(dst, c).map(drop),
-            CacheMode::Hot => Ok(()),
+        |dst, k| match (plan.cache, slots[k]) {
+            (CacheMode::Evict, _) => dst.evict().map_err(MeasureError::from),
+            (CacheMode::Hot, Slot::Probe(p, st)) if rewarm => run_probe_once(dst, p, st),
+            (CacheMode::Hot, Slot::Cand(c)) if rewarm => run_once(dst, c).map(drop),
+            (CacheMode::Hot, _) => Ok(()),
         },
-        |dst, c| {
-            if c >= n {
-                let run = |d: &mut Region| run_probe_once(d, c - n);
-                return probe_call(Probe::ALL[c - n], dst, len, reps, &mut resolved[c], run);
-            }
-            if !resolved[c].is_empty() {
+        |dst, k| {
+            let c = match slots[k] {
+                Slot::Probe(p, st) => {
+                    let run = |d: &mut Region| run_probe_once(d, p, st);
+                    return probe_call(p, dst, len, reps, &mut resolved[k], run);
+                }
+                Slot::Cand(c) => c,
+            };
+            if !resolved[k].is_empty() {
                 return (0..reps).try_for_each(|_| run_once(dst, c).map(drop));
             }
             dst.as_mut_slice().fill(0xFF);
@@ -339,21 +529,30 @@ pub fn measure_clear(
             if !is_zero(dst.as_slice()) {
                 return Err(MeasureError::Wrong(strategies[c].name().to_string()));
             }
-            resolved[c] = ran;
+            resolved[k] = ran;
             Ok(())
         },
         &mut tick,
     )?;
     let names: Vec<String> = strategies.iter().map(|s| s.name().to_string()).collect();
-    resolved.truncate(n);
-    Ok(Measurement {
-        rows: collect(&names, resolved, &secs[..n], len * reps),
-        limits: plan
-            .limits
-            .then(|| Limits::from_secs(LimitOp::Clear, stores(rewarm), len * reps, &secs[n..]))
-            .flatten(),
+    let primitive: Vec<bool> = strategies
+        .iter()
+        .map(|s| CLEAR_PRIMITIVES.contains(s))
+        .collect();
+    resolved.truncate(strategies.len());
+    Ok(finish(
+        LimitOp::Clear,
+        &layout,
+        &names,
+        &primitive,
+        listed,
+        resolved,
+        secs,
+        len * reps,
+        rewarm,
+        order,
         reps,
-    })
+    ))
 }
 
 /// One call of a limit probe in the interleaved loop: the first (untimed
@@ -436,10 +635,16 @@ mod tests {
             let mut ticks = 0;
             let m =
                 measure_copy(&src, &mut dst, &cands, &plan(channels, true), || ticks += 1).unwrap();
-            assert_eq!(ticks, 4 * 3, "warm-up + 2 loops for a row and 3 probes");
-            assert_eq!(m.rows.len(), 1);
+            // A row, its A/A copy and 3 probes: five slots, a design of
+            // ten orders (odd), so ten passes although two were asked.
+            assert_eq!(m.order.candidates, 5);
+            assert_eq!(m.order.passes, 10);
+            assert_eq!(ticks, 5 * 11, "warm-up + every pass, a tick per call");
+            assert_eq!(m.rows.len(), 1, "the A/A copy is not a row");
+            let aa = m.aa.as_ref().expect("an A/A control in every run");
+            assert!(aa.twin_added && aa.a == "libc" && aa.b == "libc");
             let l = m.limits.expect("limits measured");
-            assert_eq!((l.op, l.read.runs, l.limit.runs), (LimitOp::Copy, 2, 2));
+            assert_eq!((l.op, l.read.runs, l.limit.runs), (LimitOp::Copy, 10, 10));
             assert!(
                 src.as_slice().iter().all(|&b| b == 3),
                 "the read probe wrote"
@@ -464,6 +669,46 @@ mod tests {
     }
 
     #[test]
+    fn auto_is_timed_beside_its_twin_and_the_limit_bounds_every_primitive() {
+        let len = 16 * 4096;
+        let mut dst = Region::new(len, 4096).unwrap();
+        let named = ClearStrategy::Auto.resolve(Shape::batch(4096, 16, Reuse::Stream));
+        // The twin is appended when the list lacks it, and reused when not.
+        for list in [vec![ClearStrategy::Auto], vec![named, ClearStrategy::Auto]] {
+            let m = measure_clear(&mut dst, &list, &plan(1, true), || {}).unwrap();
+            let aa = m.aa.expect("A/A control");
+            assert_eq!((aa.a.as_str(), aa.b.as_str()), ("auto", named.name()));
+            assert_eq!(aa.twin_added, list.len() == 1);
+            assert!(aa.problem.is_none(), "{aa:?}");
+            assert_eq!(m.rows.len(), list.len());
+            let l = m.limits.unwrap();
+            for r in m
+                .rows
+                .iter()
+                .filter(|r| CLEAR_PRIMITIVES.iter().any(|p| p.name() == r.function))
+            {
+                assert!(
+                    l.limit.median >= r.gbps.median,
+                    "{} above {:?}",
+                    r.function,
+                    l
+                );
+            }
+        }
+        let src = Region::new(len, 4096).unwrap();
+        let cands = [CopyCandidate::plain(CopyStrategy::Auto)];
+        let m = measure_copy(&src, &mut dst, &cands, &plan(1, true), || {}).unwrap();
+        let aa = m.aa.expect("A/A control");
+        assert_eq!(
+            aa.b,
+            CopyStrategy::Auto
+                .resolve(Shape::batch(4096, 16, Reuse::Stream))
+                .name()
+        );
+        assert!(aa.problem.is_none(), "{aa:?}");
+    }
+
+    #[test]
     fn hot_resident_runs_repeat_each_call_and_probe_the_cache() {
         let len = 8 * 4096;
         let mut src = Region::new(len, 4096).unwrap();
@@ -477,15 +722,22 @@ mod tests {
         let mut ticks = 0;
         let m = measure_copy(&src, &mut dst, &cands, &hot, || ticks += 1).unwrap();
         assert_eq!(m.reps, HOT_SAMPLE_BYTES / len);
-        assert_eq!(ticks, 4 * 3, "a tick per loop, not per repeated call");
+        // A row, its A/A copy, three probes with each store kind.
+        assert_eq!(m.order.candidates, 8);
+        assert_eq!(ticks, 8 * 9, "a tick per loop, not per repeated call");
         let l = m.limits.expect("limits measured");
         assert_eq!(l.stores, Stores::Cached);
+        assert!(
+            l.bounds.iter().any(|b| b.name.contains("streaming")),
+            "a resident run also probes streaming stores: {:?}",
+            l.bounds
+        );
         assert_eq!(l.formula, LimitOp::Copy.formula(Stores::Cached));
-        assert_eq!(dst.as_slice(), src.as_slice());
+        // (What the buffer holds afterwards depends on which slot ran
+        // last; every candidate's warm-up call was verified.)
         let m = measure_clear(&mut dst, &[ClearStrategy::Libc], &hot, || {}).unwrap();
         assert_eq!(m.reps, HOT_SAMPLE_BYTES / len);
         assert_eq!(m.limits.unwrap().stores, Stores::Cached);
-        assert!(dst.as_slice().iter().all(|&b| b == 0));
         // A run that is not hot calls once per loop and probes memory.
         if foliokit::arch::CAN_FLUSH {
             let m = measure_copy(&src, &mut dst, &cands, &plan(1, true), || {}).unwrap();

@@ -313,9 +313,12 @@ pub enum MigrateError {
 pub struct BatchStat {
     /// Base pages in the batch.
     pub pages: usize,
-    /// Microseconds from the batch's start until its first folio could be
-    /// used again (kernel path: the whole `move_pages` call, since the
-    /// kernel does not say sooner).
+    /// First-folio latency: microseconds from the batch's start (before
+    /// any page of it is taken out or unmapped) until its first folio is
+    /// usable at its address again. Relocation: take-out, the copy of the
+    /// whole batch and the first install; kernel path: the whole first
+    /// `move_pages` call, since the kernel does not say sooner. The same
+    /// definition holds in the JSON output and the C API.
     pub first_folio_us: f64,
     /// Microseconds for the whole batch.
     pub total_us: f64,
