@@ -198,6 +198,16 @@ pub struct MigrateRow {
     pub first_folio_us: Option<Latency>,
     pub total_ms: Option<Stats>,
     pub speedup: Option<f64>,
+    /// The same-run copy limit of these buffers on these channels (GB/s,
+    /// median of `min(read, write)` probed beside every run).
+    pub copy_limit_gbps: Option<f64>,
+    /// The row's median GB/s over that limit: what the migration costs
+    /// beyond copying its bytes is the rest.
+    pub of_copy_limit: Option<f64>,
+    /// Microseconds to copy one folio of this size at that limit: no
+    /// batch's first folio can be usable again sooner, since relocation
+    /// copies it before installing it.
+    pub folio_copy_us: Option<f64>,
     /// Folios behind the source, from kpageflags (root), or the backing;
     /// with what the last run left where that differs.
     pub obtained: String,
@@ -217,7 +227,9 @@ impl TableRow for MigrateRow {
             "moved",
             "GB/s mean ± sd",
             "first folio µs (p50/p99)",
+            "1-folio copy µs",
             "speedup",
+            "% copy limit",
             "obtained",
         ]
     }
@@ -241,7 +253,9 @@ impl TableRow for MigrateRow {
                 .map_or_else(|| self.note.clone().unwrap_or_else(dash), |g| pm(g, 2)),
             self.first_folio_us
                 .map_or_else(dash, |l| format!("{:.0} / {:.0}", l.median, l.p99)),
+            self.folio_copy_us.map_or_else(dash, |u| format!("{u:.0}")),
             self.speedup.map_or_else(dash, |s| format!("{s:.2}x")),
+            crate::report::pct(self.of_copy_limit),
             self.obtained.clone(),
         ]
     }
@@ -260,6 +274,29 @@ struct Runs {
     /// The source's folios after the last run (census, root only): the
     /// kernel path may split THPs on a fragmented target node.
     backing_after: Option<String>,
+    /// The copy limit probed before each run (GB/s).
+    copy_limit: Vec<f64>,
+}
+
+/// The copy limit of `src` and `scratch` on `channels` channels, probed
+/// once: `min(read, write)` (a copy reads and writes every byte), as the
+/// copy benches compute it.
+fn copy_limit(
+    src: &mut Region,
+    scratch: &mut Region,
+    channels: usize,
+    folio: usize,
+) -> Result<f64, CliError> {
+    use foliokit_lab::measure::{gbps, probe, Probe};
+    let len = src.len().min(scratch.len());
+    let time = |p: Probe, buf: &mut [u8]| -> Result<f64, CliError> {
+        let t = std::time::Instant::now();
+        probe(p, &mut buf[..len], channels, folio)?;
+        Ok(gbps(len, t.elapsed().as_secs_f64()))
+    };
+    let read = time(Probe::Read, src.as_mut_slice())?;
+    let write = time(Probe::Write, scratch.as_mut_slice())?;
+    Ok(read.min(write))
 }
 
 /// Puts `src` on `node` with move_pages, outside any timing.
@@ -298,6 +335,7 @@ fn off_node(src: &Region, node: u32) -> Result<usize, String> {
 /// bytes survive and the pages arrive.
 fn runs(
     src: &mut Region,
+    scratch: &mut Region,
     dir: Direction,
     o: &MigrateOptions,
     loops: u32,
@@ -314,11 +352,16 @@ fn runs(
         nothing_to_move: false,
         unavailable: None,
         backing_after: None,
+        copy_limit: Vec::new(),
     };
     for l in 0..loops {
         if dir.from != dir.to {
             place(src, dir.from, o.channels)?;
         }
+        // Beside every run, on the same buffers and channels, outside its
+        // timing: the read probe leaves the source's bytes and placement.
+        r.copy_limit
+            .push(copy_limit(src, scratch, o.channels, o.folio_size)?);
         // SAFETY: the region is ours and nothing else uses it meanwhile.
         let rep: MigrateReport = match unsafe { migrate(src.as_mut_ptr(), src.len(), node, o) } {
             Ok(rep) => rep,
@@ -382,6 +425,20 @@ fn row(
     obtained: &str,
 ) -> MigrateRow {
     let hide = r.nothing_to_move || r.unavailable.is_some();
+    let limit = Stats::of(&r.copy_limit).map(|s| s.median);
+    let gbps = if hide { None } else { Stats::of(&r.gbps) };
+    let first_folio_us = if hide {
+        None
+    } else {
+        Latency::of(&mut r.first.clone())
+    };
+    let folio_copy_us = limit.map(|l| folio as f64 / (l * (1u64 << 30) as f64) * 1e6);
+    // A first folio usable sooner than its copy could take is a
+    // measurement bug, not a result: say so in the row.
+    let below_floor = o.path != Path::Kernel
+        && first_folio_us
+            .zip(folio_copy_us)
+            .is_some_and(|(f, c)| f.median < c);
     MigrateRow {
         table,
         direction: dir.into(),
@@ -390,14 +447,13 @@ fn row(
         channels: o.channels,
         batch_pages: Stats::of(&r.batch_pages).map_or(o.batch_pages, |s| s.median as usize),
         pages_moved: Stats::of(&r.moved).map_or(0, |s| s.median as usize),
-        gbps: if hide { None } else { Stats::of(&r.gbps) },
-        first_folio_us: if hide {
-            None
-        } else {
-            Latency::of(&mut r.first.clone())
-        },
+        of_copy_limit: gbps.zip(limit).map(|(g, l)| g.median / l),
+        gbps,
+        first_folio_us,
         total_ms: Stats::of(&r.total_ms),
         speedup: None,
+        copy_limit_gbps: limit,
+        folio_copy_us,
         obtained: match &r.backing_after {
             Some(after) if after != obtained => format!("{obtained}; after the runs: {after}"),
             _ => obtained.into(),
@@ -412,6 +468,11 @@ fn row(
                     } else {
                         "nothing to move (one node)".into()
                     }
+                })
+            })
+            .or_else(|| {
+                below_floor.then(|| {
+                    "first folio below the time to copy one folio: a measurement bug".into()
                 })
             })
             .or_else(|| r.notes.first().cloned()),
@@ -504,6 +565,8 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         0
     };
     let pb = bar((t1 + t2 + t3) * a.loops as usize, "migrate");
+    // The write probe's buffer for the copy limit beside every run.
+    let mut scratch = Region::new(a.size, 2 << 20)?;
     let tick = || pb.inc(1);
     let base = MigrateOptions::default().path(Path::Relocate);
 
@@ -528,7 +591,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 "baseline",
                 folio,
                 &o,
-                runs(&mut src, main_dir, &o, a.loops, &tick)?,
+                runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
                 &obtained,
             );
             let bmed = baseline.gbps.map(|g| g.median);
@@ -544,7 +607,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                     "relocate",
                     folio,
                     &o,
-                    runs(&mut src, main_dir, &o, a.loops, &tick)?,
+                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
                     &obtained,
                 );
                 r.speedup = r.gbps.zip(bmed).map(|(g, b)| g.median / b);
@@ -569,7 +632,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                     "relocate",
                     folio,
                     &o,
-                    runs(&mut src, main_dir, &o, a.loops, &tick)?,
+                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
                     &obtained,
                 );
                 first_gbps = first_gbps.or(r.gbps.map(|g| g.median));
@@ -587,7 +650,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                     "budget",
                     folio,
                     &o,
-                    runs(&mut src, main_dir, &o, a.loops, &tick)?,
+                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
                     &obtained,
                 );
                 r.note = Some(format!(
@@ -613,7 +676,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                     "kernel",
                     folio,
                     &o,
-                    runs(&mut src, dir, &o, a.loops, &tick)?,
+                    runs(&mut src, &mut scratch, dir, &o, a.loops, &tick)?,
                     &obtained,
                 );
                 let kmed = kernel.gbps.map(|g| g.median);
@@ -628,7 +691,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                     "relocate",
                     folio,
                     &o,
-                    runs(&mut src, dir, &o, a.loops, &tick)?,
+                    runs(&mut src, &mut scratch, dir, &o, a.loops, &tick)?,
                     &obtained,
                 );
                 r.speedup = r.gbps.zip(kmed).map(|(g, k)| g.median / k);
@@ -643,7 +706,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         footer.push("table 1: speedup over the one-thread per-page baseline (relocation, moves out and in included) at the same folio size".into());
     }
     if has(2) {
-        footer.push("table 2: speedup over the smallest batch with the same channels; first folio = until its first pages are moved back in".into());
+        footer.push("table 2: speedup over the smallest batch with the same channels; first folio = from the batch's start (before any page is taken out) until its first folio is usable again: relocation copies the whole batch first".into());
         if clamped {
             footer.push(format!(
                 "table 2: batch sizes above {run_pages} pages (the whole run of {}) were measured once, as {run_pages}",
@@ -661,6 +724,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         ));
     }
     footer.push("before every run the source is put on the direction's first node with move_pages, outside the timing".into());
+    footer.push("% copy limit: the row's median over the same-run copy limit of its buffers on its channels (min of a streaming read of the source and a streaming write of another buffer, probed beside every run); 1-folio copy µs: one folio at that limit, which no first folio can beat".into());
     if has(3) {
         footer.push(
             "seed 000 (Zen 5, 2 sockets + CXL): move_pages of 1G of 2M mTHP, DRAM0 -> DRAM1 7.20 -> 8.01 GB/s (1.11x), DRAM0 -> CXL 11.12 -> 13.07 (1.18x) with one bulk folio copy"
