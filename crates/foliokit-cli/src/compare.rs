@@ -56,7 +56,13 @@ struct Run {
     experiments: Vec<Value>,
 }
 
-fn load(path: &PathBuf) -> Result<Run, CliError> {
+fn load(given: &PathBuf) -> Result<Run, CliError> {
+    // A lab directory stands for its results.json.
+    let path = &if given.is_dir() {
+        given.join("results.json")
+    } else {
+        given.clone()
+    };
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let v: Value =
@@ -72,6 +78,16 @@ fn load(path: &PathBuf) -> Result<Run, CliError> {
             .into())
         }
     };
+    if !experiments
+        .iter()
+        .any(|e| rows(e).iter().any(|r| measure(r).is_some()))
+    {
+        return Err(format!(
+            "{} holds no rows with a measurement: nothing to compare",
+            path.display()
+        )
+        .into());
+    }
     let machine = match &v["machine"] {
         Value::Null => experiments
             .first()

@@ -123,8 +123,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     } else {
         Scale::Quick
     };
-    std::fs::create_dir_all(&a.out)
-        .map_err(|e| format!("cannot create {}: {e}", a.out.display()))?;
+    writable(&a.out)?;
     let t0 = Instant::now();
     let mut notes: Vec<String> = Vec::new();
     let mut entries: Vec<Entry> = Vec::new();
@@ -140,7 +139,13 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     } else if scale == Scale::Smoke {
         notes.push("smoke run: calibration skipped, auto used its built-in rules".into());
     } else {
-        println!("# calibrating (no profile yet): {}", status.note);
+        println!(
+            "# calibrating (no profile yet: {}); the profile goes to {}, where every later `auto` reads it",
+            status.note,
+            foliokit::tune::profile_path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|e| format!("nowhere ({e})"))
+        );
         crate::calibrate::run(crate::calibrate::CalibrateArgs {
             stream_size: None,
             dry_run: false,
@@ -187,6 +192,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     let mut e = entry("copy", "Folio copy (seed 000)", "000", &r, p);
     e.key_table = Some(key_rows(&r, "per-page"));
     entries.push(e);
+    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
 
     let r = copy::report(copy::CopyArgs {
         common: bench(copy_size, &[2 * M], "movsb,avx2,nt,auto", loops, &[1]),
@@ -202,6 +208,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         &r,
         vec![],
     ));
+    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
 
     let r = clear::report(clear::ClearArgs {
         common: bench(copy_size, &copy_pages, "all", loops, &[1, 2]),
@@ -216,6 +223,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     let mut e = entry("clear", "Huge-page clearing (seed 002)", "002", &r, p);
     e.key_table = Some(key_rows(&r, "butterfly"));
     entries.push(e);
+    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
 
     let avail = mem_available().unwrap_or(4 * G);
     let fault_size = match scale {
@@ -256,6 +264,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         &r,
         vec![p],
     ));
+    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
 
     let (init_size, init_loops) = match scale {
         Scale::Smoke => (16 * M, 2),
@@ -279,6 +288,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         &r,
         vec![p],
     ));
+    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
 
     let (mig_size, mig_pages, batches, mig_loops) = match scale {
         Scale::Smoke => (16 * M, vec![2 * M], vec![512, 2048], 1),
@@ -321,6 +331,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         &r,
         vec![p],
     ));
+    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
 
     let (iters, mloops) = match scale {
         Scale::Smoke => (200, 1),
@@ -344,40 +355,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     ));
 
     let elapsed = t0.elapsed();
-    let experiments: Vec<Value> = entries.iter().map(|e| e.json.clone()).collect();
-    let summary = summary::lines(&experiments);
-    let results = json!({
-        "foliokit": env!("CARGO_PKG_VERSION"),
-        "scale": format!("{scale:?}").to_lowercase(),
-        "elapsed_secs": elapsed.as_secs_f64(),
-        "machine": machine(),
-        "notes": notes,
-        "summary": summary,
-        "experiments": experiments,
-    });
-    let write = |name: &str, text: &str| -> Result<(), CliError> {
-        let path = a.out.join(name);
-        std::fs::write(&path, text)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()).into())
-    };
-    write(
-        "results.json",
-        &(serde_json::to_string_pretty(&results)? + "\n"),
-    )?;
-    for e in &entries {
-        write(&format!("{}.csv", e.key), &e.csv)?;
-    }
-    write(
-        "index.html",
-        &html::page(
-            &machine(),
-            &notes,
-            &summary,
-            &entries,
-            scale_name(scale),
-            elapsed,
-        ),
-    )?;
+    let summary = save(&a.out, scale, elapsed, &notes, &entries)?;
     println!(
         "# lab ({}) finished in {:.0} s: {}/results.json, {} CSVs, {}/index.html",
         scale_name(scale),
@@ -391,6 +369,65 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     }
     print!("{}", summary::text(&summary));
     Ok(())
+}
+
+/// Makes `out` (and its parents) and checks a file can be written there,
+/// before anything is measured: a lab that cannot keep its results should
+/// say so at once, not after minutes of work.
+fn writable(out: &std::path::Path) -> Result<(), CliError> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let probe = out.join(".foliokit-write-check");
+    std::fs::write(&probe, b"")
+        .map_err(|e| format!("cannot write results into {}: {e}", out.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Writes results.json, a CSV per experiment and index.html for what has
+/// finished so far: called after every experiment, so an interrupted or
+/// failed lab keeps what it measured. Returns the summary lines.
+fn save(
+    out: &std::path::Path,
+    scale: Scale,
+    elapsed: Duration,
+    notes: &[String],
+    entries: &[Entry],
+) -> Result<Vec<summary::Line>, CliError> {
+    let experiments: Vec<Value> = entries.iter().map(|e| e.json.clone()).collect();
+    let summary = summary::lines(&experiments);
+    let results = json!({
+        "foliokit": env!("CARGO_PKG_VERSION"),
+        "scale": format!("{scale:?}").to_lowercase(),
+        "elapsed_secs": elapsed.as_secs_f64(),
+        "machine": machine(),
+        "notes": notes,
+        "summary": summary,
+        "experiments": experiments,
+    });
+    let write = |name: &str, text: &str| -> Result<(), CliError> {
+        let path = out.join(name);
+        std::fs::write(&path, text)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()).into())
+    };
+    write(
+        "results.json",
+        &(serde_json::to_string_pretty(&results)? + "\n"),
+    )?;
+    for e in entries {
+        write(&format!("{}.csv", e.key), &e.csv)?;
+    }
+    write(
+        "index.html",
+        &html::page(
+            &machine(),
+            notes,
+            &summary,
+            entries,
+            scale_name(scale),
+            elapsed,
+        ),
+    )?;
+    Ok(summary)
 }
 
 fn scale_name(s: Scale) -> &'static str {

@@ -122,3 +122,39 @@ fn compare_calls_changes_only_beyond_the_spread() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn compare_takes_lab_directories_and_refuses_results_without_rows() {
+    let dir = std::env::temp_dir().join(format!("foliokit-compare-dirs-{}", std::process::id()));
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    for (d, mean) in [(&a, 10.0), (&b, 12.0)] {
+        std::fs::create_dir_all(d).unwrap();
+        let r = lab("6.12.0", vec![copy_row("movsb", mean, 0.1, 5)], vec![]);
+        std::fs::write(d.join("results.json"), r.to_string()).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_foliokit"))
+        .args(["compare", "--format", "json"])
+        .args([&a, &b])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 1);
+    // A results file with no measured rows is refused with one line.
+    let empty = dir.join("empty.json");
+    std::fs::write(&empty, lab("6.12.0", vec![], vec![]).to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_foliokit"))
+        .args(["compare"])
+        .args([&a, &empty])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no rows with a measurement"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
