@@ -9,7 +9,7 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::args::{show_size, Format};
 use crate::plots::{self, Frame, Point, Series};
@@ -56,12 +56,12 @@ struct Run {
     experiments: Vec<Value>,
 }
 
-fn load(given: &PathBuf) -> Result<Run, CliError> {
+fn load(given: &Path) -> Result<Run, CliError> {
     // A lab directory stands for its results.json.
     let path = &if given.is_dir() {
         given.join("results.json")
     } else {
-        given.clone()
+        given.to_path_buf()
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -600,7 +600,7 @@ fn page(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
 }
 
 pub fn run(a: CompareArgs) -> Result<(), CliError> {
-    let runs: Vec<Run> = a.files.iter().map(load).collect::<Result<_, _>>()?;
+    let runs: Vec<Run> = a.files.iter().map(|f| load(f)).collect::<Result<_, _>>()?;
     let all = matched(&runs);
     if all.is_empty() {
         return Err("no rows with a measurement in these results".into());
