@@ -60,6 +60,17 @@ pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
             c.channels,
             figures.join(", ")
         );
+        let _ = writeln!(
+            out,
+            "      -> {}: {}{}",
+            c.stored.as_deref().unwrap_or("built-in rule"),
+            c.why,
+            if c.rounds > 1 {
+                format!(" ({} rounds)", c.rounds)
+            } else {
+                String::new()
+            }
+        );
     }
     let _ = writeln!(out, "(median GB/s, best first)");
     match saved {

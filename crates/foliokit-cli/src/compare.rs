@@ -1,7 +1,7 @@
 //! `foliokit compare A B [C…]`: rows of several runs (a lab's results.json
 //! or a bench's JSON) matched by experiment, table, function, folio size,
 //! channels and the other keys a row has; each later run's ratio to the
-//! first, with a change called out only where the two rows' mean ± sd
+//! first, with a change called out only where the two rows' median ± sd
 //! intervals do not overlap. Machine and kernel differences come first:
 //! across machines or kernels a ratio compares them, not the code.
 
@@ -142,7 +142,8 @@ fn measure(r: &Value) -> Option<(&'static str, bool, Measure)> {
             unit,
             higher,
             Measure {
-                mean: s["mean"].as_f64()?,
+                // Medians, as the tables, plots and summary show.
+                mean: s["median"].as_f64().or_else(|| s["mean"].as_f64())?,
                 sd: s["stdev"].as_f64()?,
                 runs: s["runs"].as_u64().unwrap_or(1),
             },
@@ -347,7 +348,7 @@ fn text(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
     }
     let names: Vec<char> = (0..runs.len()).map(|i| (b'A' + i as u8) as char).collect();
     let mut header = vec!["experiment".to_string(), "row".into(), "unit".into()];
-    header.extend(names.iter().map(|n| format!("{n} mean ± sd")));
+    header.extend(names.iter().map(|n| format!("{n} median ± sd")));
     for n in &names[1..] {
         header.push(format!("{n}/A"));
         header.push(format!("{n} vs A"));
@@ -391,7 +392,7 @@ fn text(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
         let (b, w, same, few, missing) = counts(all, k);
         let _ = writeln!(
             out,
-            "# {n} vs A: {b} better, {w} worse beyond the noise (mean ± sd intervals apart), {same} within it, {few} with fewer than 3 runs, {missing} rows missing on one side"
+            "# {n} vs A: {b} better, {w} worse beyond the noise (median ± sd intervals apart), {same} within it, {few} with fewer than 3 runs, {missing} rows missing on one side"
         );
         if let Some(m) = median_shift(all, k) {
             let _ = writeln!(
@@ -443,7 +444,7 @@ fn page(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
     let mut out = crate::html::head("foliokit compare");
     out += "<h1>foliokit compare</h1>";
     out += crate::html::SELFCHECK;
-    out += "<p>Each run's rows matched to the first run (A). A change is called out only where the two rows' mean ± sd intervals do not overlap; rows with fewer than 3 runs get no verdict.</p><ul>";
+    out += "<p>Each run's rows matched to the first run (A). A change is called out only where the two rows' median ± sd intervals do not overlap; rows with fewer than 3 runs get no verdict.</p><ul>";
     for (i, r) in runs.iter().enumerate() {
         let _ = write!(
             out,
@@ -532,7 +533,7 @@ fn page(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
                         .iter()
                         .map(|m| {
                             m.values[i].map(|v| Point {
-                                mean: v.mean,
+                                center: v.mean,
                                 sd: v.sd,
                             })
                         })
@@ -547,7 +548,7 @@ fn page(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
                     String::new()
                 }
             );
-            let y = format!("{} (mean ± sd)", chunk[0].unit);
+            let y = format!("{} (median ± sd)", chunk[0].unit);
             let _ = write!(
                 out,
                 "<figure>{}</figure>",
@@ -565,7 +566,7 @@ fn page(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
         }
         out += "<table class=\"data\"><thead><tr><th>experiment</th><th>row</th>";
         for i in 0..runs.len() {
-            let _ = write!(out, "<th>{} mean ± sd</th>", (b'A' + i as u8) as char);
+            let _ = write!(out, "<th>{} median ± sd</th>", (b'A' + i as u8) as char);
         }
         for k in 1..runs.len() {
             let c = (b'A' + k as u8) as char;

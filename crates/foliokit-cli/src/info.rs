@@ -130,6 +130,20 @@ pub fn run(a: InfoArgs) -> Result<(), CliError> {
         m.profile.path.as_deref().unwrap_or("-"),
         m.profile.note
     );
+    // Cells the last calibration could not settle follow the built-in
+    // rules: say which and why, so nobody mistakes them for measured.
+    let unsettled = foliokit::tune::profile_path()
+        .ok()
+        .and_then(|p| foliokit::tune::read_profile(&p).ok())
+        .map(|p| p.unsettled)
+        .unwrap_or_default();
+    for u in &unsettled {
+        let _ = writeln!(
+            out,
+            "unsettled {} {:?} {:?} x{}: {}",
+            u.op, u.regime, u.class, u.channels, u.why
+        );
+    }
     let _ = writeln!(out, "\nauto picks");
     let _ = writeln!(
         out,

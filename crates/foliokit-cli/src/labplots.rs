@@ -4,7 +4,7 @@
 
 use crate::args::show_size;
 use crate::bench::{fault::FaultRow, init::InitRow, migrate::MigrateRow, mremap::MremapRow};
-use crate::plots::{self, Frame, Point, Reference, Series};
+use crate::plots::{self, CurvePoint, Frame, Point, Reference, Series};
 use crate::report::{Report, Row};
 use foliokit_lab::measure::Stats;
 
@@ -12,7 +12,7 @@ const M2: usize = 2 << 20;
 
 fn point(s: &Stats) -> Point {
     Point {
-        mean: s.mean,
+        center: s.median,
         sd: s.stdev,
     }
 }
@@ -68,7 +68,7 @@ pub fn strategies(op: &str, r: &Report<Row>, refs: &[(usize, f64, &str)]) -> Vec
                 title: &title,
                 x_desc: "folio size",
                 x: &x,
-                y_desc: "GB/s (mean ± sd)",
+                y_desc: "GB/s (median ± sd)",
             },
             &series,
             &marks,
@@ -113,7 +113,7 @@ pub fn fault(r: &Report<FaultRow>) -> String {
             title: "page faults: GB/s by folio size, mode and threads",
             x_desc: "folio size, mode, threads",
             x: &cats,
-            y_desc: "GB/s (mean ± sd)",
+            y_desc: "GB/s (median ± sd)",
         },
         &series,
         &refs,
@@ -129,7 +129,7 @@ pub fn init(r: &Report<InitRow>) -> String {
             title: "write-once init: time per pass over the array",
             x_desc: "variant",
             x: &cats,
-            y_desc: "ms per rebind (mean ± sd)",
+            y_desc: "ms per rebind (median ± sd)",
         },
         &[Series {
             name: "rebind".into(),
@@ -140,9 +140,10 @@ pub fn init(r: &Report<InitRow>) -> String {
 }
 
 /// Migration table 2: throughput against first-folio latency, one curve per
-/// channel count (batch size grows along each curve).
+/// channel count (batch size grows along each curve, each point labelled
+/// with it), median GB/s with ± sd bars.
 pub fn migrate(r: &Report<MigrateRow>) -> String {
-    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut curves: Vec<(String, Vec<CurvePoint>)> = Vec::new();
     for x in r
         .rows
         .iter()
@@ -156,15 +157,20 @@ pub fn migrate(r: &Report<MigrateRow>) -> String {
             x.channels,
             if x.channels == 1 { "" } else { "s" }
         );
+        let q = CurvePoint {
+            x: l.median,
+            y: point(&g),
+            label: format!("{} p", x.batch_pages),
+        };
         match curves.iter_mut().find(|c| c.0 == name) {
-            Some(c) => c.1.push((l.median, g.median)),
-            None => curves.push((name, vec![(l.median, g.median)])),
+            Some(c) => c.1.push(q),
+            None => curves.push((name, vec![q])),
         }
     }
     plots::log_x_curves(
-        "migration: throughput vs first-folio latency (batch size grows along each curve)",
-        "first-folio latency, µs (log scale)",
-        "GB/s (median)",
+        "migration: throughput vs first-folio latency (points labelled with the batch in pages)",
+        "first-folio latency, µs (median, log scale)",
+        "GB/s (median ± sd)",
         &curves,
     )
 }
@@ -194,7 +200,7 @@ pub fn mremap(r: &Report<MremapRow>, iterations: usize) -> String {
             title: &format!("mremap: loop time by folio size ({iterations} iterations)"),
             x_desc: "folio size",
             x: &cats,
-            y_desc: "seconds per loop (mean ± sd)",
+            y_desc: "seconds per loop (median ± sd)",
         },
         &[Series {
             name: "loop time".into(),

@@ -22,16 +22,17 @@ pub const NOISY_CV: f64 = 0.10;
 /// self-check can count them (`polyline[opacity="0.9"]`, `line[...]`).
 pub const ERRORBAR_OPACITY: f64 = 0.9;
 
-/// One measured value: mean and standard deviation.
+/// One measured value: its median and standard deviation (the statistic
+/// every table, plot and summary line shows).
 #[derive(Debug, Clone, Copy)]
 pub struct Point {
-    pub mean: f64,
+    pub center: f64,
     pub sd: f64,
 }
 
 impl Point {
     pub fn noisy(&self) -> bool {
-        self.mean > 0.0 && self.sd / self.mean > NOISY_CV
+        self.center > 0.0 && self.sd / self.center > NOISY_CV
     }
 }
 
@@ -50,9 +51,11 @@ pub struct Reference {
     pub label: String,
 }
 
-/// Okabe–Ito: distinguishable with the common colour-vision deficiencies
-/// (yellow left out: too faint on white).
-const PALETTE: [RGBColor; 7] = [
+/// Okabe–Ito (yellow left out: too faint on white), then three of Paul
+/// Tol's muted set: ten colours, distinguishable with the common
+/// colour-vision deficiencies, so a plot of up to ten series (copy: nine
+/// strategies) never gives two the same colour.
+const PALETTE: [RGBColor; 10] = [
     RGBColor(0, 114, 178),
     RGBColor(230, 159, 0),
     RGBColor(0, 158, 115),
@@ -60,7 +63,30 @@ const PALETTE: [RGBColor; 7] = [
     RGBColor(204, 121, 167),
     RGBColor(86, 180, 233),
     RGBColor(0, 0, 0),
+    RGBColor(136, 34, 85),
+    RGBColor(68, 170, 153),
+    RGBColor(153, 153, 51),
 ];
+
+/// Seed marks: dark, apart from the series colours and from each other.
+const MARKS: [RGBColor; 4] = [
+    RGBColor(90, 90, 90),
+    RGBColor(51, 34, 136),
+    RGBColor(170, 68, 153),
+    RGBColor(17, 119, 51),
+];
+
+/// What a legend entry shows: series `i`'s colour and marker, or seed
+/// mark `j`'s dash.
+#[derive(Clone, Copy)]
+enum Swatch {
+    Series(usize),
+    Mark(usize),
+}
+
+fn hex(c: RGBColor) -> String {
+    format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+}
 
 fn color(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
@@ -99,13 +125,12 @@ fn marker<CT: CoordTranslate<From = (f64, f64)>>(
 /// An HTML legend under a plot: the plotting area keeps all its room and
 /// the text stays readable at any width. Each entry shows the series'
 /// colour and marker shape (`Some(i)`) or a reference mark's grey dash.
-fn legend(entries: &[(String, Option<usize>)]) -> String {
+fn legend(entries: &[(String, Swatch)]) -> String {
     let mut out = String::from("<ul class=\"legend\">");
     for (name, shape) in entries {
         let swatch = match shape {
-            Some(i) => {
-                let c = color(*i);
-                let fill = format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2);
+            Swatch::Series(i) => {
+                let fill = hex(color(*i));
                 match i % 5 {
                     0 => format!("<circle cx=\"9\" cy=\"7\" r=\"5\" fill=\"{fill}\"/>"),
                     1 => format!("<polygon points=\"9,1 15,12 3,12\" fill=\"{fill}\"/>"),
@@ -118,7 +143,11 @@ fn legend(entries: &[(String, Option<usize>)]) -> String {
                     _ => format!("<polygon points=\"9,1 15,7 9,13 3,7\" fill=\"{fill}\"/>"),
                 }
             }
-            None => "<path d=\"M1 7H17\" stroke=\"#5A5A5A\" stroke-width=\"3\"/>".to_string(),
+            Swatch::Mark(j) => format!(
+                "<path d=\"M1 7H17\" stroke=\"{}\" stroke-width=\"3\"{}/>",
+                hex(MARKS[j % MARKS.len()]),
+                if j % 2 == 1 { " stroke-dasharray=\"4 2\"" } else { "" }
+            ),
         };
         out += &format!(
             "<li><svg width=\"18\" height=\"14\" aria-hidden=\"true\">{swatch}</svg>{}</li>",
@@ -146,7 +175,7 @@ fn ymax(series: &[Series], refs: &[Reference]) -> f64 {
     series
         .iter()
         .flat_map(|s| s.points.iter().flatten())
-        .map(|p| p.mean + p.sd)
+        .map(|p| p.center + p.sd)
         .chain(refs.iter().map(|r| r.y))
         .fold(0.0f64, f64::max)
 }
@@ -209,22 +238,26 @@ fn categorical(
             .axis_desc_style(("sans-serif", LABEL + 1))
             .draw();
         draw(&mut chart);
-        for r in refs {
-            let gray = RGBColor(90, 90, 90);
+        for (j, r) in refs.iter().enumerate() {
+            let c = MARKS[j % MARKS.len()];
             let x0 = r.at as f64;
             let _ = chart.draw_series(std::iter::once(PathElement::new(
                 vec![(x0 - 0.35, r.y), (x0 + 0.35, r.y)],
-                gray.stroke_width(3),
+                c.stroke_width(3),
             )));
         }
         let _ = root.present();
     }
-    let mut entries: Vec<(String, Option<usize>)> = series
+    let mut entries: Vec<(String, Swatch)> = series
         .iter()
         .enumerate()
-        .map(|(i, s)| (s.name.clone(), Some(i)))
+        .map(|(i, s)| (s.name.clone(), Swatch::Series(i)))
         .collect();
-    entries.extend(refs.iter().map(|r| (r.label.clone(), None)));
+    entries.extend(
+        refs.iter()
+            .enumerate()
+            .map(|(j, r)| (r.label.clone(), Swatch::Mark(j))),
+    );
     tag(svg, x_desc, y_desc, with_spread(series)) + &legend(&entries)
 }
 
@@ -244,7 +277,7 @@ fn error_bar(chart: &mut Chart, x: f64, p: Point, c: RGBColor, half: f64) {
         return;
     }
     let style = c.mix(ERRORBAR_OPACITY).stroke_width(2);
-    let (lo, hi) = ((p.mean - p.sd).max(0.0), p.mean + p.sd);
+    let (lo, hi) = ((p.center - p.sd).max(0.0), p.center + p.sd);
     let _ = chart.draw_series([
         PathElement::new(vec![(x, lo), (x, hi)], style),
         PathElement::new(vec![(x - half, lo), (x + half, lo)], style),
@@ -268,11 +301,11 @@ pub fn lines(f: &Frame, series: &[Series], refs: &[Reference]) -> String {
                 .enumerate()
                 .filter_map(|(k, p)| p.map(|p| (k as f64 + dx, p)))
                 .collect();
-            let line: Vec<(f64, f64)> = pts.iter().map(|&(x, p)| (x, p.mean)).collect();
+            let line: Vec<(f64, f64)> = pts.iter().map(|&(x, p)| (x, p.center)).collect();
             let _ = chart.draw_series(LineSeries::new(line, c.stroke_width(2)));
             for &(x, p) in &pts {
                 error_bar(chart, x, p, c, 0.04);
-                marker(chart, i, (x, p.mean), c, !p.noisy());
+                marker(chart, i, (x, p.center), c, !p.noisy());
             }
         }
     })
@@ -297,7 +330,7 @@ pub fn bars(f: &Frame, series: &[Series], refs: &[Reference]) -> String {
                 } else {
                     c.filled()
                 };
-                Rectangle::new([(x0, 0.0), (x0 + w * 0.9, p.mean)], style)
+                Rectangle::new([(x0, 0.0), (x0 + w * 0.9, p.center)], style)
             });
             let _ = chart.draw_series(rects);
             for &(x0, p) in &bars {
@@ -307,17 +340,27 @@ pub fn bars(f: &Frame, series: &[Series], refs: &[Reference]) -> String {
     })
 }
 
-/// Curves through (x, y) points with a logarithmic x axis: throughput vs
-/// latency, one curve per channel count.
+/// One point of a curve: where it lies on x, its y with spread, and a
+/// label drawn beside it (e.g. the batch size).
+#[derive(Debug, Clone)]
+pub struct CurvePoint {
+    pub x: f64,
+    pub y: Point,
+    pub label: String,
+}
+
+/// Curves through points with a logarithmic x axis, ± sd bars on y and
+/// each point labelled: throughput vs latency, one curve per channel
+/// count.
 pub fn log_x_curves(
     title: &str,
     x_desc: &str,
     y_desc: &str,
-    series: &[(String, Vec<(f64, f64)>)],
+    series: &[(String, Vec<CurvePoint>)],
 ) -> String {
     let pts = series.iter().flat_map(|s| s.1.iter());
-    let (xmin, xmax, ymax) = pts.fold((f64::MAX, 0.0f64, 0.0f64), |(a, b, c), &(x, y)| {
-        (a.min(x), b.max(x), c.max(y))
+    let (xmin, xmax, ymax) = pts.fold((f64::MAX, 0.0f64, 0.0f64), |(a, b, c), q| {
+        (a.min(q.x), b.max(q.x), c.max(q.y.center + q.y.sd))
     });
     let (xmin, xmax) = if xmin <= xmax {
         (xmin.max(1.0) / 1.5, xmax * 1.5)
@@ -347,17 +390,36 @@ pub fn log_x_curves(
             .draw();
         for (i, (_, p)) in series.iter().enumerate() {
             let c = color(i);
-            let _ = chart.draw_series(LineSeries::new(p.clone(), c.stroke_width(2)));
-            for &q in p {
-                marker(&mut chart, i, q, c, true);
+            let line: Vec<(f64, f64)> = p.iter().map(|q| (q.x, q.y.center)).collect();
+            let _ = chart.draw_series(LineSeries::new(line, c.stroke_width(2)));
+            for q in p {
+                if q.y.sd > 0.0 {
+                    let style = c.mix(ERRORBAR_OPACITY).stroke_width(2);
+                    let (lo, hi) = ((q.y.center - q.y.sd).max(0.0), q.y.center + q.y.sd);
+                    let _ = chart.draw_series([
+                        PathElement::new(vec![(q.x, lo), (q.x, hi)], style),
+                        PathElement::new(vec![(q.x / 1.04, lo), (q.x * 1.04, lo)], style),
+                        PathElement::new(vec![(q.x / 1.04, hi), (q.x * 1.04, hi)], style),
+                    ]);
+                }
+                marker(&mut chart, i, (q.x, q.y.center), c, !q.y.noisy());
+                let _ = chart.draw_series(std::iter::once(
+                    EmptyElement::at((q.x, q.y.center))
+                        + Text::new(q.label.clone(), (6, -16), ("sans-serif", LABEL - 2)),
+                ));
             }
         }
         let _ = root.present();
     }
-    let entries: Vec<(String, Option<usize>)> = series
+    let entries: Vec<(String, Swatch)> = series
         .iter()
         .enumerate()
-        .map(|(i, s)| (s.0.clone(), Some(i)))
+        .map(|(i, s)| (s.0.clone(), Swatch::Series(i)))
         .collect();
-    tag(svg, x_desc, y_desc, 0) + &legend(&entries)
+    let spread = series
+        .iter()
+        .flat_map(|s| s.1.iter())
+        .filter(|q| q.y.sd > 0.0)
+        .count();
+    tag(svg, x_desc, y_desc, spread) + &legend(&entries)
 }

@@ -233,7 +233,7 @@ pub fn escape(s: &str) -> String {
 
 /// "mean ± stdev" with `prec` decimals.
 pub fn pm(s: &Stats, prec: usize) -> String {
-    format!("{:.prec$} ± {:.prec$}", s.mean, s.stdev)
+    format!("{:.prec$} ± {:.prec$}", s.median, s.stdev)
 }
 
 /// One measured (function, folio size) pair of a copy or clear run.
@@ -275,8 +275,7 @@ impl TableRow for Row {
             "function",
             "ch",
             "ran",
-            "GB/s mean ± sd",
-            "median",
+            "GB/s median ± sd",
             "speedup",
             "% limit",
         ]
@@ -293,7 +292,6 @@ impl TableRow for Row {
                 self.resolved.clone()
             },
             pm(&self.gbps, 2),
-            format!("{:.2}", self.gbps.median),
             format!("{:.2}x", self.speedup),
             if self.limit_missed {
                 "missed".into()

@@ -72,8 +72,9 @@ struct Stat {
 
 fn stat(r: &Value, field: &str) -> Option<Stat> {
     let s = &r[field];
+    // Medians: the statistic the tables and plots show.
     Some(Stat {
-        mean: s["mean"].as_f64()?,
+        mean: s["median"].as_f64().or_else(|| s["mean"].as_f64())?,
         sd: s["stdev"].as_f64()?,
         runs: s["runs"].as_u64().unwrap_or(1),
     })
@@ -134,19 +135,76 @@ fn of_limit(r: &Value) -> Option<f64> {
     r["of_limit"].as_f64()
 }
 
-/// Why an effect is smaller here, as far as the same-run limit tells.
-fn limit_reason(best: &Value) -> String {
-    match of_limit(best) {
-        Some(x) if x >= 0.8 => format!(
+/// Why an effect is smaller here, as far as the figures on the same page
+/// tell: the row's share of the same-run limit, against the best share any
+/// row of the experiment reaches in the same shape (folio size), on the
+/// same channels and on more. Never a fixed sentence the page could
+/// contradict.
+fn limit_reason(e: &Value, row: &Value) -> String {
+    let Some(x) = of_limit(row) else {
+        return "this run measured no same-run limit, so the data does not say why".into();
+    };
+    let name = |r: &Value| r["function"].as_str().unwrap_or("?").to_string();
+    let same_shape = |r: &&Value| r["folio_size"] == row["folio_size"] && of_limit(r).is_some();
+    let best_on = |pred: &dyn Fn(&Value) -> bool| {
+        rows(e)
+            .iter()
+            .filter(same_shape)
+            .filter(|r| r["function"] != "auto" && pred(r))
+            .max_by(|a, b| of_limit(a).unwrap_or(0.0).total_cmp(&of_limit(b).unwrap_or(0.0)))
+    };
+    let ch = row["channels"].as_u64().unwrap_or(1);
+    if let Some(b) = best_on(&|r| r["channels"].as_u64() == Some(ch)) {
+        let y = of_limit(b).unwrap_or(0.0);
+        if y > x + 0.10 {
+            return format!(
+                "{} reaches {:.0}% of the limit in the same shape where this row reaches {:.0}%: the gap is the method's, not the machine's",
+                name(b),
+                y * 100.0,
+                x * 100.0
+            );
+        }
+    }
+    if x >= 0.8 {
+        return format!(
             "the faster row already runs at {:.0}% of this machine's limit: the memory, not the method, bounds it",
             x * 100.0
-        ),
-        Some(x) => format!(
-            "the faster row reaches only {:.0}% of this machine's limit: one core is latency-bound here",
-            x * 100.0
-        ),
-        None => "this run measured no same-run limit, so the data does not say why".into(),
+        );
     }
+    if let Some(b) = best_on(&|r| r["channels"].as_u64().unwrap_or(1) > ch) {
+        let y = of_limit(b).unwrap_or(0.0);
+        if y > x + 0.10 {
+            return format!(
+                "no row on {ch} channel{} gets past {:.0}% of the limit, while {} on {} channels reaches {:.0}%: one core does not drive this machine's memory here",
+                if ch == 1 { "" } else { "s" },
+                x * 100.0,
+                name(b),
+                b["channels"],
+                y * 100.0
+            );
+        }
+    }
+    format!(
+        "the faster row reaches {:.0}% of the limit and no row in this shape does much better: the data on this page does not say why",
+        x * 100.0
+    )
+}
+
+/// Why the experiment's run cannot give a verdict: an A/A control (the
+/// same code timed twice) disagreed beyond the run's noise.
+fn aa_failed(e: &Value) -> Option<String> {
+    let bad = e["aa_control"]
+        .as_array()?
+        .iter()
+        .find(|c| c["within_noise"] == false || !c["problem"].is_null())?;
+    Some(format!(
+        "no verdict: this run's A/A control disagreed ({} vs {} came {:.3}x apart at {} x{}), so it cannot rank what differs by less",
+        bad["a"].as_str().unwrap_or("?"),
+        bad["b"].as_str().unwrap_or("?"),
+        bad["ratio"].as_f64().unwrap_or(f64::NAN),
+        bad["folio_size"].as_u64().map_or("?".into(), |b| crate::args::show_size(b as usize)),
+        bad["channels"]
+    ))
 }
 
 fn copy_line(exps: &[Value]) -> Option<Line> {
@@ -168,7 +226,7 @@ fn copy_line(exps: &[Value]) -> Option<Line> {
         ),
         ours_ratio: Some(r),
         of_limit: of_limit(auto),
-        verdict: verdict(r, diff, 2.04, || limit_reason(auto)),
+        verdict: verdict(r, diff, 2.04, || limit_reason(e, auto)),
     })
 }
 
@@ -212,7 +270,7 @@ fn clear_line(exps: &[Value]) -> Option<Line> {
         ),
         ours_ratio: Some(r),
         of_limit: of_limit(seq),
-        verdict: verdict(r, diff, 2.0, || limit_reason(seq)),
+        verdict: verdict(r, diff, 2.0, || limit_reason(e, seq)),
     })
 }
 
@@ -234,7 +292,7 @@ fn init_line(exps: &[Value]) -> Option<Line> {
         ),
         ours_ratio: Some(r),
         of_limit: of_limit(nt),
-        verdict: verdict(r, diff, 2.52, || limit_reason(nt)),
+        verdict: verdict(r, diff, 2.52, || limit_reason(e, nt)),
     })
 }
 
@@ -276,7 +334,7 @@ fn migrate_line(exps: &[Value]) -> Option<Line> {
         ours_ratio: Some(r),
         of_limit: of_limit(best),
         verdict: {
-            let v = verdict(r, diff, 1.15, || limit_reason(best));
+            let v = verdict(r, diff, 1.15, || limit_reason(e, best));
             if nodes < 2 {
                 format!("{v} (one NUMA node: pages were copied within the node)")
             } else {
@@ -305,12 +363,21 @@ fn mremap_line(exps: &[Value]) -> Option<Line> {
     })
 }
 
-/// The summary of one run's experiments (those it has).
+/// The summary of one run's experiments (those it has). A line from an
+/// experiment whose A/A control disagreed gives no verdict.
 pub fn lines(exps: &[Value]) -> Vec<Line> {
+    let gated = |k: &str, l: Option<Line>| {
+        l.map(|mut l| {
+            if let Some(why) = find(exps, k).and_then(aa_failed) {
+                l.verdict = why;
+            }
+            l
+        })
+    };
     [
-        copy_line(exps),
-        zen3_line(exps),
-        clear_line(exps),
+        gated("copy", copy_line(exps)),
+        gated("copy", zen3_line(exps)),
+        gated("clear", clear_line(exps)),
         init_line(exps),
         migrate_line(exps),
         mremap_line(exps),
@@ -334,4 +401,43 @@ pub fn text(lines: &[Line]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn row(f: &str, ch: u64, median: f64, of: f64) -> Value {
+        json!({"function": f, "folio_size": M2, "channels": ch, "of_limit": of,
+               "gbps": {"mean": median, "stdev": 0.1, "median": median, "runs": 5}})
+    }
+
+    fn clear(aa_ok: bool) -> Value {
+        json!({"experiment": "clear", "params": {}, "rows": [
+            row("butterfly", 1, 9.0, 0.30), row("per-page", 1, 9.5, 0.32),
+            row("clzero", 1, 27.0, 0.92), row("auto", 1, 27.0, 0.92)],
+            "aa_control": [{"a": "auto", "b": "clzero", "ratio": if aa_ok { 1.0 } else { 1.3 },
+                            "within_noise": aa_ok, "folio_size": M2, "channels": 1}]})
+    }
+
+    #[test]
+    fn reasons_come_from_the_figures_on_the_page() {
+        let e = clear(true);
+        let l = clear_line(std::slice::from_ref(&e)).unwrap();
+        // per-page at 32% while clzero reaches 92% on the same core: the
+        // method, not the core, is what the page shows.
+        assert!(l.verdict.contains("clzero reaches 92%"), "{}", l.verdict);
+        assert!(!l.verdict.contains("latency-bound"), "{}", l.verdict);
+        let r = limit_reason(&e, &e["rows"][2]);
+        assert!(r.contains("memory, not the method"), "{r}");
+    }
+
+    #[test]
+    fn a_failed_aa_control_withholds_the_verdict() {
+        let l = lines(&[clear(false)]);
+        assert!(l[0].verdict.starts_with("no verdict: this run's A/A control disagreed"), "{}", l[0].verdict);
+        let l = lines(&[clear(true)]);
+        assert!(!l[0].verdict.contains("A/A"), "{}", l[0].verdict);
+    }
 }

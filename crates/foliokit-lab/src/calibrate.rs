@@ -10,15 +10,16 @@
 use serde::Serialize;
 
 use crate::measure::{
-    measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Measurement, Plan, Stats,
+    measure_clear, measure_copy, AaControl, CacheMode, CopyCandidate, MeasureError, Measurement,
+    Order, Plan, Stats, AA_TOLERANCE,
 };
 use foliokit::batch::Reuse;
 use foliokit::cpu::cpu;
 use foliokit::mem::Region;
 use foliokit::strategy::Strategy;
 use foliokit::tune::{
-    builtin_clear, builtin_copy, Choice, FolioClass, Profile, Regime, CALIBRATION_MARGIN,
-    PROFILE_VERSION,
+    builtin_clear, builtin_copy, Choice, FolioClass, Profile, Regime, Unsettled,
+    CALIBRATION_MARGIN, CALIBRATION_ROUNDS, PROFILE_VERSION,
 };
 use foliokit::{ClearStrategy, CopyStrategy};
 
@@ -45,11 +46,16 @@ impl Default for CalibrateOptions {
             } else {
                 60
             },
-            // Four LLCs, so nothing survives in cache between loops.
-            stream_bytes: (4 * cpu().caches.llc)
-                .max(256 << 20)
+            // Twice the LLC, so stores cannot stay in cache (both buffers
+            // are flushed before every call anyway), at least 256 MiB and at
+            // most 1 GiB: a guest reporting a 480 MiB LLC made 2 GiB cells
+            // whose calibration ran for many minutes.
+            stream_bytes: (2 * cpu().caches.llc)
+                .clamp(256 << 20, 1 << 30)
                 .next_multiple_of(2 << 20),
-            stream_loops: 9,
+            // One balanced design (passes round up to whole designs: as
+            // many as candidates, twice that for an odd count).
+            stream_loops: 1,
             channels: if cpu().logical_cpus > 1 {
                 vec![1, cpu().logical_cpus]
             } else {
@@ -69,22 +75,76 @@ pub struct Cell {
     pub folio_size: usize,
     pub bytes: usize,
     pub results: Vec<(String, Stats)>,
+    /// The last round's A/A control (the first candidate timed twice).
+    pub aa: Option<AaControl>,
+    /// Rounds measured (more than one where the verdict was unclear).
+    pub rounds: usize,
+    /// The built-in rule's strategy for this cell.
+    pub builtin: String,
+    /// The strategy stored for the cell, or `None`: left to the built-in
+    /// rule.
+    pub stored: Option<String>,
+    /// Why, in one line.
+    pub why: String,
 }
 
 impl Cell {
-    /// The fastest strategy by median, unless the built-in choice is within
-    /// [`CALIBRATION_MARGIN`] of it: then the built-in one stays.
-    fn pick(&self, builtin: &str) -> Option<(String, f64)> {
+    /// The verdict: `Ok((strategy, why))` to store, or `Err(why)` when this
+    /// round cannot settle the cell. The built-in choice stays unless
+    /// another strategy beats it beyond both [`CALIBRATION_MARGIN`] and the
+    /// run's own noise (the A/A control's band); a round whose A/A control
+    /// disagreed settles nothing.
+    fn pick(&self, builtin: &str) -> Result<(String, String), String> {
+        if let Some(aa) = self.aa.as_ref().filter(|a| !a.agrees()) {
+            return Err(format!(
+                "its A/A control disagreed ({} timed twice came {:.3}x apart, band ±{:.0}%): too noisy to rank",
+                aa.a,
+                aa.ratio,
+                aa.tolerance * 100.0
+            ));
+        }
         let best = self
             .results
             .iter()
-            .max_by(|a, b| a.1.median.total_cmp(&b.1.median))?;
-        let kept = self
-            .results
-            .iter()
-            .find(|(n, s)| n == builtin && s.median >= best.1.median * (1.0 - CALIBRATION_MARGIN));
-        let (name, stats) = kept.unwrap_or(best);
-        Some((name.clone(), stats.median))
+            .max_by(|a, b| a.1.median.total_cmp(&b.1.median))
+            .ok_or_else(|| "nothing was measured".to_string())?;
+        let noise = self
+            .aa
+            .as_ref()
+            .map_or(AA_TOLERANCE, |a| a.tolerance)
+            .max(CALIBRATION_MARGIN);
+        let Some((_, b)) = self.results.iter().find(|(n, _)| n == builtin) else {
+            return Ok((
+                best.0.clone(),
+                "the best measured (the built-in choice cannot run here)".into(),
+            ));
+        };
+        if b.median >= best.1.median * (1.0 - CALIBRATION_MARGIN) {
+            return Ok((
+                builtin.to_string(),
+                format!(
+                    "the built-in {builtin} is within {:.0}% of the best",
+                    CALIBRATION_MARGIN * 100.0
+                ),
+            ));
+        }
+        let lead = best.1.median / b.median;
+        if lead > 1.0 + noise {
+            return Ok((
+                best.0.clone(),
+                format!(
+                    "{} beats the built-in {builtin} {lead:.2}x (noise ±{:.0}%)",
+                    best.0,
+                    noise * 100.0
+                ),
+            ));
+        }
+        Err(format!(
+            "{} leads the built-in {builtin} by only {:.1}%, inside the run's noise (±{:.0}%)",
+            best.0,
+            (lead - 1.0) * 100.0,
+            noise * 100.0
+        ))
     }
 }
 
@@ -96,11 +156,50 @@ fn named<S: Strategy>() -> Vec<S> {
         .collect()
 }
 
-/// How many progress ticks [`calibrate`] will report.
+/// How many progress ticks [`calibrate`] reports when every cell settles
+/// in one round (each measurement times its candidates and an A/A copy of
+/// the first, in whole balanced designs).
 pub fn total_ticks(o: &CalibrateOptions) -> usize {
-    let per_class = (named::<CopyStrategy>().len() + named::<ClearStrategy>().len())
-        * (o.resident_loops + 1 + o.stream_loops + 1);
+    let per = |n: usize, loops: usize| (n + 1) * (Order::new(n + 1, loops).passes + 1);
+    let (c, k) = (named::<CopyStrategy>().len(), named::<ClearStrategy>().len());
+    let per_class = per(c, o.resident_loops)
+        + per(c, o.stream_loops)
+        + per(k, o.resident_loops)
+        + per(k, o.stream_loops);
     per_class * 3 * o.channels.len()
+}
+
+/// Measures one cell with `measure` (given a label suffix for progress)
+/// until its verdict is clear, at most [`CALIBRATION_ROUNDS`] times; an
+/// unclear last round leaves the cell to the built-in rule, saying why.
+fn settle(
+    builtin: &str,
+    mut measure: impl FnMut(&str) -> Result<Cell, MeasureError>,
+) -> Result<Cell, MeasureError> {
+    let mut round = 0;
+    loop {
+        round += 1;
+        let suffix = if round > 1 {
+            format!(" (round {round}: unclear before)")
+        } else {
+            String::new()
+        };
+        let mut c = measure(&suffix)?;
+        c.rounds = round;
+        c.builtin = builtin.to_string();
+        match c.pick(builtin) {
+            Ok((name, why)) => {
+                c.stored = Some(name);
+                c.why = why;
+                return Ok(c);
+            }
+            Err(why) if round >= CALIBRATION_ROUNDS => {
+                c.why = format!("kept the built-in rule after {round} rounds: {why}");
+                return Ok(c);
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Measures every cell and returns the profile with the cells behind it.
@@ -145,7 +244,6 @@ pub fn calibrate(
                     channels,
                     limits: false,
                 };
-                let label = format!("copy {regime:?} {}K x{channels}", folio >> 10);
                 // The cell of `op` from a measurement on this shape.
                 let cell = |op, m: Measurement| Cell {
                     op,
@@ -155,9 +253,19 @@ pub fn calibrate(
                     folio_size: folio,
                     bytes,
                     results: m.rows.into_iter().map(|m| (m.resolved, m.gbps)).collect(),
+                    aa: m.aa,
+                    rounds: 0,
+                    builtin: String::new(),
+                    stored: None,
+                    why: String::new(),
                 };
-                let m = measure_copy(&src, &mut dst, &copies, &plan, || tick(&label))?;
-                cells.push(cell("copy", m));
+                let label = format!("copy {regime:?} {}K x{channels}", folio >> 10);
+                cells.push(settle(builtin_copy(regime, false).name(), |t| {
+                    let m = measure_copy(&src, &mut dst, &copies, &plan, || {
+                        tick(&format!("{label}{t}"))
+                    })?;
+                    Ok(cell("copy", m))
+                })?);
                 // Butterfly clears page by page around a hint: one channel.
                 let run: Vec<ClearStrategy> = clears
                     .iter()
@@ -165,33 +273,42 @@ pub fn calibrate(
                     .filter(|&c| channels == 1 || c != ClearStrategy::Butterfly)
                     .collect();
                 let label = format!("clear {regime:?} {}K x{channels}", folio >> 10);
-                let m = measure_clear(&mut dst, &run, &plan, || tick(&label))?;
-                cells.push(cell("clear", m));
+                cells.push(settle(builtin_clear(regime).name(), |t| {
+                    let m = measure_clear(&mut dst, &run, &plan, || tick(&format!("{label}{t}")))?;
+                    Ok(cell("clear", m))
+                })?);
             }
         }
     }
     let choices = cells
         .iter()
         .filter_map(|c| {
-            let builtin = match c.op {
-                "copy" => builtin_copy(c.regime, false).name(),
-                _ => builtin_clear(c.regime).name(),
-            };
-            let (strategy, gbps) = c.pick(builtin)?;
             Some(Choice {
                 op: c.op.into(),
                 regime: c.regime,
                 class: c.class,
                 channels: c.channels,
-                strategy,
-                gbps,
+                strategy: c.stored.clone()?,
+                gbps: c.results.iter().map(|r| r.1.median).fold(0.0, f64::max),
             })
+        })
+        .collect();
+    let unsettled = cells
+        .iter()
+        .filter(|c| c.stored.is_none())
+        .map(|c| Unsettled {
+            op: c.op.into(),
+            regime: c.regime,
+            class: c.class,
+            channels: c.channels,
+            why: c.why.clone(),
         })
         .collect();
     let profile = Profile {
         version: PROFILE_VERSION,
         cpu_model: cpu().model.clone(),
         choices,
+        unsettled,
     };
     Ok((profile, cells))
 }
@@ -200,7 +317,9 @@ pub fn calibrate(
 mod tests {
     use super::*;
 
-    fn cell(results: &[(&str, f64)]) -> Cell {
+    fn cell(results: &[(&str, f64)], aa_ratio: f64) -> Cell {
+        let same = [0.01; 5];
+        let other: Vec<f64> = same.iter().map(|t| t / aa_ratio).collect();
         Cell {
             op: "clear",
             regime: Regime::Stream,
@@ -212,15 +331,48 @@ mod tests {
                 .iter()
                 .map(|&(n, m)| (n.to_string(), Stats::of(&[m]).unwrap()))
                 .collect(),
+            aa: AaControl::of("nt", &other, "nt", &same, 1 << 30, true),
+            rounds: 1,
+            builtin: String::new(),
+            stored: None,
+            why: String::new(),
         }
     }
 
     #[test]
     fn the_builtin_choice_stays_unless_clearly_beaten() {
-        let c = cell(&[("nt", 6.0), ("stosb", 5.9), ("libc", 5.0)]);
+        let c = cell(&[("nt", 6.0), ("stosb", 5.9), ("libc", 5.0)], 1.0);
         assert_eq!(c.pick("stosb").unwrap().0, "stosb"); // 1.7% behind: noise
         assert_eq!(c.pick("libc").unwrap().0, "nt"); // 17% behind: replaced
         assert_eq!(c.pick("absent").unwrap().0, "nt");
-        assert!(cell(&[]).pick("nt").is_none());
+        assert!(cell(&[], 1.0).pick("nt").is_err());
+    }
+
+    #[test]
+    fn a_lead_inside_the_noise_or_a_failed_aa_control_settles_nothing() {
+        // 4% ahead: beyond the 3% margin, inside the 5% A/A band.
+        let c = cell(&[("nt", 5.2), ("stosb", 5.0)], 1.0);
+        assert!(c.pick("stosb").unwrap_err().contains("inside the run's noise"));
+        // A clear lead, but the same code timed twice came 20% apart.
+        let c = cell(&[("nt", 8.0), ("stosb", 5.0)], 1.2);
+        assert!(c.pick("stosb").unwrap_err().contains("A/A control disagreed"));
+        // settle() measures again, then leaves the cell to the built-in rule.
+        let mut rounds = 0;
+        let settled = settle("stosb", |_| {
+            rounds += 1;
+            Ok(cell(&[("nt", 8.0), ("stosb", 5.0)], 1.2))
+        })
+        .unwrap();
+        assert_eq!((rounds, settled.rounds), (CALIBRATION_ROUNDS, CALIBRATION_ROUNDS));
+        assert!(settled.stored.is_none(), "never stored: {}", settled.why);
+        // A clear round after a noisy one is stored.
+        let mut n = 0;
+        let settled = settle("stosb", |_| {
+            n += 1;
+            Ok(cell(&[("nt", 8.0), ("stosb", 5.0)], if n == 1 { 1.2 } else { 1.0 }))
+        })
+        .unwrap();
+        assert_eq!(settled.stored.as_deref(), Some("nt"));
+        assert_eq!(settled.rounds, 2);
     }
 }

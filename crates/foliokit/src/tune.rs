@@ -82,6 +82,11 @@ pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);
 /// smaller than run-to-run noise on a shared machine must not flip `auto`.
 pub const CALIBRATION_MARGIN: f64 = 0.03;
 
+/// Times calibration measures a cell whose verdict is unclear (its A/A
+/// control disagreed, or the best strategy's lead over the built-in choice
+/// is inside the noise) before it leaves the cell to the built-in rules.
+pub const CALIBRATION_ROUNDS: usize = 3;
+
 /// Bump when the profile format or the meaning of its cells changes.
 pub const PROFILE_VERSION: u32 = 1;
 
@@ -232,6 +237,27 @@ pub struct Profile {
     pub cpu_model: String,
     /// The measured cells; a cell not listed follows the built-in rules.
     pub choices: Vec<Choice>,
+    /// Cells calibration measured but could not settle (its A/A control
+    /// disagreed, or no strategy beat the built-in choice beyond the run's
+    /// noise): they follow the built-in rules, and this says why.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub unsettled: Vec<Unsettled>,
+}
+
+/// A cell calibration left to the built-in rules, and why.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Unsettled {
+    /// `"copy"` or `"clear"`.
+    pub op: String,
+    /// The cell's regime.
+    pub regime: Regime,
+    /// The cell's folio-size class.
+    pub class: FolioClass,
+    /// Channels the cell was measured on.
+    pub channels: usize,
+    /// Why, in one line.
+    pub why: String,
 }
 
 /// Why a profile cannot be read, used or written.
@@ -620,6 +646,7 @@ mod tests {
                 strategy: "no-such".into(),
                 gbps: 1.0,
             }],
+            unsettled: Vec::new(),
         };
         assert_eq!(
             p.lookup::<CopyStrategy>(Regime::Stream, FolioClass::Large, 1),
@@ -641,6 +668,7 @@ mod tests {
             version: PROFILE_VERSION,
             cpu_model: "x".into(),
             choices: vec![cell(1, "nt"), cell(2, "movsq")],
+            unsettled: Vec::new(),
         };
         let at = |n| p.lookup::<CopyStrategy>(Regime::Stream, FolioClass::Large, n);
         assert_eq!(at(1), Some(CopyStrategy::Nt));

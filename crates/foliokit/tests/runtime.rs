@@ -55,6 +55,7 @@ fn a_profile_for_another_cpu_is_refused() {
             version: foliokit::tune::PROFILE_VERSION,
             cpu_model: "a CPU that is not this one".into(),
             choices: vec![],
+            unsettled: vec![],
         };
         let r = init(Config::new().profile(ProfileChoice::Given(p)));
         assert!(

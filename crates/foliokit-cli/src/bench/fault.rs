@@ -68,8 +68,7 @@ impl TableRow for FaultRow {
             "function",
             "threads",
             "first touch GB/s",
-            "GB/s mean ± sd",
-            "median",
+            "GB/s median ± sd",
             "speedup",
             "% limit",
         ]
@@ -86,7 +85,6 @@ impl TableRow for FaultRow {
             self.channels.to_string(),
             format!("{:.2}", self.first_touch_gbps),
             pm(&self.gbps, 2),
-            format!("{:.2}", self.gbps.median),
             if self.speedup.is_nan() {
                 "-".into()
             } else {

@@ -95,7 +95,7 @@ impl TableRow for InitRow {
             "record",
             "function",
             "first pass ms",
-            "rebind ms mean ± sd",
+            "rebind ms median ± sd",
             "GB/s",
             "victim re-read µs",
             "speedup",

@@ -225,7 +225,7 @@ impl TableRow for MigrateRow {
             "channels",
             "batch",
             "moved",
-            "GB/s mean ± sd",
+            "GB/s median ± sd",
             "first folio µs (p50/p99)",
             "1-folio copy µs",
             "speedup",

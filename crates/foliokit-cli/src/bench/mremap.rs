@@ -50,7 +50,7 @@ pub struct MremapRow {
 
 impl TableRow for MremapRow {
     fn columns() -> &'static [&'static str] {
-        &["folio", "case", "obtained", "time mean ± sd", "speedup"]
+        &["folio", "case", "obtained", "time median ± sd", "speedup"]
     }
 
     fn spread(&self) -> Option<&Stats> {
