@@ -48,10 +48,10 @@ impl Default for CalibrateOptions {
             },
             // Twice the LLC, so stores cannot stay in cache (both buffers
             // are flushed before every call anyway), at least 256 MiB and at
-            // most 1 GiB: a guest reporting a 480 MiB LLC made 2 GiB cells
+            // most 512 MiB: a guest reporting a 480 MiB LLC made 2 GiB cells
             // whose calibration ran for many minutes.
             stream_bytes: (2 * cpu().caches.llc)
-                .clamp(256 << 20, 1 << 30)
+                .clamp(256 << 20, 512 << 20)
                 .next_multiple_of(2 << 20),
             // One balanced design (passes round up to whole designs: as
             // many as candidates, twice that for an odd count).
