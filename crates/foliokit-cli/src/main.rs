@@ -4,12 +4,14 @@ mod args;
 mod bench;
 mod calibrate;
 mod compare;
+mod damon;
 mod guest;
 mod html;
 mod info;
 mod lab;
 mod labplots;
 mod machine;
+mod moves;
 mod plots;
 mod progress;
 mod report;
@@ -51,6 +53,9 @@ enum Cmd {
     /// run's ratio to the first, called a change only beyond both rows' spread.
     /// Example: compare before/results.json after/results.json --out cmp
     Compare(compare::CompareArgs),
+    /// Move another process's memory to a NUMA node (what a tiering agent does), in
+    /// move_pages calls kept under a latency budget. Example: move --pid 4242 --to 1 --all-anon
+    Move(moves::MoveArgs),
 }
 
 #[derive(Subcommand)]
@@ -92,6 +97,11 @@ fn main() {
         Cmd::Bench(BenchCmd::Fault(a)) => bench::fault::run(a),
         Cmd::Bench(BenchCmd::Mremap(a)) => bench::mremap::run(a),
         Cmd::Bench(BenchCmd::Migrate(a)) => bench::migrate::run(a),
+        Cmd::Move(a) => match moves::run(a) {
+            Ok(0) => Ok(()),
+            Ok(code) => std::process::exit(code),
+            Err(e) => Err(e),
+        },
     };
     if let Err(e) = result {
         eprintln!("foliokit: error: {e}");

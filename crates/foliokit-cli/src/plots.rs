@@ -146,7 +146,11 @@ fn legend(entries: &[(String, Swatch)]) -> String {
             Swatch::Mark(j) => format!(
                 "<path d=\"M1 7H17\" stroke=\"{}\" stroke-width=\"3\"{}/>",
                 hex(MARKS[j % MARKS.len()]),
-                if j % 2 == 1 { " stroke-dasharray=\"4 2\"" } else { "" }
+                if j % 2 == 1 {
+                    " stroke-dasharray=\"4 2\""
+                } else {
+                    ""
+                }
             ),
         };
         out += &format!(

@@ -151,7 +151,11 @@ fn limit_reason(e: &Value, row: &Value) -> String {
             .iter()
             .filter(same_shape)
             .filter(|r| r["function"] != "auto" && pred(r))
-            .max_by(|a, b| of_limit(a).unwrap_or(0.0).total_cmp(&of_limit(b).unwrap_or(0.0)))
+            .max_by(|a, b| {
+                of_limit(a)
+                    .unwrap_or(0.0)
+                    .total_cmp(&of_limit(b).unwrap_or(0.0))
+            })
     };
     let ch = row["channels"].as_u64().unwrap_or(1);
     if let Some(b) = best_on(&|r| r["channels"].as_u64() == Some(ch)) {
@@ -436,7 +440,12 @@ mod tests {
     #[test]
     fn a_failed_aa_control_withholds_the_verdict() {
         let l = lines(&[clear(false)]);
-        assert!(l[0].verdict.starts_with("no verdict: this run's A/A control disagreed"), "{}", l[0].verdict);
+        assert!(
+            l[0].verdict
+                .starts_with("no verdict: this run's A/A control disagreed"),
+            "{}",
+            l[0].verdict
+        );
         let l = lines(&[clear(true)]);
         assert!(!l[0].verdict.contains("A/A"), "{}", l[0].verdict);
     }

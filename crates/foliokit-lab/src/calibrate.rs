@@ -161,7 +161,10 @@ fn named<S: Strategy>() -> Vec<S> {
 /// the first, in whole balanced designs).
 pub fn total_ticks(o: &CalibrateOptions) -> usize {
     let per = |n: usize, loops: usize| (n + 1) * (Order::new(n + 1, loops).passes + 1);
-    let (c, k) = (named::<CopyStrategy>().len(), named::<ClearStrategy>().len());
+    let (c, k) = (
+        named::<CopyStrategy>().len(),
+        named::<ClearStrategy>().len(),
+    );
     let per_class = per(c, o.resident_loops)
         + per(c, o.stream_loops)
         + per(k, o.resident_loops)
@@ -352,10 +355,16 @@ mod tests {
     fn a_lead_inside_the_noise_or_a_failed_aa_control_settles_nothing() {
         // 4% ahead: beyond the 3% margin, inside the 5% A/A band.
         let c = cell(&[("nt", 5.2), ("stosb", 5.0)], 1.0);
-        assert!(c.pick("stosb").unwrap_err().contains("inside the run's noise"));
+        assert!(c
+            .pick("stosb")
+            .unwrap_err()
+            .contains("inside the run's noise"));
         // A clear lead, but the same code timed twice came 20% apart.
         let c = cell(&[("nt", 8.0), ("stosb", 5.0)], 1.2);
-        assert!(c.pick("stosb").unwrap_err().contains("A/A control disagreed"));
+        assert!(c
+            .pick("stosb")
+            .unwrap_err()
+            .contains("A/A control disagreed"));
         // settle() measures again, then leaves the cell to the built-in rule.
         let mut rounds = 0;
         let settled = settle("stosb", |_| {
@@ -363,13 +372,19 @@ mod tests {
             Ok(cell(&[("nt", 8.0), ("stosb", 5.0)], 1.2))
         })
         .unwrap();
-        assert_eq!((rounds, settled.rounds), (CALIBRATION_ROUNDS, CALIBRATION_ROUNDS));
+        assert_eq!(
+            (rounds, settled.rounds),
+            (CALIBRATION_ROUNDS, CALIBRATION_ROUNDS)
+        );
         assert!(settled.stored.is_none(), "never stored: {}", settled.why);
         // A clear round after a noisy one is stored.
         let mut n = 0;
         let settled = settle("stosb", |_| {
             n += 1;
-            Ok(cell(&[("nt", 8.0), ("stosb", 5.0)], if n == 1 { 1.2 } else { 1.0 }))
+            Ok(cell(
+                &[("nt", 8.0), ("stosb", 5.0)],
+                if n == 1 { 1.2 } else { 1.0 },
+            ))
         })
         .unwrap();
         assert_eq!(settled.stored.as_deref(), Some("nt"));

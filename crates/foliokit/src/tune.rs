@@ -87,6 +87,17 @@ pub const CALIBRATION_MARGIN: f64 = 0.03;
 /// is inside the noise) before it leaves the cell to the built-in rules.
 pub const CALIBRATION_ROUNDS: usize = 3;
 
+/// Default per-call latency budget when moving another process's pages
+/// (`migrate::process`): the target's threads wait on pages under
+/// migration and on its mmap lock while a `move_pages` call runs, so calls
+/// are kept short; katalyst-core chunks its calls to about 20 ms after
+/// stalls of minutes.
+pub const PROCESS_MOVE_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Pages in the first `move_pages` call of such a move; the budget grows or
+/// shrinks it from there.
+pub const PROCESS_MOVE_START_PAGES: usize = 512;
+
 /// Bump when the profile format or the meaning of its cells changes.
 pub const PROFILE_VERSION: u32 = 1;
 

@@ -529,10 +529,17 @@ static RESTORE_ON_INTERRUPT: std::sync::Mutex<Vec<(std::path::PathBuf, String)>>
 /// Makes Ctrl-C (and SIGTERM) restore what `settings` changed so far, then
 /// exit; call again after every change.
 pub fn arm_interrupt_restore(settings: &foliokit_lab::mthp::MthpSettings) {
+    restore_on_interrupt(settings.saved());
+}
+
+/// Makes Ctrl-C (and SIGTERM) write each (path, value) in order, then
+/// exit: how a run that changed system settings puts them back. An empty
+/// list disarms it.
+pub fn restore_on_interrupt(saved: Vec<(std::path::PathBuf, String)>) {
     static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     *RESTORE_ON_INTERRUPT
         .lock()
-        .unwrap_or_else(|p| p.into_inner()) = settings.saved();
+        .unwrap_or_else(|p| p.into_inner()) = saved;
     INSTALLED.get_or_init(|| {
         let _ = ctrlc::set_handler(|| {
             let saved = RESTORE_ON_INTERRUPT
@@ -541,7 +548,7 @@ pub fn arm_interrupt_restore(settings: &foliokit_lab::mthp::MthpSettings) {
             for (path, value) in saved.iter() {
                 let _ = std::fs::write(path, value);
             }
-            eprintln!("foliokit: interrupted; mTHP settings restored");
+            eprintln!("foliokit: interrupted; system settings restored");
             std::process::exit(130);
         });
     });

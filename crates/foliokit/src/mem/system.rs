@@ -188,6 +188,15 @@ pub fn numa_nodes() -> Vec<u32> {
         .unwrap_or_else(|| vec![0])
 }
 
+/// Online nodes that have memory (`has_memory`): a node without any cannot
+/// take pages. Every online node when sysfs does not say.
+pub fn memory_nodes() -> Vec<u32> {
+    sysfs::read("/sys/devices/system/node/has_memory")
+        .map(|t| parse_list(&t))
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(numa_nodes)
+}
+
 /// Online nodes without CPUs: memory-only tiers such as CXL memory
 /// expanders (or a NUMA emulation's CPU-less node).
 pub fn memory_only_nodes() -> Vec<u32> {

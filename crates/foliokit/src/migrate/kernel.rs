@@ -18,8 +18,14 @@ struct Share {
     failed: Vec<(usize, i32)>,
 }
 
-/// Moves the pages of one thread's share, batch by batch.
-fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, MigrateError> {
+/// Moves the pages of one thread's share of process `pid` (0: this one),
+/// batch by batch.
+fn worker(
+    pid: libc::pid_t,
+    pages: &[usize],
+    node: u32,
+    o: &MigrateOptions,
+) -> Result<Share, MigrateError> {
     let mut ctl = o
         .latency_budget
         .map(|b| BatchController::new(b, o.batch_pages, 1, pages.len().max(1)));
@@ -34,7 +40,7 @@ fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, Migra
         let chunk = &pages[at..at + n];
         let mut status = vec![0i32; n];
         let t = Instant::now();
-        numa::move_pages(chunk, node, &mut status).map_err(sys("move_pages"))?;
+        numa::move_pages_of(pid, chunk, node, &mut status).map_err(sys("move_pages"))?;
         // The kernel does not say when the first folio of a call finished;
         // the call's return is when it certainly had.
         let lat = t.elapsed();
@@ -45,7 +51,7 @@ fn worker(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Share, Migra
             // as failed only if a status query still finds it elsewhere.
             let addrs: Vec<usize> = bad.iter().map(|&i| chunk[i]).collect();
             let mut now = vec![0i32; addrs.len()];
-            numa::page_nodes(&addrs, &mut now).map_err(sys("move_pages (status query)"))?;
+            numa::page_nodes_of(pid, &addrs, &mut now).map_err(sys("move_pages (status query)"))?;
             failed.extend(
                 bad.iter()
                     .zip(&now)
@@ -94,11 +100,24 @@ fn shares(pages: &[usize], n: usize) -> Vec<&[usize]> {
 /// Batch timings, and the pages that failed with their errno.
 type Moved = (Vec<BatchStat>, Vec<(usize, i32)>);
 
-/// Moves `pages` (page addresses) to `node` in `o.channels` disjoint
-/// shares, run by the calling thread and up to `o.channels - 1` helpers
-/// (`crate::helpers`: persistent, never a thread per call); returns the
-/// batch timings and the pages that failed.
+/// Moves `pages` (page addresses of this process) to `node`: see
+/// [`move_list_of`].
 pub fn move_list(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Moved, MigrateError> {
+    move_list_of(0, pages, node, o)
+}
+
+/// Moves `pages` (page addresses of process `pid`, 0: this one) to `node`
+/// in `o.channels` disjoint shares, run by the calling thread and up to
+/// `o.channels - 1` helpers (`crate::helpers`: persistent, never a thread
+/// per call); returns the batch timings and the pages that failed. A share
+/// whose call fails stops there (the others run to their end or their own
+/// failure), so a target that exits ends every share at its next call.
+pub fn move_list_of(
+    pid: libc::pid_t,
+    pages: &[usize],
+    node: u32,
+    o: &MigrateOptions,
+) -> Result<Moved, MigrateError> {
     if pages.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
@@ -111,7 +130,7 @@ pub fn move_list(pages: &[usize], node: u32, o: &MigrateOptions) -> Result<Moved
         let Some(share) = shares.get(i) else {
             break;
         };
-        let r = worker(share, node, o);
+        let r = worker(pid, share, node, o);
         *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
     });
     let (mut stats, mut failed) = (Vec::new(), Vec::new());

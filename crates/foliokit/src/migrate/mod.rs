@@ -18,6 +18,7 @@
 mod budget;
 mod fork;
 mod kernel;
+pub mod process;
 mod relocate;
 mod stage;
 mod track;

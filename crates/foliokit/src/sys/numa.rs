@@ -31,9 +31,14 @@ pub fn mbind(addr: usize, len: usize, node: u32) -> io::Result<()> {
     }
 }
 
-/// move_pages(2) for this process: moves each page in `pages` to `node`
-/// and fills `status` with the node it ended on or a negative errno.
-pub fn move_pages(pages: &[usize], node: u32, status: &mut [i32]) -> io::Result<()> {
+/// move_pages(2) for process `pid` (0: this one): pages are addresses in
+/// that process; moves only pages mapped by it alone (`MPOL_MF_MOVE`).
+pub fn move_pages_of(
+    pid: libc::pid_t,
+    pages: &[usize],
+    node: u32,
+    status: &mut [i32],
+) -> io::Result<()> {
     assert_eq!(pages.len(), status.len());
     let nodes = vec![node as libc::c_int; pages.len()];
     // SAFETY: three arrays of `pages.len()` entries each, as the syscall
@@ -41,7 +46,7 @@ pub fn move_pages(pages: &[usize], node: u32, status: &mut [i32]) -> io::Result<
     let rc = unsafe {
         libc::syscall(
             libc::SYS_move_pages,
-            0,
+            pid,
             pages.len(),
             pages.as_ptr(),
             nodes.as_ptr(),
@@ -76,12 +81,18 @@ pub fn move_pages(pages: &[usize], node: u32, status: &mut [i32]) -> io::Result<
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn page_nodes(pages: &[usize], status: &mut [i32]) -> io::Result<()> {
+    page_nodes_of(0, pages, status)
+}
+
+/// The node of each page of process `pid` (0: this one), or a negative
+/// errno (`-ENOENT`: not present, `-EFAULT`: not mapped).
+pub fn page_nodes_of(pid: libc::pid_t, pages: &[usize], status: &mut [i32]) -> io::Result<()> {
     assert_eq!(pages.len(), status.len());
     // SAFETY: as in move_pages; a null node array asks for the current node.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_move_pages,
-            0,
+            pid,
             pages.len(),
             pages.as_ptr(),
             std::ptr::null::<libc::c_int>(),

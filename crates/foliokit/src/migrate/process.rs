@@ -1,0 +1,693 @@
+//! Moving another process's pages to a node: what a memory-tiering agent
+//! does, with `move_pages(2)` on the target's pid.
+//!
+//! The target is held by a pidfd from the start. `move_pages` itself takes
+//! a pid, so before every range and after every batch the pidfd says
+//! whether the process still exists; a pid can only name another process
+//! once the target has exited *and* been reaped *and* the kernel's pid
+//! counter has wrapped around to it, and a move that finds the target gone
+//! stops with [`ProcessError::Gone`] and what was done so far. Batches
+//! follow a per-call latency budget (the target's threads stall on pages
+//! under migration and on its mmap lock while a call runs), spread over
+//! the helper threads in shares that never split a PMD-sized block.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use super::kernel::move_list_of;
+use super::{MigrateError, MigrateOptions};
+use crate::batch::page_size;
+use crate::mem::system::{memory_nodes, numa_nodes};
+use crate::sys::numa::page_nodes_of;
+
+/// A process to move pages of, held by a pidfd so that its pid cannot
+/// silently come to mean another process.
+#[derive(Debug)]
+pub struct Target {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+}
+
+impl Target {
+    /// Opens process `pid`.
+    pub fn open(pid: i32) -> Result<Target, ProcessError> {
+        if pid <= 0 {
+            return Err(ProcessError::NoProcess { pid });
+        }
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or
+        // -1; it touches no memory of ours.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ESRCH) => ProcessError::NoProcess { pid },
+                _ => ProcessError::Sys {
+                    what: "pidfd_open",
+                    source: e,
+                },
+            });
+        }
+        // SAFETY: the call returned a new descriptor that nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Target { pid, pidfd })
+    }
+
+    /// The pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Whether the process still runs (a zombie counts as gone: its memory
+    /// is already released).
+    pub fn alive(&self) -> bool {
+        // SAFETY: signal 0 through our own pidfd only checks existence and
+        // permission; no memory is passed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc == 0 {
+            // A zombie still takes signal 0: its maps are empty.
+            return std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+                .map(|s| {
+                    !s.lines()
+                        .any(|l| l.starts_with("State:") && l.contains('Z'))
+                })
+                .unwrap_or(false);
+        }
+        // EPERM: it exists, we may just not signal it.
+        io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+}
+
+/// Which pages of the target to move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ranges {
+    /// These `[start, end)` address ranges of the target (page-aligned).
+    Given(Vec<(usize, usize)>),
+    /// Every private anonymous mapping (heap and anonymous mmaps), read
+    /// from `/proc/PID/maps`; file mappings, shared memory, inaccessible
+    /// mappings, the kernel's special mappings and, unless `stack` is set,
+    /// the main thread's stack are skipped, each with the reason.
+    AllAnon {
+        /// Also move the main thread's stack (`[stack]`).
+        stack: bool,
+    },
+}
+
+/// How to move: `ProcessOptions::default().threads(2)...`.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ProcessOptions {
+    /// Threads issuing `move_pages` calls (the caller and helpers).
+    pub threads: usize,
+    /// Largest time one `move_pages` call may take: the batch grows while
+    /// calls take under half of it and halves when one takes longer.
+    pub budget: Duration,
+    /// Report what would move without moving anything.
+    pub dry_run: bool,
+}
+
+impl Default for ProcessOptions {
+    fn default() -> Self {
+        ProcessOptions {
+            threads: 1,
+            budget: crate::tune::PROCESS_MOVE_BUDGET,
+            dry_run: false,
+        }
+    }
+}
+
+impl ProcessOptions {
+    /// Sets the threads.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n;
+        self
+    }
+
+    /// Sets the per-call latency budget.
+    pub fn budget(mut self, b: Duration) -> Self {
+        self.budget = b;
+        self
+    }
+
+    /// Sets dry-run.
+    pub fn dry_run(mut self, d: bool) -> Self {
+        self.dry_run = d;
+        self
+    }
+}
+
+/// A mapping `Ranges::AllAnon` left alone, and why.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SkippedMapping {
+    /// Start of the mapping.
+    pub start: usize,
+    /// Its end (exclusive).
+    pub end: usize,
+    /// The mapping as `/proc/PID/maps` names it (path or `[stack]`).
+    pub what: String,
+    /// Why it was left alone.
+    pub why: &'static str,
+}
+
+/// What happened to one range.
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct RangeReport {
+    /// Start of the range.
+    pub start: usize,
+    /// Its end (exclusive).
+    pub end: usize,
+    /// Base pages in the range.
+    pub pages: usize,
+    /// Present pages that were elsewhere and are now on the node.
+    pub moved: usize,
+    /// Present pages already on the node before the call.
+    pub already: usize,
+    /// Pages not present (never touched, swapped, or not mapped).
+    pub not_present: usize,
+    /// Moved pages by the node they came from.
+    pub moved_from: BTreeMap<u32, usize>,
+    /// Pages that stayed elsewhere, by positive errno (`EBUSY`: pinned or
+    /// under I/O; `EACCES`: mapped by several processes; `ENOMEM`: the
+    /// node is full), or by the node they stayed on (`errno` 0).
+    pub failed: BTreeMap<i32, usize>,
+    /// `AnonHugePages` of the mappings over the range before the move
+    /// (KiB).
+    pub huge_kib_before: Option<usize>,
+    /// The same after: a drop means huge pages were split.
+    pub huge_kib_after: Option<usize>,
+    /// Present pages per node before the move.
+    pub nodes_before: BTreeMap<u32, usize>,
+    /// Present pages per node after it.
+    pub nodes_after: BTreeMap<u32, usize>,
+    /// `move_pages` calls made.
+    pub calls: usize,
+    /// The first call's time in µs (the first batch's latency, from its
+    /// start until the call returned).
+    pub first_call_us: Option<f64>,
+    /// The longest call.
+    pub longest_call_us: Option<f64>,
+    /// Wall time for the range, queries included.
+    pub secs: f64,
+}
+
+/// What `migrate_process` did.
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ProcessReport {
+    /// The target.
+    pub pid: i32,
+    /// The node pages were moved to.
+    pub node: u32,
+    /// Nothing was moved: the counts say what would have.
+    pub dry_run: bool,
+    /// Every range, in order.
+    pub ranges: Vec<RangeReport>,
+    /// Mappings `Ranges::AllAnon` left alone.
+    pub skipped: Vec<SkippedMapping>,
+    /// The per-call budget in µs.
+    pub budget_us: f64,
+    /// The median batch (pages per call) the budget settled on.
+    pub batch_pages_median: Option<usize>,
+    /// Wall time.
+    pub secs: f64,
+    /// What else the caller should know.
+    pub notes: Vec<String>,
+}
+
+impl ProcessReport {
+    /// Totals over the ranges: (moved, already, not present, failed).
+    pub fn totals(&self) -> (usize, usize, usize, usize) {
+        self.ranges.iter().fold((0, 0, 0, 0), |t, r| {
+            (
+                t.0 + r.moved,
+                t.1 + r.already,
+                t.2 + r.not_present,
+                t.3 + r.failed.values().sum::<usize>(),
+            )
+        })
+    }
+}
+
+/// Why `migrate_process` failed. Nothing was moved unless the variant
+/// says so.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ProcessError {
+    /// No such process (or it had already exited).
+    #[error("no process {pid}")]
+    NoProcess {
+        /// The pid asked for.
+        pid: i32,
+    },
+    /// The kernel refused: moving another process's pages needs
+    /// `CAP_SYS_NICE` and ptrace access to it (same user, or
+    /// `CAP_SYS_PTRACE`).
+    #[error("not permitted to move the pages of process {pid} ({source}): run as its user with CAP_SYS_NICE, or as root")]
+    Permission {
+        /// The target.
+        pid: i32,
+        /// The kernel's error.
+        source: io::Error,
+    },
+    /// The process exited during the call; the report holds what was done
+    /// before (earlier ranges complete, the current one not).
+    #[error("process {pid} exited during the move ({} ranges done)", partial.ranges.len())]
+    Gone {
+        /// The target.
+        pid: i32,
+        /// What was done before it exited.
+        partial: Box<ProcessReport>,
+    },
+    /// The target node is not online.
+    #[error("NUMA node {node} does not exist (online: {online:?})")]
+    NoSuchNode {
+        /// The node asked for.
+        node: u32,
+        /// The nodes that are online.
+        online: Vec<u32>,
+    },
+    /// The node is online but has no memory to take pages.
+    #[error("NUMA node {node} has no memory (nodes with memory: {with_memory:?})")]
+    NoMemory {
+        /// The node asked for.
+        node: u32,
+        /// The nodes that have memory.
+        with_memory: Vec<u32>,
+    },
+    /// A given range is empty, unaligned or wraps.
+    #[error("range {start:#x}-{end:#x}: {why}")]
+    BadRange {
+        /// Start of the range.
+        start: usize,
+        /// Its end.
+        end: usize,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// The call.
+        what: &'static str,
+        /// Its error.
+        source: io::Error,
+    },
+}
+
+/// Pages queried per `move_pages` status call.
+const QUERY_CHUNK: usize = 16384;
+
+/// Moves the pages of `target` in `ranges` to `node`.
+///
+/// Safe for the target in every way `move_pages(2)` is: the kernel keeps
+/// its memory intact and its threads wait (briefly: see the budget) for
+/// pages under migration. Pages mapped by several processes are left
+/// (`EACCES`), pinned ones too (`EBUSY`).
+pub fn migrate_process(
+    target: &Target,
+    ranges: &Ranges,
+    node: u32,
+    o: &ProcessOptions,
+) -> Result<ProcessReport, ProcessError> {
+    let online = numa_nodes();
+    if !online.contains(&node) {
+        return Err(ProcessError::NoSuchNode { node, online });
+    }
+    let with_memory = memory_nodes();
+    if !with_memory.contains(&node) {
+        return Err(ProcessError::NoMemory { node, with_memory });
+    }
+    let page = page_size();
+    let mut report = ProcessReport {
+        pid: target.pid,
+        node,
+        dry_run: o.dry_run,
+        budget_us: o.budget.as_secs_f64() * 1e6,
+        ..ProcessReport::default()
+    };
+    let list = match ranges {
+        Ranges::Given(v) => {
+            for &(start, end) in v {
+                let why = if end <= start {
+                    Some("empty or reversed")
+                } else if start % page != 0 || end % page != 0 {
+                    Some("not page-aligned")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return Err(ProcessError::BadRange { start, end, why });
+                }
+            }
+            v.clone()
+        }
+        Ranges::AllAnon { stack } => {
+            let (keep, skipped) = anon_mappings(target, *stack)?;
+            report.skipped = skipped;
+            keep
+        }
+    };
+    let gone = |report: ProcessReport| ProcessError::Gone {
+        pid: target.pid,
+        partial: Box::new(report),
+    };
+    let mo = MigrateOptions::default()
+        .channels(o.threads.max(1))
+        .batch_pages(crate::tune::PROCESS_MOVE_START_PAGES)
+        .latency_budget(Some(o.budget));
+    let t0 = Instant::now();
+    let mut batch_sizes = Vec::new();
+    for (start, end) in list {
+        if !target.alive() {
+            return Err(gone(report));
+        }
+        let tr = Instant::now();
+        let pages: Vec<usize> = (start..end).step_by(page).collect();
+        let huge_kib_before = anon_huge_kib(target.pid, start, end);
+        let before = match query(target, &pages) {
+            Err(ProcessError::Gone { .. }) => return Err(gone(report)),
+            r => r?,
+        };
+        let mut r = RangeReport {
+            start,
+            end,
+            pages: pages.len(),
+            huge_kib_before,
+            nodes_before: histogram(&before),
+            ..RangeReport::default()
+        };
+        let mut to_move = Vec::new();
+        for (&p, &s) in pages.iter().zip(&before) {
+            match s {
+                s if s == node as i32 => r.already += 1,
+                s if s >= 0 => to_move.push(p),
+                _ => r.not_present += 1,
+            }
+        }
+        if o.dry_run {
+            r.moved = 0;
+            r.nodes_after = r.nodes_before.clone();
+            r.huge_kib_after = huge_kib_before;
+            r.secs = tr.elapsed().as_secs_f64();
+            report.notes.push(format!(
+                "dry run: {} pages of {start:#x}-{end:#x} would move",
+                to_move.len()
+            ));
+            report.ranges.push(r);
+            continue;
+        }
+        let moved = match move_list_of(target.pid, &to_move, node, &mo) {
+            Ok(m) => m,
+            Err(e) => {
+                if !target.alive() {
+                    return Err(gone(report));
+                }
+                return Err(match e {
+                    MigrateError::Sys { source, .. }
+                        if source.raw_os_error() == Some(libc::EPERM) =>
+                    {
+                        ProcessError::Permission {
+                            pid: target.pid,
+                            source,
+                        }
+                    }
+                    MigrateError::Sys { what, source } => ProcessError::Sys { what, source },
+                    other => ProcessError::Sys {
+                        what: "move_pages",
+                        source: io::Error::other(other.to_string()),
+                    },
+                });
+            }
+        };
+        if !target.alive() {
+            return Err(gone(report));
+        }
+        let (stats, failed) = moved;
+        r.calls = stats.len();
+        r.first_call_us = stats.first().map(|b| b.total_us);
+        r.longest_call_us = stats.iter().map(|b| b.total_us).reduce(f64::max);
+        batch_sizes.extend(stats.iter().map(|b| b.pages));
+        for (_, errno) in &failed {
+            *r.failed.entry(*errno).or_default() += 1;
+        }
+        let after = match query(target, &pages) {
+            Err(ProcessError::Gone { .. }) => return Err(gone(report)),
+            r => r?,
+        };
+        r.nodes_after = histogram(&after);
+        let failed_set: std::collections::HashSet<usize> = failed.iter().map(|&(p, _)| p).collect();
+        for (&p, &s) in pages.iter().zip(&after) {
+            if before[(p - start) / page] >= 0 && before[(p - start) / page] != node as i32 {
+                if s == node as i32 {
+                    r.moved += 1;
+                    *r.moved_from
+                        .entry(before[(p - start) / page] as u32)
+                        .or_default() += 1;
+                } else if !failed_set.contains(&p) {
+                    // Not reported failed but not on the node either
+                    // (freed or moved again meanwhile).
+                    *r.failed.entry(0).or_default() += 1;
+                }
+            }
+        }
+        r.huge_kib_after = anon_huge_kib(target.pid, start, end);
+        r.secs = tr.elapsed().as_secs_f64();
+        report.ranges.push(r);
+    }
+    batch_sizes.sort_unstable();
+    report.batch_pages_median = batch_sizes.get(batch_sizes.len() / 2).copied();
+    report.secs = t0.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The `[start, end)` ranges to move, and the mappings left alone.
+pub type AnonMappings = (Vec<(usize, usize)>, Vec<SkippedMapping>);
+
+/// The target's private anonymous mappings (what [`Ranges::AllAnon`]
+/// moves) and the mappings it leaves alone, with the reason for each.
+pub fn anon_mappings(target: &Target, stack: bool) -> Result<AnonMappings, ProcessError> {
+    Ok(anon_ranges(&read_maps(target)?, stack))
+}
+
+/// Each page's node (or negative errno), in chunks.
+fn query(target: &Target, pages: &[usize]) -> Result<Vec<i32>, ProcessError> {
+    let mut status = vec![0i32; pages.len()];
+    for (p, s) in pages
+        .chunks(QUERY_CHUNK)
+        .zip(status.chunks_mut(QUERY_CHUNK))
+    {
+        if let Err(e) = page_nodes_of(target.pid, p, s) {
+            return Err(match e.raw_os_error() {
+                Some(libc::EPERM) => ProcessError::Permission {
+                    pid: target.pid,
+                    source: e,
+                },
+                Some(libc::ESRCH) => ProcessError::Gone {
+                    pid: target.pid,
+                    partial: Box::default(),
+                },
+                _ => ProcessError::Sys {
+                    what: "move_pages (status query)",
+                    source: e,
+                },
+            });
+        }
+    }
+    Ok(status)
+}
+
+fn histogram(status: &[i32]) -> BTreeMap<u32, usize> {
+    let mut h = BTreeMap::new();
+    for &s in status.iter().filter(|&&s| s >= 0) {
+        *h.entry(s as u32).or_default() += 1;
+    }
+    h
+}
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MapLine {
+    pub start: usize,
+    pub end: usize,
+    pub perms: String,
+    pub inode: u64,
+    pub path: String,
+}
+
+/// Parses `/proc/PID/maps` text.
+pub(crate) fn parse_maps(text: &str) -> Vec<MapLine> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (a, b) = f.next()?.split_once('-')?;
+            let perms = f.next()?.to_string();
+            let _offset = f.next()?;
+            let _dev = f.next()?;
+            let inode = f.next()?.parse().ok()?;
+            let path = f.collect::<Vec<_>>().join(" ");
+            Some(MapLine {
+                start: usize::from_str_radix(a, 16).ok()?,
+                end: usize::from_str_radix(b, 16).ok()?,
+                perms,
+                inode,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// The target's mappings, read while it is known to be the same process.
+fn read_maps(target: &Target) -> Result<Vec<MapLine>, ProcessError> {
+    let text =
+        std::fs::read_to_string(format!("/proc/{}/maps", target.pid)).map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::EACCES) | Some(libc::EPERM) => ProcessError::Permission {
+                    pid: target.pid,
+                    source: e,
+                },
+                _ if !target.alive() => ProcessError::NoProcess { pid: target.pid },
+                _ => ProcessError::Sys {
+                    what: "read /proc/PID/maps",
+                    source: e,
+                },
+            }
+        })?;
+    // Read before the check: the text is of this process if it was alive
+    // after reading (a pid cannot be reused while the pidfd's process runs).
+    if !target.alive() {
+        return Err(ProcessError::NoProcess { pid: target.pid });
+    }
+    Ok(parse_maps(&text))
+}
+
+/// Splits mappings into the private anonymous ranges to move and the rest
+/// with the reason each is left alone.
+pub(crate) fn anon_ranges(maps: &[MapLine], stack: bool) -> AnonMappings {
+    let (mut keep, mut skipped) = (Vec::new(), Vec::new());
+    for m in maps {
+        let ours = m.path.starts_with("[heap")
+            || m.path.starts_with("[anon")
+            || (stack && m.path == "[stack]");
+        let special = m.path.starts_with('[') && !ours;
+        let why = if m.perms.as_bytes().get(3) == Some(&b's') {
+            Some("shared: pages other processes map")
+        } else if m.inode != 0 || (m.path.starts_with('/') && !m.path.starts_with("/memfd")) {
+            Some("file-backed: its page cache is the file's, not the process's")
+        } else if m.path.starts_with("/memfd") {
+            Some("memfd: shared memory")
+        } else if m.path == "[stack]" && !stack {
+            Some("the main thread's stack (pass the stack option to move it)")
+        } else if special {
+            Some("a kernel-provided mapping")
+        } else if m.perms.starts_with("---") {
+            Some("no access: a guard or reserved range, nothing populated")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => skipped.push(SkippedMapping {
+                start: m.start,
+                end: m.end,
+                what: if m.path.is_empty() {
+                    "anonymous".into()
+                } else {
+                    m.path.clone()
+                },
+                why,
+            }),
+            None => keep.push((m.start, m.end)),
+        }
+    }
+    (keep, skipped)
+}
+
+/// `AnonHugePages` (KiB) summed over the target's mappings that overlap
+/// `[start, end)`, from `/proc/PID/smaps`; `None` where it cannot be read.
+fn anon_huge_kib(pid: i32, start: usize, end: usize) -> Option<usize> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let mut inside = false;
+    let mut total = 0;
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = a < end && b > start;
+                continue;
+            }
+        }
+        if inside {
+            if let Some(v) = line.strip_prefix("AnonHugePages:") {
+                total += v
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0040000000 rw-p 00000000 00:00 0 
+7f0040000000-7f0040001000 ---p 00000000 00:00 0 
+7f1000000000-7f1000100000 r--p 00000000 08:01 1234                       /usr/lib/libc.so.6
+7f2000000000-7f2000100000 rw-s 00000000 00:01 99                         /dev/zero (deleted)
+7f3000000000-7f3000100000 rw-p 00000000 00:01 77                         /memfd:guest (deleted)
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+7ffd00100000-7ffd00102000 r-xp 00000000 00:00 0                          [vdso]
+";
+
+    #[test]
+    fn all_anon_keeps_private_anonymous_memory_and_says_why_not_the_rest() {
+        let maps = parse_maps(MAPS);
+        assert_eq!(maps.len(), 8);
+        let (keep, skipped) = anon_ranges(&maps, false);
+        assert_eq!(
+            keep,
+            vec![
+                (0x55d0c0a00000, 0x55d0c0a21000),
+                (0x7f0000000000, 0x7f0040000000)
+            ]
+        );
+        let why = |what: &str| {
+            skipped
+                .iter()
+                .find(|s| s.what.starts_with(what))
+                .map(|s| s.why)
+                .unwrap_or("kept")
+        };
+        assert!(why("/usr/lib").starts_with("file-backed"));
+        assert!(why("/dev/zero").starts_with("shared"));
+        assert!(why("[stack]").contains("stack"));
+        assert!(why("[vdso]").contains("kernel"));
+        assert!(why("anonymous").starts_with("no access"));
+        assert_eq!(skipped.len(), 6);
+        let (keep, _) = anon_ranges(&maps, true);
+        assert!(keep.contains(&(0x7ffd00000000, 0x7ffd00021000)));
+    }
+
+    #[test]
+    fn histograms_count_present_pages_per_node() {
+        let h = histogram(&[0, 0, 1, -libc::ENOENT, 2, -libc::EFAULT]);
+        assert_eq!(h, BTreeMap::from([(0, 2), (1, 1), (2, 1)]));
+    }
+}
