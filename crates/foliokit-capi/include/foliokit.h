@@ -182,6 +182,56 @@ struct fk_migrate_result {
 int fk_migrate(void *addr, size_t len, unsigned node,
                const struct fk_migrate_opts *opts, struct fk_migrate_result *out);
 
+/* One [start, end) address range of another process. */
+struct fk_range {
+    uintptr_t start;
+    uintptr_t end;
+};
+
+/* fk_process_opts.flags */
+#define FK_PROCESS_DRY_RUN 1u     /* count what would move; move nothing */
+#define FK_PROCESS_WITH_STACK 2u  /* every-anonymous-mapping mode: also the stack */
+
+/* Options of fk_migrate_process; extensible (see the top of this file).
+ * Zero in a field means its default. */
+struct fk_process_opts {
+    size_t size;        /* sizeof(struct fk_process_opts) */
+    unsigned threads;   /* threads issuing move_pages calls; default 1 */
+    unsigned flags;     /* FK_PROCESS_* */
+    uint64_t budget_us; /* longest one move_pages call may stall the
+                           target; default 10000 */
+};
+#define FK_PROCESS_OPTS_INIT { sizeof(struct fk_process_opts), 0, 0, 0 }
+
+/* What fk_migrate_process did, summed over its ranges; extensible. */
+struct fk_process_result {
+    size_t size;            /* in: sizeof(struct fk_process_result);
+                               out: bytes the library filled */
+    size_t moved;           /* present pages now on the node */
+    size_t already;         /* present pages that were on it before */
+    size_t not_present;     /* never touched, swapped or unmapped pages */
+    size_t failed;          /* pages that stayed elsewhere (pinned, shared
+                               with other processes, node full) */
+    double secs;            /* wall time */
+    double longest_call_us; /* the longest move_pages call: what the
+                               target stalled at most */
+};
+#define FK_PROCESS_RESULT_INIT { sizeof(struct fk_process_result), 0, 0, 0, 0, 0, 0 }
+
+/* Moves the pages of process `pid` in ranges[0..n) (page-aligned; n == 0
+ * and ranges NULL: every private anonymous mapping, leaving file, shared
+ * and special mappings and, unless FK_PROCESS_WITH_STACK, the stack) to
+ * NUMA node `node`, with move_pages(2) in calls kept under the budget. The
+ * process is held by a pidfd for the whole call. Needs CAP_SYS_NICE and
+ * ptrace access to it (its user, or root). opts and out may be NULL.
+ * Errors: -ESRCH (no such process, or it exited during the call: out then
+ * holds what was done before), -EPERM (not permitted), -ENODEV (no such
+ * node), -ENOSPC (the node has no memory), -EINVAL (a bad range, n > 0
+ * with ranges NULL, a struct's size too small), -E2BIG (unknown fields
+ * set), other -errno from the kernel. */
+int fk_migrate_process(int pid, const struct fk_range *ranges, size_t n, unsigned node,
+                       const struct fk_process_opts *opts, struct fk_process_result *out);
+
 /* Explicit start-up, once, before any other call but fk_version (optional:
  * without it each piece of state is created on first use, and no
  * calibration profile is read). It detects the CPU, installs the SIGBUS

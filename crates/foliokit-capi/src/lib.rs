@@ -467,6 +467,137 @@ pub unsafe extern "C" fn fk_migrate(
     })
 }
 
+/// Mirrors `struct fk_range`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FkRange {
+    pub start: usize,
+    pub end: usize,
+}
+
+/// Mirrors `struct fk_process_opts` (extensible: see the header's rule).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FkProcessOpts {
+    pub size: usize,
+    pub threads: c_uint,
+    pub flags: c_uint,
+    pub budget_us: u64,
+}
+
+/// Mirrors `struct fk_process_result` (extensible: see the header's rule).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FkProcessResult {
+    pub size: usize,
+    pub moved: usize,
+    pub already: usize,
+    pub not_present: usize,
+    pub failed: usize,
+    pub secs: f64,
+    pub longest_call_us: f64,
+}
+
+// SAFETY: `size` first, then integer fields only; no padding (asserted below).
+unsafe impl Extensible for FkProcessOpts {
+    const MIN: usize = size_of::<FkProcessOpts>();
+}
+// SAFETY: `size` first, then integer and float fields only; no padding
+// (asserted below).
+unsafe impl Extensible for FkProcessResult {
+    const MIN: usize = size_of::<FkProcessResult>();
+}
+
+const _: () = {
+    assert!(offset_of!(FkProcessOpts, size) == 0);
+    assert!(offset_of!(FkProcessResult, size) == 0);
+    assert!(size_of::<FkProcessOpts>() == size_of::<usize>() + 2 * size_of::<c_uint>() + 8);
+    assert!(size_of::<FkProcessResult>() == 5 * size_of::<usize>() + 2 * size_of::<f64>());
+};
+
+/// `fk_process_opts.flags` (the header's FK_PROCESS_*).
+const PROCESS_DRY_RUN: c_uint = 1;
+const PROCESS_WITH_STACK: c_uint = 2;
+
+fn process_err(e: &fk::migrate::process::ProcessError) -> c_int {
+    use fk::migrate::process::ProcessError as E;
+    match e {
+        E::NoProcess { .. } | E::Gone { .. } => -libc::ESRCH,
+        E::Permission { .. } => -libc::EPERM,
+        E::NoSuchNode { .. } => -libc::ENODEV,
+        E::NoMemory { .. } => -libc::ENOSPC,
+        E::BadRange { .. } => -libc::EINVAL,
+        E::Sys { source, .. } => -source.raw_os_error().unwrap_or(libc::EIO),
+        _ => INTERNAL,
+    }
+}
+
+/// # Safety
+/// See `fk_migrate_process` in foliokit.h: `ranges` is NULL (with `n` 0)
+/// or points to `n` readable `struct fk_range`.
+#[no_mangle]
+pub unsafe extern "C" fn fk_migrate_process(
+    pid: c_int,
+    ranges: *const FkRange,
+    n: usize,
+    node: c_uint,
+    opts: *const FkProcessOpts,
+    out: *mut FkProcessResult,
+) -> c_int {
+    use fk::migrate::process::{migrate_process, ProcessError, ProcessOptions, Ranges, Target};
+    guard(|| {
+        // SAFETY: opts is NULL or a valid struct of its `size` (contract).
+        let c = unsafe { read_ext(opts) }?.unwrap_or_default();
+        // SAFETY: out is NULL or a valid struct of its `size` (contract).
+        let size = unsafe { out_size(out) }?;
+        if c.flags & !(PROCESS_DRY_RUN | PROCESS_WITH_STACK) != 0 || (ranges.is_null() && n > 0) {
+            return Err(-libc::EINVAL);
+        }
+        let mut o = ProcessOptions::default()
+            .threads((c.threads as usize).max(1))
+            .dry_run(c.flags & PROCESS_DRY_RUN != 0);
+        if c.budget_us > 0 {
+            o = o.budget(Duration::from_micros(c.budget_us));
+        }
+        let which = if n == 0 {
+            Ranges::AllAnon {
+                stack: c.flags & PROCESS_WITH_STACK != 0,
+            }
+        } else {
+            // SAFETY: `ranges` points to `n` readable ranges (contract).
+            let list = unsafe { std::slice::from_raw_parts(ranges, n) };
+            Ranges::Given(list.iter().map(|r| (r.start, r.end)).collect())
+        };
+        let target = Target::open(pid).map_err(|e| process_err(&e))?;
+        let (report, rc) = match migrate_process(&target, &which, node, &o) {
+            Ok(r) => (r, 0),
+            Err(ProcessError::Gone { partial, .. }) => (*partial, -libc::ESRCH),
+            Err(e) => return Err(process_err(&e)),
+        };
+        let (moved, already, not_present, failed) = report.totals();
+        let result = FkProcessResult {
+            size,
+            moved,
+            already,
+            not_present,
+            failed,
+            secs: report.secs,
+            longest_call_us: report
+                .ranges
+                .iter()
+                .filter_map(|r| r.longest_call_us)
+                .fold(0.0, f64::max),
+        };
+        // SAFETY: out is NULL or has `size` writable bytes (checked by out_size).
+        unsafe { write_ext(out, result, size) };
+        if rc == 0 {
+            Ok(0)
+        } else {
+            Err(rc)
+        }
+    })
+}
+
 /// `fk_init` flags (the header's FK_INIT_*).
 const INIT_NO_SIGBUS_HANDLER: c_uint = 1;
 const INIT_PROFILE_FILE: c_uint = 2;
@@ -885,6 +1016,54 @@ mod tests {
         assert_eq!(rc, 0);
     }
 
+    /// fk_migrate_process on this very process: every present page of a
+    /// range already on its node (one-node hosts; a guest moves it for
+    /// real), and each bad input refused with its code, nothing moved.
+    #[test]
+    fn migrate_process_counts_and_refuses_bad_input() {
+        let len = 16 * 4096;
+        let mut buf = fk::mem::Region::new(len, 4096).unwrap();
+        buf.as_mut_slice().fill(7);
+        let start = buf.as_mut_ptr() as usize;
+        let range = FkRange {
+            start,
+            end: start + len,
+        };
+        let node = fk::mem::system::numa_nodes()[0];
+        let here = std::process::id() as c_int;
+        let mut out = FkProcessResult {
+            size: size_of::<FkProcessResult>(),
+            ..FkProcessResult::default()
+        };
+        // SAFETY: valid range, NULL opts, a valid out struct.
+        let rc = unsafe { fk_migrate_process(here, &range, 1, node, std::ptr::null(), &mut out) };
+        assert_eq!(rc, 0);
+        assert_eq!(out.moved + out.already + out.failed, 16, "{out:?}");
+        assert!(buf.as_slice().iter().all(|&b| b == 7));
+        let call = |pid, ranges: *const FkRange, n, node| {
+            // SAFETY: ranges is NULL or points to `n` ranges.
+            unsafe {
+                fk_migrate_process(pid, ranges, n, node, std::ptr::null(), std::ptr::null_mut())
+            }
+        };
+        assert_eq!(call(here, &range, 1, 4096), -libc::ENODEV);
+        assert_eq!(call(here, std::ptr::null(), 1, node), -libc::EINVAL);
+        assert_eq!(call(-1, &range, 1, node), -libc::ESRCH);
+        let odd = FkRange {
+            start: start + 1,
+            end: start + len,
+        };
+        assert_eq!(call(here, &odd, 1, node), -libc::EINVAL);
+        let opts = FkProcessOpts {
+            size: size_of::<FkProcessOpts>(),
+            flags: 1 << 7,
+            ..FkProcessOpts::default()
+        };
+        // SAFETY: valid pointers.
+        let rc = unsafe { fk_migrate_process(here, &range, 1, node, &opts, std::ptr::null_mut()) };
+        assert_eq!(rc, -libc::EINVAL, "unknown flags");
+    }
+
     /// The header's struct layouts, as a C compiler sees them, equal the
     /// Rust mirrors'. Needs `cc`; skips with the reason otherwise.
     #[test]
@@ -908,6 +1087,17 @@ int main(void) {
     F(fk_migrate_result, batches);
     printf("%zu %zu\n", sizeof(struct fk_migrate_result), r.size);
     printf("%zu %d %d %d\n", sizeof(enum fk_path), FK_PATH_KERNEL, FK_PATH_AUTO, FK_PATH_RELOCATE);
+    struct fk_process_opts po = FK_PROCESS_OPTS_INIT;
+    struct fk_process_result pr = FK_PROCESS_RESULT_INIT;
+    F(fk_process_opts, size); F(fk_process_opts, threads); F(fk_process_opts, flags);
+    F(fk_process_opts, budget_us);
+    printf("%zu %zu\n", sizeof(struct fk_process_opts), po.size);
+    F(fk_process_result, size); F(fk_process_result, moved); F(fk_process_result, already);
+    F(fk_process_result, not_present); F(fk_process_result, failed); F(fk_process_result, secs);
+    F(fk_process_result, longest_call_us);
+    printf("%zu %zu\n", sizeof(struct fk_process_result), pr.size);
+    F(fk_range, start); F(fk_range, end);
+    printf("%zu %u %u\n", sizeof(struct fk_range), FK_PROCESS_DRY_RUN, FK_PROCESS_WITH_STACK);
     return 0;
 }
 "#,
@@ -957,11 +1147,33 @@ int main(void) {
             s += &format!("{size} {size}");
             s
         };
+        let po = [
+            f!(FkProcessOpts, size),
+            f!(FkProcessOpts, threads),
+            f!(FkProcessOpts, flags),
+            f!(FkProcessOpts, budget_us),
+        ];
+        let pr = [
+            f!(FkProcessResult, size),
+            f!(FkProcessResult, moved),
+            f!(FkProcessResult, already),
+            f!(FkProcessResult, not_present),
+            f!(FkProcessResult, failed),
+            f!(FkProcessResult, secs),
+            f!(FkProcessResult, longest_call_us),
+        ];
+        let range: String = [f!(FkRange, start), f!(FkRange, end)]
+            .iter()
+            .map(|(a, b)| format!("{a} {b} "))
+            .collect();
         let want = format!(
-            "{}\n{}\n{} {FK_PATH_KERNEL} {FK_PATH_AUTO} {FK_PATH_RELOCATE}\n",
+            "{}\n{}\n{} {FK_PATH_KERNEL} {FK_PATH_AUTO} {FK_PATH_RELOCATE}\n{}\n{}\n{range}{} {PROCESS_DRY_RUN} {PROCESS_WITH_STACK}\n",
             line(&o, size_of::<FkMigrateOpts>()),
             line(&r, size_of::<FkMigrateResult>()),
-            size_of::<c_int>()
+            size_of::<c_int>(),
+            line(&po, size_of::<FkProcessOpts>()),
+            line(&pr, size_of::<FkProcessResult>()),
+            size_of::<FkRange>()
         );
         assert_eq!(got, want);
     }
