@@ -47,6 +47,7 @@ const BINARIES: &[&str] = &[
     "migrate_concurrent",
     "migrate_latency",
     "nt_populate",
+    "process",
 ];
 
 /// A guest run longer than this has hung.

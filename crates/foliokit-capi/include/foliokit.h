@@ -222,8 +222,8 @@ struct fk_process_result {
  * and ranges NULL: every private anonymous mapping, leaving file, shared
  * and special mappings and, unless FK_PROCESS_WITH_STACK, the stack) to
  * NUMA node `node`, with move_pages(2) in calls kept under the budget. The
- * process is held by a pidfd for the whole call. Needs CAP_SYS_NICE and
- * ptrace access to it (its user, or root). opts and out may be NULL.
+ * process is held by a pidfd for the whole call. Needs ptrace read access
+ * to it (its user, or CAP_SYS_PTRACE). opts and out may be NULL.
  * Errors: -ESRCH (no such process, or it exited during the call: out then
  * holds what was done before), -EPERM (not permitted), -ENODEV (no such
  * node), -ENOSPC (the node has no memory), -EINVAL (a bad range, n > 0

@@ -61,6 +61,16 @@ impl Target {
         self.pid
     }
 
+    /// The node of each of the process's `pages` (addresses in it), or a
+    /// negative errno (`-ENOENT`: not present, `-EFAULT`: not mapped):
+    /// `move_pages(2)`'s status query. `status` has one entry per page.
+    pub fn page_nodes(&self, pages: &[usize], status: &mut [i32]) -> io::Result<()> {
+        if pages.len() != status.len() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        page_nodes_of(self.pid, pages, status)
+    }
+
     /// Whether the process still runs (a zombie counts as gone: its memory
     /// is already released).
     pub fn alive(&self) -> bool {
@@ -252,10 +262,10 @@ pub enum ProcessError {
         /// The pid asked for.
         pid: i32,
     },
-    /// The kernel refused: moving another process's pages needs
-    /// `CAP_SYS_NICE` and ptrace access to it (same user, or
-    /// `CAP_SYS_PTRACE`).
-    #[error("not permitted to move the pages of process {pid} ({source}): run as its user with CAP_SYS_NICE, or as root")]
+    /// The kernel refused: moving another process's pages needs ptrace
+    /// read access to it (`PTRACE_MODE_READ_REALCREDS`: the same user, or
+    /// `CAP_SYS_PTRACE`), and a security module may refuse more.
+    #[error("not permitted to move the pages of process {pid} ({source}): run as its user, or with CAP_SYS_PTRACE (root)")]
     Permission {
         /// The target.
         pid: i32,
