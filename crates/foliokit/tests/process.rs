@@ -111,6 +111,8 @@ struct Running {
 }
 
 impl Running {
+    // The child is handed to `Running`, whose Drop kills and reaps it.
+    #[allow(clippy::zombie_processes)]
     fn start(mib: usize, mode: &str) -> Running {
         let exe = std::env::current_exe().unwrap();
         let mut child = Command::new(exe)
@@ -125,7 +127,11 @@ impl Running {
         let mut line = String::new();
         loop {
             line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "target ended early");
+            if out.read_line(&mut line).unwrap_or(0) == 0 {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!("the target ended before printing its range: {status:?}");
+            }
             if let Some(rest) = line.strip_prefix("ADDR ") {
                 let v: Vec<usize> = rest
                     .split_whitespace()
@@ -338,7 +344,7 @@ fn a_forked_target_keeps_its_shared_pages_and_loses_nothing() {
             assert_eq!(moved + already + absent + failed, t.len / PAGE, "{r:?}");
             // Pages still shared with the forked child cannot move with
             // MPOL_MF_MOVE: they are reported (EACCES), never lost.
-            for (&errno, _) in &r.ranges[0].failed {
+            for &errno in r.ranges[0].failed.keys() {
                 assert!(
                     errno == libc::EACCES || errno == libc::EBUSY || errno == 0,
                     "{r:?}"
