@@ -56,6 +56,9 @@ enum Cmd {
     /// Move another process's memory to a NUMA node (what a tiering agent does), in
     /// move_pages calls kept under a latency budget. Example: move --pid 4242 --to 1 --all-anon
     Move(moves::MoveArgs),
+    /// (internal) The target process of `bench migrate` table 4.
+    #[command(name = "__target", hide = true)]
+    Target(bench::mover::TargetArgs),
 }
 
 #[derive(Subcommand)]
@@ -97,6 +100,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Fault(a)) => bench::fault::run(a),
         Cmd::Bench(BenchCmd::Mremap(a)) => bench::mremap::run(a),
         Cmd::Bench(BenchCmd::Migrate(a)) => bench::migrate::run(a),
+        Cmd::Target(a) => bench::mover::target(a),
         Cmd::Move(a) => match moves::run(a) {
             Ok(0) => Ok(()),
             Ok(code) => std::process::exit(code),

@@ -59,8 +59,10 @@ pub struct MigrateArgs {
     /// Also let a first-folio latency budget pick the batch (e.g. 500us, 2ms).
     #[arg(long, value_parser = parse_duration)]
     pub latency_budget: Option<Duration>,
-    /// Which tables: 1, 2, 3 (comma-separated).
-    #[arg(long, default_value = "1,2,3", value_delimiter = ',')]
+    /// Which tables: 1, 2, 3, 4 (comma-separated). Table 4's mover is
+    /// another process (a tiering agent's view), with the target's
+    /// longest stall.
+    #[arg(long, default_value = "1,2,3,4", value_delimiter = ',')]
     pub tables: Vec<u8>,
     /// Target NUMA node (default: the highest-numbered online node).
     #[arg(long)]
@@ -208,6 +210,10 @@ pub struct MigrateRow {
     /// batch's first folio can be usable again sooner, since relocation
     /// copies it before installing it.
     pub folio_copy_us: Option<f64>,
+    /// Table 4: the target process's longest stall per run (µs, median and
+    /// p99 over runs), timed by a thread in the target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_stall_us: Option<Latency>,
     /// Folios behind the source, from kpageflags (root), or the backing;
     /// with what the last run left where that differs.
     pub obtained: String,
@@ -228,6 +234,7 @@ impl TableRow for MigrateRow {
             "GB/s median ± sd",
             "first folio µs (p50/p99)",
             "1-folio copy µs",
+            "target stall µs",
             "speedup",
             "% copy limit",
             "obtained",
@@ -254,6 +261,8 @@ impl TableRow for MigrateRow {
             self.first_folio_us
                 .map_or_else(dash, |l| format!("{:.0} / {:.0}", l.median, l.p99)),
             self.folio_copy_us.map_or_else(dash, |u| format!("{u:.0}")),
+            self.target_stall_us
+                .map_or_else(dash, |l| format!("{:.0} / {:.0}", l.median, l.p99)),
             self.speedup.map_or_else(dash, |s| format!("{s:.2}x")),
             crate::report::pct(self.of_copy_limit),
             self.obtained.clone(),
@@ -454,6 +463,7 @@ fn row(
         speedup: None,
         copy_limit_gbps: limit,
         folio_copy_us,
+        target_stall_us: None,
         obtained: match &r.backing_after {
             Some(after) if after != obtained => format!("{obtained}; after the runs: {after}"),
             _ => obtained.into(),
@@ -477,6 +487,66 @@ fn row(
             })
             .or_else(|| r.notes.first().cloned()),
     }
+}
+
+/// One table-4 row: `loops` moves of the target's buffer from `dir.from`
+/// to `dir.to` on `threads` threads, the buffer put back on `dir.from`
+/// before each, outside the timing.
+#[allow(clippy::too_many_arguments)]
+fn process_row(
+    t: &mut super::mover::Running,
+    dir: Direction,
+    label: &str,
+    folio: usize,
+    threads: usize,
+    loops: u32,
+    tick: &dyn Fn(),
+    obtained: &str,
+) -> Result<MigrateRow, CliError> {
+    let budget = foliokit::tune::PROCESS_MOVE_BUDGET;
+    let (mut gbps, mut first, mut stall, mut batch, mut moved) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..loops {
+        if dir.from != dir.to {
+            t.move_to(dir.from, threads, budget)?;
+        }
+        t.stall_us()?; // forget the stalls of putting it back
+        let (secs, n, f, b) = t.move_to(dir.to, threads, budget)?;
+        stall.push(t.stall_us()?);
+        moved.push(n as f64);
+        if n > 0 {
+            gbps.push((n * PAGE) as f64 / (1u64 << 30) as f64 / secs);
+        }
+        first.extend(f);
+        batch.extend(b.map(|b| b as f64));
+        tick();
+    }
+    let nothing = moved.iter().all(|&m| m == 0.0);
+    Ok(MigrateRow {
+        table: 4,
+        direction: label.into(),
+        function: "process".into(),
+        folio_size: folio,
+        channels: threads,
+        batch_pages: Stats::of(&batch).map_or(0, |s| s.median as usize),
+        pages_moved: Stats::of(&moved).map_or(0, |s| s.median as usize),
+        gbps: Stats::of(&gbps),
+        first_folio_us: Latency::of(&mut first),
+        total_ms: None,
+        speedup: None,
+        copy_limit_gbps: None,
+        of_copy_limit: None,
+        folio_copy_us: None,
+        target_stall_us: Latency::of(&mut stall),
+        obtained: obtained.into(),
+        note: nothing.then(|| {
+            if numa_nodes().len() > 1 {
+                "nothing to move (already on the target node)".into()
+            } else {
+                "nothing to move (one node); target stall is its loop's own noise".into()
+            }
+        }),
+    })
 }
 
 fn source(size: usize, folio: usize) -> Result<(PooledRegion, String), CliError> {
@@ -564,7 +634,12 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     } else {
         0
     };
-    let pb = bar((t1 + t2 + t3) * a.loops as usize, "migrate");
+    let t4 = if a.tables.contains(&4) {
+        2 * channels.len() * table3_dirs.len()
+    } else {
+        0
+    };
+    let pb = bar((t1 + t2 + t3 + t4) * a.loops as usize, "migrate");
     // The write probe's buffer for the copy limit beside every run.
     let mut scratch = Region::new(a.size, 2 << 20)?;
     let tick = || pb.inc(1);
@@ -699,6 +774,27 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
             }
         }
     }
+    if a.tables.contains(&4) {
+        for folio in [2 << 20, PAGE] {
+            let mut t = super::mover::Running::start(a.size, folio)?;
+            let obtained = format!(
+                "{} in another process",
+                if folio == PAGE {
+                    "4K pages"
+                } else {
+                    "THP asked"
+                }
+            );
+            for &dir in &table3_dirs {
+                let label = dir.label(&memory_only);
+                for &c in &channels {
+                    report.rows.push(process_row(
+                        &mut t, dir, &label, folio, c, a.loops, &tick, &obtained,
+                    )?);
+                }
+            }
+        }
+    }
     pb.finish_and_clear();
     let has = |t: u8| a.tables.contains(&t);
     let mut footer: Vec<String> = Vec::new();
@@ -716,6 +812,12 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     }
     if has(3) {
         footer.push("table 3: speedup of relocation over move_pages in the same direction with the same channels; moved = pages that changed node per run, placement checked on a sample".into());
+    }
+    if has(4) {
+        footer.push(format!(
+            "table 4: the mover is another process (foliokit's migrate_process, move_pages on its pid, calls kept under {} ms each); target stall = the longest gap in the target's own loop writing a byte per page, per run (p50 / p99 over runs)",
+            foliokit::tune::PROCESS_MOVE_BUDGET.as_millis()
+        ));
     }
     if has(1) || has(3) {
         footer.push(format!(

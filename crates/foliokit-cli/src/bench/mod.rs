@@ -5,6 +5,7 @@ pub mod copy;
 pub mod fault;
 pub mod init;
 pub mod migrate;
+pub mod mover;
 pub mod mremap;
 
 use foliokit::strategy::{parse_list, Selection, Strategy};
