@@ -316,7 +316,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         batch: batches,
         loops: mig_loops,
         latency_budget: (scale != Scale::Smoke).then(|| Duration::from_millis(1)),
-        tables: vec![1, 2, 3],
+        tables: vec![1, 2, 3, 4],
         node: None,
         from: None,
         format: Format::Table,
