@@ -169,6 +169,36 @@ impl Drop for Running {
     }
 }
 
+/// Turns NUMA balancing off while it lives (root only; puts back what it
+/// found).
+struct NumaBalancingOff(Option<String>);
+
+impl NumaBalancingOff {
+    const KNOB: &'static str = "/proc/sys/kernel/numa_balancing";
+
+    fn new() -> NumaBalancingOff {
+        let was = std::fs::read_to_string(Self::KNOB).ok();
+        match &was {
+            Some(v) if v.trim() != "0" => {
+                if std::fs::write(Self::KNOB, "0").is_err() {
+                    common::say("NOTE: NUMA balancing is on and cannot be turned off here: the kernel may move written pages back");
+                    return NumaBalancingOff(None);
+                }
+                NumaBalancingOff(was)
+            }
+            _ => NumaBalancingOff(None),
+        }
+    }
+}
+
+impl Drop for NumaBalancingOff {
+    fn drop(&mut self) {
+        if let Some(v) = &self.0 {
+            let _ = std::fs::write(Self::KNOB, v.trim());
+        }
+    }
+}
+
 /// Each page's node in the target, by a status query.
 fn nodes_of(target: &Target, start: usize, len: usize) -> Vec<i32> {
     let pages: Vec<usize> = (start..start + len).step_by(PAGE).collect();
@@ -202,6 +232,11 @@ fn a_writing_target_is_moved_there_and_back_and_loses_nothing() {
                 assert!(t.finish());
                 return;
             }
+            // NUMA balancing pulls pages the target writes back toward the
+            // CPU writing them (seen in the 6.12 guest: 4 THPs on node 1
+            // right after a move to node 2): the kernel's own tiering, not
+            // a lost move. Off for the test where we may, and put back.
+            let _quiet = NumaBalancingOff::new();
             let far = *memory_only_nodes().last().unwrap_or(nodes.last().unwrap());
             for to in [far, nodes[0]] {
                 let r = migrate_process(&target, &range, to, &o).unwrap();
@@ -343,10 +378,12 @@ fn a_forked_target_keeps_its_shared_pages_and_loses_nothing() {
             let (moved, already, absent, failed) = r.totals();
             assert_eq!(moved + already + absent + failed, t.len / PAGE, "{r:?}");
             // Pages still shared with the forked child cannot move with
-            // MPOL_MF_MOVE: they are reported (EACCES), never lost.
+            // MPOL_MF_MOVE: they stay, reported (EACCES, or 0 where the
+            // kernel just leaves them), never lost; ENOENT is a page the
+            // target's copy-on-write had in hand at that instant.
             for &errno in r.ranges[0].failed.keys() {
                 assert!(
-                    errno == libc::EACCES || errno == libc::EBUSY || errno == 0,
+                    [libc::EACCES, libc::EBUSY, libc::ENOENT, 0].contains(&errno),
                     "{r:?}"
                 );
             }

@@ -450,27 +450,28 @@ pub fn migrate_process(
         r.first_call_us = stats.first().map(|b| b.total_us);
         r.longest_call_us = stats.iter().map(|b| b.total_us).reduce(f64::max);
         batch_sizes.extend(stats.iter().map(|b| b.pages));
-        for (_, errno) in &failed {
-            *r.failed.entry(*errno).or_default() += 1;
-        }
         let after = match query(target, &pages) {
             Err(ProcessError::Gone { .. }) => return Err(gone(report)),
             r => r?,
         };
         r.nodes_after = histogram(&after);
-        let failed_set: std::collections::HashSet<usize> = failed.iter().map(|&(p, _)| p).collect();
+        // Every page that was elsewhere is judged once, by where it is now:
+        // on the node it moved (even if a call reported a transient error
+        // for it first); elsewhere it failed, with the call's errno where
+        // one was reported, else 0 (moved back or freed meanwhile).
+        let errno: std::collections::HashMap<usize, i32> = failed.into_iter().collect();
         for (&p, &s) in pages.iter().zip(&after) {
-            if before[(p - start) / page] >= 0 && before[(p - start) / page] != node as i32 {
-                if s == node as i32 {
-                    r.moved += 1;
-                    *r.moved_from
-                        .entry(before[(p - start) / page] as u32)
-                        .or_default() += 1;
-                } else if !failed_set.contains(&p) {
-                    // Not reported failed but not on the node either
-                    // (freed or moved again meanwhile).
-                    *r.failed.entry(0).or_default() += 1;
-                }
+            let b = before[(p - start) / page];
+            if b < 0 || b == node as i32 {
+                continue;
+            }
+            if s == node as i32 {
+                r.moved += 1;
+                *r.moved_from.entry(b as u32).or_default() += 1;
+            } else {
+                *r.failed
+                    .entry(errno.get(&p).copied().unwrap_or(0))
+                    .or_default() += 1;
             }
         }
         r.huge_kib_after = anon_huge_kib(target.pid, start, end);
@@ -500,6 +501,14 @@ fn query(target: &Target, pages: &[usize]) -> Result<Vec<i32>, ProcessError> {
         .zip(status.chunks_mut(QUERY_CHUNK))
     {
         if let Err(e) = page_nodes_of(target.pid, p, s) {
+            // A process that exited has no mm: the kernel says EINVAL or
+            // ESRCH depending on how far its exit got.
+            if !target.alive() {
+                return Err(ProcessError::Gone {
+                    pid: target.pid,
+                    partial: Box::default(),
+                });
+            }
             return Err(match e.raw_os_error() {
                 Some(libc::EPERM) => ProcessError::Permission {
                     pid: target.pid,
