@@ -15,6 +15,8 @@ struct Guest {
     /// virtme-ng `--numa` arguments: size and CPUs per node; a node
     /// without CPUs is a memory-only tier.
     numa: &'static [&'static str],
+    /// Guest RAM: the nodes' sizes add up to it (QEMU insists).
+    memory: &'static str,
     what: &'static str,
 }
 
@@ -22,7 +24,10 @@ const GUESTS: &[Guest] = &[
     Guest {
         name: "6.12",
         series: "6.12",
-        numa: &["1536M,cpus=0", "1536M,cpus=1", "1G"],
+        // Node 0 and the memory-only node take a 1 GiB process with room
+        // to spare: the tiering test moves one there and back.
+        numa: &["2G,cpus=0", "1536M,cpus=1", "2G"],
+        memory: "5632M",
         what:
             "three nodes (two with a CPU each, one memory-only), MEMORY_FAILURE, mTHP, UFFDIO_MOVE",
     },
@@ -30,6 +35,7 @@ const GUESTS: &[Guest] = &[
         name: "6.1",
         series: "6.1.0",
         numa: &["2G,cpus=0", "2G,cpus=1"],
+        memory: "4G",
         what: "two nodes; no mTHP, no UFFDIO_MOVE (relocation must refuse), MEMORY_FAILURE",
     },
 ];
@@ -143,7 +149,7 @@ fn boot(
         "--disable-kvm",
         "--force-9p",
         "-m",
-        "4G",
+        g.memory,
         "--cpus",
         "2",
     ]);
