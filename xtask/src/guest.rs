@@ -46,6 +46,7 @@ const GUESTS: &[Guest] = &[
 /// they take many minutes and test nothing the guest kernel changes.
 const BINARIES: &[&str] = &[
     "guest_mthp",
+    "guest_move",
     "guest_numa",
     "guest_poison",
     "migrate",

@@ -95,18 +95,28 @@ pub fn cold_regions(
     let a = c.join("monitoring_attrs");
     write(&a.join("intervals/sample_us"), &SAMPLE_US.to_string())?;
     write(&a.join("intervals/aggr_us"), &AGGR_US.to_string())?;
+    // Finer regions than the default minimum of 10 over the whole address
+    // space, so a hot part of a buffer is told from the cold rest.
+    write(&a.join("nr_regions/min"), "100")?;
+    write(&a.join("nr_regions/max"), "2000")?;
     write(&c.join("targets/nr_targets"), "1")?;
     write(&c.join("targets/0/pid_target"), &pid.to_string())?;
     write(&c.join("schemes/nr_schemes"), "1")?;
     let s = c.join("schemes/0");
     write(&s.join("action"), "stat")?;
     let ap = s.join("access_pattern");
+    // Every size: the sysfs default is 0-0, which matches nothing. 1 PiB
+    // is above any region.
+    write(&ap.join("sz/min"), "0")?;
+    write(&ap.join("sz/max"), "1125899906842624")?;
     write(&ap.join("nr_accesses/min"), "0")?;
     write(&ap.join("nr_accesses/max"), "0")?;
-    // Idle for (nearly) the whole window, in aggregation intervals.
-    let age = (window.as_micros() as u64 / AGGR_US)
-        .saturating_sub(1)
-        .max(1);
+    // Idle for at least a quarter of the window, in aggregation intervals:
+    // a region's age restarts when its access count changes as DAMON
+    // splits and merges regions, and a busy or emulated machine runs fewer
+    // sampling rounds than the clock allows (intervals are counted in
+    // samples), so the whole window would match nothing there.
+    let age = (window.as_micros() as u64 / AGGR_US / 4).max(1);
     write(&ap.join("age/min"), &age.to_string())?;
     write(&ap.join("age/max"), &u32::MAX.to_string())?;
     write(&k.join("state"), "on")?;

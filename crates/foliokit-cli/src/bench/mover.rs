@@ -27,6 +27,10 @@ pub struct TargetArgs {
     /// Folio size to ask for (2M: THP; 4K: base pages).
     #[arg(long)]
     pub folio: usize,
+    /// Bytes at the start of the buffer the loop writes (default: all);
+    /// the rest is written once and then left idle (cold).
+    #[arg(long)]
+    pub hot: Option<usize>,
 }
 
 /// The target process: prints `ADDR <start> <len>`, then on each stdin
@@ -49,7 +53,7 @@ pub fn target(a: TargetArgs) -> Result<(), CliError> {
     let last_ns = AtomicU64::new(0);
     std::thread::scope(|s| {
         s.spawn(|| {
-            let pages = len / 4096;
+            let pages = (a.hot.unwrap_or(len).min(len) / 4096).max(1);
             let mut t = Instant::now();
             let mut i = 0;
             while !done.load(Ordering::Relaxed) {

@@ -1,0 +1,279 @@
+//! `foliokit move` from the shell, against a separate target process
+//! (`foliokit __target`): one-line errors, the counts on one node, and
+//! `--cold`, which must leave the system's DAMON exactly as it found it,
+//! also when interrupted. Run on the host and, through `cargo xtask
+//! vm-test`, in the guests (the 6.12 guest has DAMON sysfs and no kdamond
+//! of its own, so `--cold` really runs there).
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const NR: &str = "/sys/kernel/mm/damon/admin/kdamonds/nr_kdamonds";
+
+/// The part of the target's 64 MiB its loop keeps writing; the rest is
+/// written once and then idle.
+const HOT: usize = 32 << 20;
+
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "guest_move: {line}");
+}
+
+fn foliokit() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_foliokit"))
+}
+
+/// A target of 64 MiB of 4K pages whose first `hot` bytes its loop keeps
+/// writing; killed and reaped on drop.
+struct Target {
+    child: Child,
+    start: usize,
+    len: usize,
+}
+
+impl Target {
+    #[allow(clippy::zombie_processes)] // reaped by Drop
+    fn start(hot: usize) -> Target {
+        let mut child = foliokit()
+            .args([
+                "__target",
+                "--size",
+                &(64usize << 20).to_string(),
+                "--folio",
+                "4096",
+            ])
+            .args(["--hot", &hot.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: Vec<usize> = line
+            .trim()
+            .strip_prefix("ADDR ")
+            .unwrap_or_else(|| panic!("target said {line}"))
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        Target {
+            child,
+            start: v[0],
+            len: v[1],
+        }
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn damon_state() -> Option<String> {
+    std::fs::read_to_string(NR).ok()
+}
+
+#[test]
+fn move_counts_what_it_finds_and_refuses_bad_input_in_one_line() {
+    let t = Target::start(1 << 20);
+    let node = foliokit::mem::system::numa_nodes()[0].to_string();
+    let range = format!("{:x}-{:x}", t.start, t.start + t.len);
+    let out = foliokit()
+        .args([
+            "move",
+            "--pid",
+            &t.pid(),
+            "--to",
+            &node,
+            "--range",
+            &range,
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &v["ranges"][0];
+    let total = r["moved"].as_u64().unwrap()
+        + r["already"].as_u64().unwrap()
+        + r["not_present"].as_u64().unwrap()
+        + r["failed"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_u64().unwrap())
+            .sum::<u64>();
+    assert_eq!(total as usize, t.len / 4096, "every page counted: {r}");
+    // Bad input: one line each, exit 1 (2 for usage), nothing moved.
+    for (args, want) in [
+        (vec!["--to", "4096", "--all-anon"], "does not exist"),
+        (vec!["--to", &node], "say what to move"),
+    ] {
+        let out = foliokit()
+            .args(["move", "--pid", &t.pid()])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(want) && err.trim().lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+    let out = foliokit()
+        .args(["move", "--pid", "2147483647", "--to", &node, "--all-anon"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no process"));
+    let out = foliokit()
+        .args(["move", "--pid", &t.pid(), "--to", &node, "--range", "zz-10"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "usage error");
+}
+
+#[test]
+fn cold_leaves_damon_as_it_found_it() {
+    let Some(before) = damon_state() else {
+        say("SKIP: this kernel has no DAMON sysfs interface (--cold says so; checked below)");
+        let t = Target::start(1 << 20);
+        let out = foliokit()
+            .args([
+                "move",
+                "--pid",
+                &t.pid(),
+                "--to",
+                "0",
+                "--all-anon",
+                "--cold",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("DAMON"), "{err}");
+        return;
+    };
+    if !foliokit::mem::system::is_root() {
+        say("SKIP: DAMON sysfs needs root");
+        return;
+    }
+    let node = foliokit::mem::system::numa_nodes()[0].to_string();
+    // Under emulation DAMON samples far less often than the clock says.
+    let window = if std::env::var_os("FOLIOKIT_EMULATED").is_some() {
+        12
+    } else {
+        3
+    };
+    let t = Target::start(HOT);
+    let out = foliokit()
+        .args([
+            "move",
+            "--pid",
+            &t.pid(),
+            "--to",
+            &node,
+            "--all-anon",
+            "--cold",
+            &window.to_string(),
+        ])
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        damon_state(),
+        Some(before.clone()),
+        "DAMON put back as found"
+    );
+    if before.trim() != "0" {
+        // The host's own DAMON: refused, untouched.
+        assert!(
+            !out.status.success() && err.contains("leaves it alone"),
+            "{err}"
+        );
+        say("NOTE: DAMON already set up here: --cold refused and left it alone");
+        return;
+    }
+    assert!(out.status.success(), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ranges = v["ranges"].as_array().unwrap();
+    // What DAMON saw idle lies in the target's cold part or elsewhere in
+    // its anonymous memory; the loop's half stays out of it mostly (DAMON
+    // samples; regions are approximate).
+    let hot = (t.start, t.start + HOT);
+    let hot_bytes: u64 = ranges
+        .iter()
+        .map(|r| {
+            let (s, e) = (
+                r["start"].as_u64().unwrap() as usize,
+                r["end"].as_u64().unwrap() as usize,
+            );
+            (e.min(hot.1).saturating_sub(s.max(hot.0))) as u64
+        })
+        .sum();
+    let cold_bytes: u64 = ranges
+        .iter()
+        .map(|r| {
+            let (s, e) = (
+                r["start"].as_u64().unwrap() as usize,
+                r["end"].as_u64().unwrap() as usize,
+            );
+            (e.min(t.start + t.len).saturating_sub(s.max(hot.1))) as u64
+        })
+        .sum();
+    say(&format!(
+        "NOTE: --cold {window} found {} regions: {} MiB of the 32 MiB cold part, {} KiB of the 32 MiB hot part",
+        ranges.len(),
+        cold_bytes >> 20,
+        hot_bytes >> 10
+    ));
+    assert!(
+        hot_bytes <= (HOT / 2) as u64,
+        "most of the hot part is not called cold"
+    );
+    assert!(
+        cold_bytes >= 16 << 20,
+        "DAMON saw at least half of the 32 MiB cold part idle for the window: {cold_bytes} bytes"
+    );
+    // Interrupted mid-window: DAMON is put back all the same.
+    let mut c = foliokit()
+        .args([
+            "move",
+            "--pid",
+            &t.pid(),
+            "--to",
+            &node,
+            "--all-anon",
+            "--cold",
+            "30",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    Command::new("kill")
+        .args(["-INT", &c.id().to_string()])
+        .status()
+        .unwrap();
+    let status = c.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "interrupted");
+    assert_eq!(damon_state(), Some(before), "DAMON put back after Ctrl-C");
+}
