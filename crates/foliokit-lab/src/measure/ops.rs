@@ -362,41 +362,30 @@ pub fn measure_copy(
         unsafe { run_probe(p, st, ptr, len, pool) }?;
         Ok(())
     };
-    let slots = &layout.slots;
-    let order = Order::new(slots.len(), plan.loops);
-    let mut resolved = vec![String::new(); slots.len()];
-    let secs = run_interleaved(
+    let order = Order::new(layout.slots.len(), plan.loops);
+    let (secs, mut resolved) = run_slots(
+        &layout.slots,
         &order,
+        plan.cache,
+        rewarm,
+        reps,
         dst,
-        |dst, k| match (plan.cache, slots[k]) {
-            (CacheMode::Evict, _) => {
-                src.evict()?;
-                dst.evict().map_err(MeasureError::from)
-            }
-            (CacheMode::Hot, Slot::Probe(p, st)) if rewarm => run_probe_once(dst, p, st),
-            (CacheMode::Hot, Slot::Cand(c)) if rewarm => run_once(dst, c).map(drop),
-            (CacheMode::Hot, _) => Ok(()),
+        |dst| {
+            src.evict()?;
+            dst.evict().map_err(MeasureError::from)
         },
-        |dst, k| {
-            let c = match slots[k] {
-                Slot::Probe(p, st) => {
-                    let run = |d: &mut Region| run_probe_once(d, p, st);
-                    return probe_call(p, dst, len, reps, &mut resolved[k], run);
-                }
-                Slot::Cand(c) => c,
-            };
-            if !resolved[k].is_empty() {
-                return (0..reps).try_for_each(|_| run_once(dst, c).map(drop));
-            }
+        &run_once,
+        &run_probe_once,
+        |dst, c| {
             // The warm-up call: verify it copied every byte.
             dst.as_mut_slice()[..len].fill(0);
             let ran = run_once(dst, c)?;
             if dst.as_slice()[..len] != src.as_slice()[..len] {
                 return Err(MeasureError::Wrong(cands[c].name()));
             }
-            resolved[k] = ran;
-            Ok(())
+            Ok(ran)
         },
+        len,
         &mut tick,
     )?;
     let names: Vec<String> = cands.iter().map(CopyCandidate::name).collect();
@@ -501,37 +490,27 @@ pub fn measure_clear(
         unsafe { run_probe(p, st, dst.as_mut_ptr(), len, pool) }?;
         Ok(())
     };
-    let slots = &layout.slots;
-    let order = Order::new(slots.len(), plan.loops);
-    let mut resolved = vec![String::new(); slots.len()];
-    let secs = run_interleaved(
+    let order = Order::new(layout.slots.len(), plan.loops);
+    let (secs, mut resolved) = run_slots(
+        &layout.slots,
         &order,
+        plan.cache,
+        rewarm,
+        reps,
         dst,
-        |dst, k| match (plan.cache, slots[k]) {
-            (CacheMode::Evict, _) => dst.evict().map_err(MeasureError::from),
-            (CacheMode::Hot, Slot::Probe(p, st)) if rewarm => run_probe_once(dst, p, st),
-            (CacheMode::Hot, Slot::Cand(c)) if rewarm => run_once(dst, c).map(drop),
-            (CacheMode::Hot, _) => Ok(()),
-        },
-        |dst, k| {
-            let c = match slots[k] {
-                Slot::Probe(p, st) => {
-                    let run = |d: &mut Region| run_probe_once(d, p, st);
-                    return probe_call(p, dst, len, reps, &mut resolved[k], run);
-                }
-                Slot::Cand(c) => c,
-            };
-            if !resolved[k].is_empty() {
-                return (0..reps).try_for_each(|_| run_once(dst, c).map(drop));
-            }
+        |dst| dst.evict().map_err(MeasureError::from),
+        &run_once,
+        &run_probe_once,
+        |dst, c| {
+            // The warm-up call: verify it zeroed every byte.
             dst.as_mut_slice().fill(0xFF);
             let ran = run_once(dst, c)?;
             if !is_zero(dst.as_slice()) {
                 return Err(MeasureError::Wrong(strategies[c].name().to_string()));
             }
-            resolved[k] = ran;
-            Ok(())
+            Ok(ran)
         },
+        len,
         &mut tick,
     )?;
     let names: Vec<String> = strategies.iter().map(|s| s.name().to_string()).collect();
@@ -553,6 +532,55 @@ pub fn measure_clear(
         order,
         reps,
     ))
+}
+
+/// Runs every slot of a measurement in `order` (see [`run_interleaved`]):
+/// before each call, `evict` in evict mode, or the same call untimed in a
+/// cache-resident hot run; a candidate's first (warm-up) call is
+/// `verified` (it fills, runs and checks the buffer, returning what ran),
+/// its timed calls repeat `run_once` `reps` times; probes go through
+/// [`probe_call`]. Returns the per-pass seconds and what each slot ran.
+#[allow(clippy::too_many_arguments)]
+fn run_slots(
+    slots: &[Slot],
+    order: &Order,
+    cache: CacheMode,
+    rewarm: bool,
+    reps: usize,
+    dst: &mut Region,
+    evict: impl Fn(&mut Region) -> Result<(), MeasureError>,
+    run_once: &dyn Fn(&mut Region, usize) -> Result<String, MeasureError>,
+    run_probe_once: &dyn Fn(&mut Region, Probe, Stores) -> Result<(), MeasureError>,
+    verified: impl Fn(&mut Region, usize) -> Result<String, MeasureError>,
+    len: usize,
+    tick: &mut impl FnMut(),
+) -> Result<(Vec<Vec<f64>>, Vec<String>), MeasureError> {
+    let mut resolved = vec![String::new(); slots.len()];
+    let secs = run_interleaved(
+        order,
+        dst,
+        |dst, k| match (cache, slots[k]) {
+            (CacheMode::Evict, _) => evict(dst),
+            (CacheMode::Hot, Slot::Probe(p, st)) if rewarm => run_probe_once(dst, p, st),
+            (CacheMode::Hot, Slot::Cand(c)) if rewarm => run_once(dst, c).map(drop),
+            (CacheMode::Hot, _) => Ok(()),
+        },
+        |dst, k| match slots[k] {
+            Slot::Probe(p, st) => {
+                let run = |d: &mut Region| run_probe_once(d, p, st);
+                probe_call(p, dst, len, reps, &mut resolved[k], run)
+            }
+            Slot::Cand(c) if !resolved[k].is_empty() => {
+                (0..reps).try_for_each(|_| run_once(dst, c).map(drop))
+            }
+            Slot::Cand(c) => {
+                resolved[k] = verified(dst, c)?;
+                Ok(())
+            }
+        },
+        tick,
+    )?;
+    Ok((secs, resolved))
 }
 
 /// One call of a limit probe in the interleaved loop: the first (untimed

@@ -303,7 +303,11 @@ impl Region {
                 size_name(want)
             );
         }
-        match smaps_anon_huge(self.data as usize, self.data as usize + self.len) {
+        match crate::sys::smaps::anon_huge_bytes(
+            None,
+            self.data as usize,
+            self.data as usize + self.len,
+        ) {
             Some(huge) if huge >= self.len => format!("THP {}", size_name(pmd)),
             Some(0) => "4K (no THP obtained)".into(),
             Some(huge) => format!(
@@ -370,33 +374,6 @@ impl Drop for Region {
         // SAFETY: we own [map, map+map_len) and nothing borrows it any more.
         unsafe { libc::munmap(self.map.cast(), self.map_len) };
     }
-}
-
-/// Bytes of `AnonHugePages` in the VMAs that intersect `[start, end)`.
-/// (`madvise` splits VMAs, so the region may span several.)
-fn smaps_anon_huge(start: usize, end: usize) -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let mut inside = false;
-    let mut total = 0;
-    for line in text.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-') {
-            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                inside = a < end && b > start;
-                continue;
-            }
-        }
-        if let (true, Some(v)) = (inside, line.strip_prefix("AnonHugePages:")) {
-            total += v
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<usize>()
-                .ok()?
-                << 10;
-        }
-    }
-    Some(total)
 }
 
 #[cfg(test)]

@@ -409,7 +409,8 @@ pub fn migrate_process(
         }
         let tr = Instant::now();
         let pages: Vec<usize> = (start..end).step_by(page).collect();
-        let huge_kib_before = anon_huge_kib(target.pid, start, end);
+        let huge_kib_before =
+            crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
         let before = match query(target, &pages) {
             Err(ProcessError::Gone { .. }) => return Err(gone(report)),
             r => r?,
@@ -506,7 +507,8 @@ pub fn migrate_process(
                     .or_default() += 1;
             }
         }
-        r.huge_kib_after = anon_huge_kib(target.pid, start, end);
+        r.huge_kib_after =
+            crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
         r.secs = tr.elapsed().as_secs_f64();
         report.ranges.push(r);
     }
@@ -663,33 +665,6 @@ pub(crate) fn anon_ranges(maps: &[MapLine], stack: bool) -> AnonMappings {
         }
     }
     (keep, skipped)
-}
-
-/// `AnonHugePages` (KiB) summed over the target's mappings that overlap
-/// `[start, end)`, from `/proc/PID/smaps`; `None` where it cannot be read.
-fn anon_huge_kib(pid: i32, start: usize, end: usize) -> Option<usize> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
-    let mut inside = false;
-    let mut total = 0;
-    for line in text.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-') {
-            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                inside = a < end && b > start;
-                continue;
-            }
-        }
-        if inside {
-            if let Some(v) = line.strip_prefix("AnonHugePages:") {
-                total += v
-                    .split_whitespace()
-                    .next()
-                    .and_then(|n| n.parse::<usize>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    Some(total)
 }
 
 #[cfg(test)]
