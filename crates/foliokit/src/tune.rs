@@ -661,3 +661,15 @@ mod tests {
         );
     }
 }
+
+/// Bytes either side of a thread's pointer that relocation treats as its
+/// descriptor and leaves in place (migrate/threads.rs): glibc's `struct
+/// pthread` (2304 bytes on x86_64 in 2.35-2.41) with the `tid` word the
+/// kernel clears at exit and the robust list head, with room to spare.
+/// The rseq area is added exactly from `__rseq_offset`/`__rseq_size`.
+pub const THREAD_DESCRIPTOR_SPAN: usize = 4096;
+
+/// How many times relocation asks again for the robust list head of a
+/// thread that has none yet (a glibc thread sets it in its first
+/// instructions) before treating the thread as one it cannot place.
+pub const THREAD_HEAD_RETRIES: usize = 1000;

@@ -16,10 +16,12 @@
 //! again, and a latency budget can pick the batch size as it goes.
 
 mod budget;
+mod folios;
 mod fork;
 mod kernel;
 mod relocate;
 mod stage;
+mod threads;
 mod track;
 mod vma;
 
@@ -231,6 +233,31 @@ pub enum Refusal {
     /// (`RLIMIT_MEMLOCK`).
     #[error("the mapping is mlocked and the staging area cannot be ({0})")]
     Mlock(io::Error),
+    /// No helper thread could run the relocation (threads cannot be
+    /// made here): it never runs on the calling thread, whose signal
+    /// handlers may touch the range while a page is out.
+    #[error("no helper thread to relocate on (the calling thread's signal handlers could wait on it)")]
+    NoHelper,
+    /// A thread of this process has no robust list, so relocation cannot
+    /// tell where the kernel will write at its exit (its `clear_child_tid`
+    /// word, its rseq area): a raw `clone`, or a C library that sets none.
+    #[error(
+        "thread {tid} has no robust list: relocation cannot locate the words the kernel \
+         writes at its exit (clear_child_tid, rseq), and a lost write would hang pthread_join"
+    )]
+    UnknownThread {
+        /// The thread's id.
+        tid: i32,
+    },
+    /// mTHP sizes are enabled for the mapping, and which pages are in
+    /// large folios cannot be read here (`/proc/kpageflags` and pagemap
+    /// PFNs need CAP_SYS_ADMIN): `UFFDIO_MOVE` would split any PTE-mapped
+    /// large folio, so the kernel path, which keeps them whole, must run.
+    #[error(
+        "mTHP is enabled for this mapping and its folio sizes cannot be read (no \
+         CAP_SYS_ADMIN for /proc/kpageflags): relocation would split large folios"
+    )]
+    UnknownFolios,
     /// The kernel refused `UFFDIO_MOVE` on the range before anything was
     /// moved.
     #[error(
@@ -357,6 +384,17 @@ pub struct MigrateReport {
     /// Relocation: pages the application zapped or unmapped while their
     /// batch was in flight; left as the application made them.
     pub dropped_pages: usize,
+    /// Relocation: of `left_in_place`, pages of large folios it could not
+    /// move whole (mTHP and other PTE-mapped large folios, THPs cut by the
+    /// range or pinned): left whole for `move_pages`, never split.
+    pub left_whole_folio_pages: usize,
+    /// Relocation: of `left_in_place`, pages holding a live thread's
+    /// descriptor (the words the kernel writes at its exit) or rseq area.
+    pub left_thread_pages: usize,
+    /// Relocation: batches it registered with its userfaultfd. Only while
+    /// one is registered does the application's own userfaultfd get EBUSY
+    /// registering (or EINVAL unregistering) over it (see [`migrate`]).
+    pub registered_batches: usize,
 }
 
 impl MigrateReport {
@@ -374,6 +412,9 @@ impl MigrateReport {
             relocated_pages: 0,
             left_in_place: 0,
             dropped_pages: 0,
+            left_whole_folio_pages: 0,
+            left_thread_pages: 0,
+            registered_batches: 0,
         }
     }
 

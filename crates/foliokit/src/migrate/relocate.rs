@@ -49,8 +49,10 @@
 use std::io;
 use std::time::Instant;
 
+use super::folios::{self, Fol};
 use super::fork::{fill_child, ForkGate};
-use super::stage::{Probe, Stage};
+use super::stage::{self as staging, Probe, Stage};
+use super::threads;
 use super::track::{Batch, State};
 use super::vma::{self, Vma};
 use super::{
@@ -123,6 +125,12 @@ struct Outcome {
     notes: Vec<String>,
     /// Why relocation should stop here (the rest goes to the kernel path).
     stop: Option<String>,
+    /// The batch was registered with our userfaultfd.
+    registered: bool,
+    /// Of `left`, pages of large folios left whole.
+    whole_left: usize,
+    /// Of `left`, pages holding a live thread's exit-time words.
+    thread_left: usize,
 }
 
 /// Why a batch could not start.
@@ -132,7 +140,30 @@ enum Start {
 }
 
 /// Relocates `[addr, addr + len)` (validated by the caller) to `node`.
+///
+/// The whole batch loop runs on a helper thread that blocks every
+/// asynchronous signal, while the calling thread only waits: a signal
+/// handler running on the caller may then touch a page that is out, and
+/// waits (like any other thread) for the helper to put it back. Were the
+/// caller the one taking pages out and putting them back, its handler
+/// would wait for itself.
 pub fn relocate(
+    addr: usize,
+    len: usize,
+    node: u32,
+    o: &MigrateOptions,
+) -> Result<MigrateReport, MigrateError> {
+    let o = *o;
+    crate::helpers::on_helper(move || relocate_here(addr, len, node, &o)).unwrap_or(Err(
+        MigrateError::Refused {
+            addr,
+            why: Refusal::NoHelper,
+        },
+    ))
+}
+
+/// [`relocate`]'s work, on the helper.
+fn relocate_here(
     addr: usize,
     len: usize,
     node: u32,
@@ -209,6 +240,9 @@ pub fn relocate(
             r.relocated_pages += out.relocated;
             r.dropped_pages += out.dropped;
             r.left_in_place += out.left.len();
+            r.left_whole_folio_pages += out.whole_left;
+            r.left_thread_pages += out.thread_left;
+            r.registered_batches += usize::from(out.registered);
             leftovers.extend(out.left);
             r.notes.extend(out.notes);
             if let Some(why) = out.stop {
@@ -226,6 +260,18 @@ pub fn relocate(
     // left behind and wakes every waiter.
     drop(run);
     drop(uffd);
+    if r.left_whole_folio_pages > 0 {
+        r.notes.push(format!(
+            "{} pages of large folios UFFDIO_MOVE would split (mTHP, PTE-mapped, cut by the range or pinned) were left whole: kernel path for them",
+            r.left_whole_folio_pages
+        ));
+    }
+    if r.left_thread_pages > 0 {
+        r.notes.push(format!(
+            "{} pages holding live threads' descriptors or rseq areas were left in place: kernel path for them",
+            r.left_thread_pages
+        ));
+    }
     if !leftovers.is_empty() {
         let (_, failed) = kernel::move_list(&leftovers, node, o)?;
         r.notes.push(format!(
@@ -259,10 +305,14 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let n = len / page;
     let stop = |what: &str, e: io::Error| Start::Stop(format!("{what}: {e}"));
     let pre = page_states(start, n, page).map_err(|e| stop("pagemap", e))?;
-    if !pre.contains(&PageState::Present) {
+    let mut pb = Batch::new(start, page, &pre);
+    let whole_left = keep_large(&mut pb, v, page).map_err(Start::Refused)?;
+    if pb.count(State::Untouched) == 0 {
+        // Nothing relocation can move whole: not even registered.
         let left = populated(start, len, page).unwrap_or_default();
         return Ok(Outcome {
             populated: left.len(),
+            whole_left: whole_left.min(left.len()),
             left,
             ..Outcome::default()
         });
@@ -275,7 +325,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
             stop("destination area", e)
         }
     })?;
-    for (i, k) in Batch::new(start, page, &pre).runs(State::Untouched) {
+    for (i, k) in pb.runs(State::Untouched) {
         dest.populate(i, k, page)
             .map_err(|e| stop("allocating on the target node", e))?;
     }
@@ -299,9 +349,10 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let mut b = Batch::new(start, page, &vec![PageState::Empty; n]);
     let mut out = Outcome {
         pool_secs,
+        registered: true,
         ..Outcome::default()
     };
-    let res = registered(run, &mut b, &pre, &parking, &dest, ioctls, &mut out);
+    let res = registered(run, &mut b, &pre, &parking, &dest, ioctls, v, &mut out);
     // Whatever happened: read what is left, unregister, and make sure no
     // event is still in flight when the batch ends.
     quiesce(run, &mut b, &parking, &mut out);
@@ -327,6 +378,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
 
 /// Steps 4 to 7, with the batch registered. Returns when the first pages
 /// were usable again.
+#[allow(clippy::too_many_arguments)]
 fn registered(
     run: &Run,
     b: &mut Batch,
@@ -334,6 +386,7 @@ fn registered(
     parking: &Stage,
     dest: &Stage,
     ioctls: u64,
+    v: &Vma,
     out: &mut Outcome,
 ) -> Result<Option<std::time::Duration>, Start> {
     let page = run.page;
@@ -349,14 +402,45 @@ fn registered(
             since: "6.8",
         }));
     }
+    // Folios can only have changed by faults before the registration (and
+    // khugepaged collapses): judge them again.
+    out.whole_left = keep_large(b, v, page).map_err(Start::Refused)?;
     // Pages faulted in between the two reads need destinations too.
     for (i, (s, p)) in b.state.iter().zip(pre).enumerate() {
         if *s == State::Untouched && *p != PageState::Present {
             let _ = dest.populate(i, 1, page);
         }
     }
+    // First look at the threads: a page holding a live thread's
+    // exit-time words is never taken (see `threads.rs`).
+    let areas = threads::exit_areas(page)
+        .map_err(|u| Start::Refused(Refusal::UnknownThread { tid: u.tid }))?;
+    for i in 0..b.len() {
+        if b.state[i] == State::Untouched && threads::inside(&areas, b.addr[i]) {
+            b.state[i] = State::Left;
+            out.thread_left += 1;
+        }
+    }
+    out.whole_left += b.keep_units_whole();
     // An error means nothing was taken: the memory is as it was.
     take_out(run, b, parking, out).map_err(Start::Refused)?;
+    // Second look, now that the pages are out: a thread that started
+    // meanwhile and has its descriptor in a page we took gets that page
+    // back before anything is copied. (It could not have exited with the
+    // page out without our seeing it here: see the contract in mod.rs.)
+    match threads::exit_areas(page) {
+        Ok(areas) => {
+            let back = put_back(run, b, parking, |b, i| threads::inside(&areas, b.addr[i]));
+            out.thread_left += back;
+        }
+        Err(u) => {
+            put_back(run, b, parking, |_, _| true);
+            return Err(Start::Stop(format!(
+                "thread {} has no robust list: its exit-time words cannot be located",
+                u.tid
+            )));
+        }
+    }
     if let Err(e) = copy_in_stage(run, b, parking, dest, start) {
         // Cannot happen (pieces are never empty, lists never differ); if it
         // did, the parked pages go back unchanged rather than uncopied.
@@ -441,9 +525,20 @@ fn take_out(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) -> Res
     loop {
         let mut runs = b.runs(State::Untouched);
         if single {
+            // One unit at a time: a page alone, or a whole PMD folio.
             runs = runs
                 .into_iter()
-                .flat_map(|(i, k)| (i..i + k).map(|j| (j, 1)))
+                .flat_map(|(i, k)| {
+                    let mut units = Vec::new();
+                    let mut j = i;
+                    while j < i + k {
+                        let (f, m) = b.unit_of(j);
+                        let m = if f == j && j + m <= i + k { m } else { 1 };
+                        units.push((j, m));
+                        j += m;
+                    }
+                    units
+                })
                 .collect();
         }
         if runs.is_empty() {
@@ -472,7 +567,19 @@ fn take_out(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) -> Res
                     single = true;
                     break;
                 }
-                libc::EBUSY => b.state[at] = State::Left, // pinned or shared
+                // Pinned or shared: the whole folio stays (moving on at
+                // the next page would split a THP).
+                libc::EBUSY => {
+                    let (f, m) = b.unit_of(at);
+                    for s in &mut b.state[f..f + m] {
+                        if *s == State::Untouched {
+                            *s = State::Left;
+                            if m > 1 {
+                                out.whole_left += 1;
+                            }
+                        }
+                    }
+                }
                 libc::ENOENT => b.state[at] = State::Empty,
                 libc::EINVAL if !b.in_stage.contains(&true) => {
                     return Err(Refusal::Incompatible(p.error))
@@ -531,19 +638,57 @@ fn copy_in_stage(
 
 /// Moves parked pages back where they came from (their bytes unchanged).
 fn restore(run: &Run, b: &mut Batch, parking: &Stage) {
-    for i in 0..b.len() {
-        if b.state[i] != State::Out {
+    put_back(run, b, parking, |_, _| true);
+}
+
+/// Moves the parked pages `pick` chooses back where they came from, their
+/// bytes unchanged, each with its whole PMD unit (a THP goes back as the
+/// PMD it came out as); they become `Left`, for the kernel path. Returns
+/// how many pages went back.
+fn put_back(
+    run: &Run,
+    b: &mut Batch,
+    parking: &Stage,
+    pick: impl Fn(&Batch, usize) -> bool,
+) -> usize {
+    let page = run.page;
+    let mut back = 0;
+    let mut i = 0;
+    while i < b.len() {
+        let (f, m) = b.unit_of(i);
+        let unit = f..f + m;
+        let chosen = unit
+            .clone()
+            .any(|j| b.state[j] == State::Out && pick(b, j));
+        if !chosen {
+            i = f + m;
             continue;
         }
-        let (at, src) = (b.addr[i], parking.base + i * run.page);
-        b.state[i] = if run.uffd.move_pages(at, src, run.page).is_ok()
-            || run.uffd.copy(at, src, run.page).is_ok()
-        {
-            State::Left
-        } else {
-            State::Dropped
-        };
+        let whole = m > 1
+            && unit.clone().all(|j| b.state[j] == State::Out)
+            && run
+                .uffd
+                .move_pages(b.addr[f], parking.base + f * page, m * page)
+                .is_ok();
+        for j in unit {
+            if b.state[j] != State::Out {
+                continue;
+            }
+            let (at, src) = (b.addr[j], parking.base + j * page);
+            let ok = whole
+                || run.uffd.move_pages(at, src, page).is_ok()
+                || run.uffd.copy(at, src, page).is_ok();
+            if ok {
+                b.state[j] = State::Left;
+                b.in_stage[j] = false;
+                back += 1;
+            } else {
+                b.state[j] = State::Dropped;
+            }
+        }
+        i = f + m;
     }
+    back
 }
 
 /// Runs of parked pages by index (the staging areas are indexed by page,
@@ -625,4 +770,55 @@ fn install(
             }
         }
     }
+}
+
+/// Marks the pages of `b` relocation must leave whole and in place
+/// (large folios `UFFDIO_MOVE` would split, see `folios.rs`) and the PMD
+/// folios it moves as one unit. Returns how many pages it left. Refuses
+/// where folio sizes cannot be read and mTHP is enabled for the mapping.
+fn keep_large(b: &mut Batch, v: &Vma, page: usize) -> Result<usize, Refusal> {
+    let n = b.len();
+    let start = b.base;
+    let mut left = 0;
+    match folios::judge(start, n, page) {
+        Some(fol) => {
+            for i in 0..n {
+                match fol[i] {
+                    Fol::Leave if b.state[i] == State::Untouched => {
+                        b.state[i] = State::Left;
+                        left += 1;
+                    }
+                    Fol::PmdHead => b.whole[i] = true,
+                    _ => {}
+                }
+            }
+        }
+        None => {
+            if folios::mthp_possible(v) {
+                return Err(Refusal::UnknownFolios);
+            }
+            if staging::thp_allowed(v) {
+                // Folio sizes unknown: a PMD block cut by the batch's
+                // edges may be a THP, which a move would split: leave
+                // it. Whole aligned blocks may be THPs: move each as
+                // one, and leave it whole if the kernel refuses it.
+                let k = folios::PMD / page;
+                for i in 0..n {
+                    let block = (start + i * page) / folios::PMD * folios::PMD;
+                    if block < start || block + folios::PMD > start + n * page {
+                        if b.state[i] == State::Untouched {
+                            b.state[i] = State::Left;
+                            left += 1;
+                        }
+                    } else if (start + i * page) % folios::PMD == 0
+                        && i + k <= n
+                        && b.state[i..i + k].iter().all(|&s| s == State::Untouched)
+                    {
+                        b.whole[i] = true;
+                    }
+                }
+            }
+        }
+    }
+    Ok(left + b.keep_units_whole())
 }
