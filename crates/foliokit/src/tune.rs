@@ -669,7 +669,9 @@ mod tests {
 /// The rseq area is added exactly from `__rseq_offset`/`__rseq_size`.
 pub const THREAD_DESCRIPTOR_SPAN: usize = 4096;
 
-/// How many times relocation asks again for the robust list head of a
-/// thread that has none yet (a glibc thread sets it in its first
-/// instructions) before treating the thread as one it cannot place.
-pub const THREAD_HEAD_RETRIES: usize = 1000;
+/// How long relocation keeps asking for the robust list head of a thread
+/// that has none (a glibc thread sets it in its first instructions, once
+/// first scheduled; an exiting one drops it just before it goes) before
+/// treating the thread as one it cannot place. 1000 polls without sleeping
+/// were seen to fall short on a busy 2-vCPU machine.
+pub const THREAD_HEAD_WAIT: std::time::Duration = std::time::Duration::from_millis(200);

@@ -413,8 +413,9 @@ fn registered(
     }
     // First look at the threads: a page holding a live thread's
     // exit-time words is never taken (see `threads.rs`).
-    let areas = threads::exit_areas(page)
-        .map_err(|u| Start::Refused(Refusal::UnknownThread { tid: u.tid }))?;
+    let unknown = |u: threads::Unknown| Start::Refused(Refusal::UnknownThread { tid: u.tid });
+    let layout = threads::Layout::of_this_process().map_err(unknown)?;
+    let areas = threads::exit_areas(&layout, page).map_err(unknown)?;
     for i in 0..b.len() {
         if b.state[i] == State::Untouched && threads::inside(&areas, b.addr[i]) {
             b.state[i] = State::Left;
@@ -428,7 +429,7 @@ fn registered(
     // meanwhile and has its descriptor in a page we took gets that page
     // back before anything is copied. (It could not have exited with the
     // page out without our seeing it here: see the contract in mod.rs.)
-    match threads::exit_areas(page) {
+    match threads::exit_areas(&layout, page) {
         Ok(areas) => {
             let back = put_back(run, b, parking, |b, i| threads::inside(&areas, b.addr[i]));
             out.thread_left += back;
@@ -441,13 +442,30 @@ fn registered(
             )));
         }
     }
+    // A thread that started after the first look and exited before the
+    // second, with its descriptor taken out in between, lost the
+    // kernel's clear of its `tid` word: redo it in the parked copy, and
+    // wake its joiners once the page is back.
+    let parked: Vec<(usize, usize)> = (0..b.len())
+        .filter(|&i| b.state[i] == State::Out)
+        .map(|i| (b.addr[i], parking.base + i * page))
+        .collect();
+    let lost = threads::repair_lost_exits(&layout, &parked, page);
     if let Err(e) = copy_in_stage(run, b, parking, dest, start) {
         // Cannot happen (pieces are never empty, lists never differ); if it
         // did, the parked pages go back unchanged rather than uncopied.
         out.notes.push(format!("copy failed ({e}); pages put back"));
         restore(run, b, parking);
     }
-    Ok(install(run, b, parking, dest, out))
+    let first = install(run, b, parking, dest, out);
+    if !lost.is_empty() {
+        threads::wake(&lost);
+        out.notes.push(format!(
+            "{} threads exited while their descriptors were out: their tid words were cleared and their joiners woken, as the kernel would have",
+            lost.len()
+        ));
+    }
+    Ok(first)
 }
 
 /// How many rounds [`quiesce`] waits for in-flight events before it gives

@@ -24,7 +24,7 @@
 
 use std::io;
 
-use crate::tune::{THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_RETRIES};
+use crate::tune::{THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_WAIT};
 
 /// A thread whose exit-time words cannot be located.
 #[derive(Debug, Clone, Copy)]
@@ -101,13 +101,24 @@ fn rseq_layout() -> Option<(isize, usize)> {
 /// writes at its exit or on its behalf: `(from, to)` offsets around the
 /// head.
 #[derive(Debug, Clone, Copy)]
-struct Layout {
+pub struct Layout {
     from: isize,
     to: isize,
+    /// The robust list head's offset from the thread pointer.
+    head_from_tp: isize,
+    /// Where a descriptor keeps its `tid` word, from the thread pointer,
+    /// where the descriptor can be recognised by its content (x86_64
+    /// glibc: the TCB's `tcb` and `self` words, at TP and TP + 16, both
+    /// point to TP). `None` elsewhere.
+    tid_from_tp: Option<isize>,
 }
 
+/// The TCB's words that point to the TCB itself (x86_64 `tcbhead_t`:
+/// `tcb` at 0, `self` at 16).
+const SELF_WORDS: [usize; 2] = [0, 16];
+
 impl Layout {
-    fn of_this_process() -> Result<Layout, Unknown> {
+    pub fn of_this_process() -> Result<Layout, Unknown> {
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
         let head = match robust_head(0) {
@@ -120,6 +131,8 @@ impl Layout {
             return Ok(Layout {
                 from: -span,
                 to: span,
+                head_from_tp: 0,
+                tid_from_tp: None,
             });
         };
         // struct pthread spans [TP, TP + sizeof) on x86_64 (TLS variant
@@ -130,7 +143,116 @@ impl Layout {
             lo = lo.min(tp + off - head);
             hi = hi.max(tp + off + size as isize - head);
         }
-        Ok(Layout { from: lo, to: hi })
+        Ok(Layout {
+            from: lo,
+            to: hi,
+            head_from_tp: head - tp,
+            tid_from_tp: tid_word(tp as usize, head as usize, me).map(|a| a as isize - tp),
+        })
+    }
+}
+
+/// Where this thread's descriptor keeps its `tid` word (glibc: `tid`
+/// sits just before `robust_prev` and `robust_head`), if the descriptor
+/// at `tp` can be recognised by its self-pointing words.
+fn tid_word(tp: usize, head: usize, me: i32) -> Option<usize> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    // SAFETY: this thread's own TCB and descriptor, mapped for its life;
+    // read only, and the words read (tcb, self, the tid slots just below
+    // the robust head) are written before the thread runs user code.
+    unsafe {
+        if SELF_WORDS
+            .iter()
+            .any(|&o| ((tp + o) as *const usize).read_volatile() != tp)
+        {
+            return None;
+        }
+        (head.saturating_sub(64)..head)
+            .step_by(4)
+            .rev()
+            .find(|&a| (a as *const i32).read_volatile() == me)
+    }
+}
+
+/// Repairs what a thread that exited while its descriptor was out lost:
+/// the kernel's `put_user(0, clear_child_tid)` (mm_release), which fails
+/// for an exiting task instead of waiting on the userfaultfd.
+///
+/// `parked(addr)` gives where the bytes of application page `addr` are
+/// while it is out (`None` if it is not out). Every out page is searched
+/// for a descriptor (its self-pointing TCB words name the address it
+/// lives at); one whose `tid` word is not 0 while no live thread has that
+/// descriptor belongs to a thread that has exited (a thread leaves
+/// /proc/self/task only after mm_release): its `tid` word is cleared in
+/// the parked copy, as the kernel would have, and its application
+/// address returned, to be woken (FUTEX_WAKE) once the page is back.
+/// A descriptor whose `tid` word is already 0 is returned too: its
+/// thread's clear landed, but the kernel's wake just after it may have
+/// found the page out.
+/// Returns nothing where descriptors cannot be recognised here.
+pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Vec<usize> {
+    let Some(tid_from_tp) = l.tid_from_tp else {
+        return Vec::new();
+    };
+    let parked = |addr: usize| -> Option<usize> {
+        let base = addr / page * page;
+        out.iter()
+            .find(|&&(a, _)| a == base)
+            .map(|&(_, p)| p + addr - base)
+    };
+    let mut woken = Vec::new();
+    for &(app, at) in out {
+        for off in (0..page).step_by(64) {
+            let tp = app + off;
+            // SAFETY: `at` is a parked page, present in our staging area
+            // for the batch; read only.
+            let is_tcb = SELF_WORDS
+                .iter()
+                .all(|&o| unsafe { ((at + off + o) as *const usize).read_volatile() } == tp);
+            if !is_tcb {
+                continue;
+            }
+            let tid_app = (tp as isize + tid_from_tp) as usize;
+            let Some(tid_at) = parked(tid_app) else {
+                continue; // in place: the kernel's clear reached it
+            };
+            // SAFETY: a word of a parked page (as above); aligned as
+            // glibc aligns `tid`.
+            let tid = unsafe { (tid_at as *const i32).read_volatile() };
+            if tid == 0 {
+                // Exited, and the clear landed, but maybe not the wake
+                // that follows it: the page may have been taken between
+                // the two, and the wake (a shared futex key needs the
+                // page) then fails for the exiting task. Wake again; a
+                // futex waiter must take a spurious wake anyway.
+                woken.push(tid_app);
+                continue;
+            }
+            let alive = robust_head(tid)
+                .is_some_and(|h| h as isize - l.head_from_tp == tp as isize);
+            if alive {
+                continue;
+            }
+            // SAFETY: as above; the page is ours until it is installed.
+            unsafe { (tid_at as *mut i32).write_volatile(0) };
+            woken.push(tid_app);
+        }
+    }
+    woken
+}
+
+/// Wakes every waiter on the `tid` words [`repair_lost_exits`] cleared,
+/// once their pages are back (both the shared wake the kernel does at
+/// exit, which glibc's `pthread_join` waits for, and a private one).
+pub fn wake(words: &[usize]) {
+    for &w in words {
+        for op in [libc::FUTEX_WAKE, libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG] {
+            // SAFETY: FUTEX_WAKE reads no memory of the word's; a wrong
+            // address only fails.
+            unsafe { libc::syscall(libc::SYS_futex, w, op, i32::MAX, 0usize, 0usize, 0) };
+        }
     }
 }
 
@@ -144,18 +266,18 @@ fn tids() -> io::Result<Vec<i32>> {
 /// Address ranges `[start, end)` holding a live thread's exit-time words
 /// (descriptor with `tid` and robust list head, rseq area), rounded out to
 /// pages; or the first thread that cannot be placed.
-pub fn exit_areas(page: usize) -> Result<Vec<(usize, usize)>, Unknown> {
-    let layout = Layout::of_this_process()?;
+pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, Unknown> {
     let tids = tids().map_err(|_| Unknown { tid: 0 })?;
     let mut out = Vec::with_capacity(tids.len());
     for tid in tids {
         let mut head = robust_head(tid);
-        // A glibc thread sets its head in its first instructions.
-        for _ in 0..THREAD_HEAD_RETRIES {
-            if head != Some(0) {
-                break;
-            }
-            std::thread::yield_now();
+        // A glibc thread sets its head in its first instructions, once it
+        // is first scheduled, which on a busy machine can take a while; an
+        // exiting one drops its head (futex_exit_release) just before it
+        // disappears.
+        let t = std::time::Instant::now();
+        while head == Some(0) && t.elapsed() < THREAD_HEAD_WAIT {
+            std::thread::sleep(std::time::Duration::from_micros(50));
             head = robust_head(tid);
         }
         let head = match head {
@@ -183,7 +305,11 @@ mod tests {
     fn every_thread_here_is_placed_and_covers_its_descriptor() {
         let page = crate::batch::page_size();
         let t = std::thread::spawn(move || {
-            let areas = exit_areas(page).expect("glibc threads have robust lists");
+            let l = Layout::of_this_process().expect("glibc threads have robust lists");
+            let areas = exit_areas(&l, page).expect("glibc threads have robust lists");
+            if cfg!(target_arch = "x86_64") {
+                assert!(l.tid_from_tp.is_some(), "glibc descriptor recognised");
+            }
             let head = robust_head(0).unwrap();
             assert!(inside(&areas, head), "own head {head:#x} in {areas:x?}");
             if let Some(tp) = thread_pointer() {
