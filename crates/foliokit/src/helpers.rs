@@ -426,7 +426,8 @@ pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
     q.more.notify_all();
     let panic = {
         let mut s = call.state();
-        while !s.declined && !(s.joined > 0 && s.running == 0) {
+        let done = |s: &CallState| s.declined || (s.joined > 0 && s.running == 0);
+        while !done(&s) {
             s = call.finished.wait(s).unwrap_or_else(|p| p.into_inner());
         }
         s.open = false;

@@ -157,10 +157,7 @@ fn signal_handler_stores(path: Path) {
         sa.sa_sigaction = store_everywhere as *const () as usize;
         libc::sigemptyset(&mut sa.sa_mask);
         sa.sa_flags = libc::SA_RESTART;
-        assert_eq!(
-            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()),
-            0
-        );
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
     }
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() };
@@ -272,7 +269,11 @@ fn threads_exit_in_range(path: Path) {
             let rep = call(base, len, &o).expect("migrate");
             check_path(&rep, path);
             kept += rep.left_thread_pages;
-            repaired += rep.notes.iter().filter(|n| n.contains("exited while")).count();
+            repaired += rep
+                .notes
+                .iter()
+                .filter(|n| n.contains("exited while"))
+                .count();
             calls += 1;
         }
         stop.store(true, SeqCst);
@@ -404,7 +405,11 @@ fn application_uffd(path: Path) {
     }
     let held: usize = reps.iter().map(|r| r.registered_batches).sum();
     if path == Path::Kernel {
-        assert_eq!(tally.get("EBUSY"), None, "the kernel path registers nothing");
+        assert_eq!(
+            tally.get("EBUSY"),
+            None,
+            "the kernel path registers nothing"
+        );
     }
     say(&format!(
         "NOTE: {} migrations holding {held} registered batches; the application saw {tally:?}",
@@ -434,7 +439,9 @@ fn census(base: usize, len: usize) -> Option<Census> {
     let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
     let kflags = std::fs::File::open("/proc/kpageflags").ok()?;
     let mut raw = vec![0u8; len / PAGE * 8];
-    pagemap.read_exact_at(&mut raw, (base / PAGE * 8) as u64).ok()?;
+    pagemap
+        .read_exact_at(&mut raw, (base / PAGE * 8) as u64)
+        .ok()?;
     let mut folios = BTreeMap::new();
     let mut run = 0usize;
     let mut last_pfn = 0u64;
@@ -475,7 +482,8 @@ fn census(base: usize, len: usize) -> Option<Census> {
     for line in smaps.lines() {
         if let Some((range, _)) = line.split_once(' ') {
             if let Some((a, b)) = range.split_once('-') {
-                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
                     inside = a <= base && base < b;
                     continue;
                 }
@@ -499,8 +507,8 @@ const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
 struct Knobs(Vec<(String, String)>);
 
 impl Knobs {
-    /// Exactly `size` (in KiB) `always`, every other mTHP size `never`
-    /// (the PMD size untouched, `madvise` in this case decides it).
+    /// Exactly `size` (in KiB) `always`, every other size up to the PMD
+    /// size `never`.
     fn only(size_kb: usize) -> Result<Knobs, String> {
         let mut k = Knobs(Vec::new());
         let dirs = std::fs::read_dir(THP_DIR).map_err(|e| format!("{THP_DIR}: {e}"))?;
@@ -517,7 +525,7 @@ impl Knobs {
             // Sizes this kernel lists without a knob (seen: 8kB) cannot be
             // enabled anyway.
             let knob = format!("{THP_DIR}/{name}/enabled");
-            if kb * 1024 >= THP || !std::path::Path::new(&knob).exists() {
+            if kb * 1024 > THP || !std::path::Path::new(&knob).exists() {
                 continue;
             }
             found |= kb == size_kb;
@@ -554,8 +562,8 @@ impl Drop for Knobs {
 /// the returned descriptor is open.
 fn pin_one_page(at: usize) -> io::Result<i32> {
     let mut params = [0u8; 120]; // struct io_uring_params
-    // SAFETY: io_uring_setup writes only `params`; the iovec names one
-    // page of the caller's mapping, which the kernel pins.
+                                 // SAFETY: io_uring_setup writes only `params`; the iovec names one
+                                 // page of the caller's mapping, which the kernel pins.
     unsafe {
         let fd = libc::syscall(libc::SYS_io_uring_setup, 4, params.as_mut_ptr()) as i32;
         if fd < 0 {

@@ -51,7 +51,9 @@ pub fn judge(start: usize, n: usize, page: usize) -> Option<Vec<Fol>> {
     let pagemap = File::open("/proc/self/pagemap").ok()?;
     let kflags = File::open("/proc/kpageflags").ok()?;
     let mut raw = vec![0u8; n * 8];
-    pagemap.read_exact_at(&mut raw, (start / page * 8) as u64).ok()?;
+    pagemap
+        .read_exact_at(&mut raw, (start / page * 8) as u64)
+        .ok()?;
     let pfns: Vec<Option<u64>> = raw
         .chunks_exact(8)
         .map(|e| {

@@ -1,17 +1,27 @@
 //! The relocation path.
 //!
+//! Everything below runs on a helper thread that blocks asynchronous
+//! signals (see [`relocate`]); the caller only waits.
+//!
 //! Per batch (a run of pages inside one mapping):
 //!
-//! 1. read pagemap: which pages are populated (holes stay holes);
+//! 1. read pagemap: which pages are populated (holes stay holes), and
+//!    kpageflags: which belong to large folios a move would split
+//!    (`folios.rs`; those stay in place, whole, for `move_pages`);
 //! 2. map the staging areas and allocate destination folios on the target
 //!    node for the populated pages (threads are not held up yet);
 //! 3. register the batch with our userfaultfd in missing mode, with the
 //!    REMOVE, UNMAP, REMAP and FORK events;
-//! 4. read pagemap again (from here the populated set can only shrink);
-//! 5. `UFFDIO_MOVE` the populated pages out into the parking area; a
+//! 4. read pagemap and kpageflags again (from here the populated set can
+//!    only shrink), and look up every thread's descriptor (`threads.rs`):
+//!    those pages stay in place;
+//! 5. `UFFDIO_MOVE` the populated pages out into the parking area (a
+//!    PMD folio as one unit; one the kernel refuses stays whole); a
 //!    thread touching one now finds an empty entry and waits on the
 //!    userfaultfd, kernel-mode accesses included (the descriptor is not
-//!    user-mode-only);
+//!    user-mode-only); then look at the threads again and put back any descriptor page of a
+//!    thread that started meanwhile; clear the `tid` word of a thread that
+//!    exited meanwhile in the parked copy (its wake follows step 7);
 //! 6. copy parking → destination through the copy channels;
 //! 7. `UFFDIO_MOVE` the destination folios in (this wakes their waiters);
 //! 8. unregister, which wakes everyone left, and unmap the staging areas.
@@ -458,11 +468,11 @@ fn registered(
         restore(run, b, parking);
     }
     let first = install(run, b, parking, dest, out);
-    if !lost.is_empty() {
-        threads::wake(&lost);
+    threads::wake(&lost.wake);
+    if lost.cleared > 0 {
         out.notes.push(format!(
             "{} threads exited while their descriptors were out: their tid words were cleared and their joiners woken, as the kernel would have",
-            lost.len()
+            lost.cleared
         ));
     }
     Ok(first)
@@ -675,9 +685,7 @@ fn put_back(
     while i < b.len() {
         let (f, m) = b.unit_of(i);
         let unit = f..f + m;
-        let chosen = unit
-            .clone()
-            .any(|j| b.state[j] == State::Out && pick(b, j));
+        let chosen = unit.clone().any(|j| b.state[j] == State::Out && pick(b, j));
         if !chosen {
             i = f + m;
             continue;
@@ -800,8 +808,8 @@ fn keep_large(b: &mut Batch, v: &Vma, page: usize) -> Result<usize, Refusal> {
     let mut left = 0;
     match folios::judge(start, n, page) {
         Some(fol) => {
-            for i in 0..n {
-                match fol[i] {
+            for (i, f) in fol.into_iter().enumerate() {
+                match f {
                     Fol::Leave if b.state[i] == State::Untouched => {
                         b.state[i] = State::Left;
                         left += 1;

@@ -192,9 +192,10 @@ fn tid_word(tp: usize, head: usize, me: i32) -> Option<usize> {
 /// thread's clear landed, but the kernel's wake just after it may have
 /// found the page out.
 /// Returns nothing where descriptors cannot be recognised here.
-pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Vec<usize> {
+pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Repaired {
+    let mut r = Repaired::default();
     let Some(tid_from_tp) = l.tid_from_tp else {
-        return Vec::new();
+        return r;
     };
     let parked = |addr: usize| -> Option<usize> {
         let base = addr / page * page;
@@ -202,7 +203,6 @@ pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Vec
             .find(|&&(a, _)| a == base)
             .map(|&(_, p)| p + addr - base)
     };
-    let mut woken = Vec::new();
     for &(app, at) in out {
         for off in (0..page).step_by(64) {
             let tp = app + off;
@@ -227,20 +227,30 @@ pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Vec
                 // the two, and the wake (a shared futex key needs the
                 // page) then fails for the exiting task. Wake again; a
                 // futex waiter must take a spurious wake anyway.
-                woken.push(tid_app);
+                r.wake.push(tid_app);
                 continue;
             }
-            let alive = robust_head(tid)
-                .is_some_and(|h| h as isize - l.head_from_tp == tp as isize);
+            let alive =
+                robust_head(tid).is_some_and(|h| h as isize - l.head_from_tp == tp as isize);
             if alive {
                 continue;
             }
             // SAFETY: as above; the page is ours until it is installed.
             unsafe { (tid_at as *mut i32).write_volatile(0) };
-            woken.push(tid_app);
+            r.wake.push(tid_app);
+            r.cleared += 1;
         }
     }
-    woken
+    r
+}
+
+/// What [`repair_lost_exits`] did.
+#[derive(Debug, Default)]
+pub struct Repaired {
+    /// `tid` words to wake once their pages are back.
+    pub wake: Vec<usize>,
+    /// Of those, words it cleared (their threads' clear was lost).
+    pub cleared: usize,
 }
 
 /// Wakes every waiter on the `tid` words [`repair_lost_exits`] cleared,
@@ -248,7 +258,10 @@ pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Vec
 /// exit, which glibc's `pthread_join` waits for, and a private one).
 pub fn wake(words: &[usize]) {
     for &w in words {
-        for op in [libc::FUTEX_WAKE, libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG] {
+        for op in [
+            libc::FUTEX_WAKE,
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+        ] {
             // SAFETY: FUTEX_WAKE reads no memory of the word's; a wrong
             // address only fails.
             unsafe { libc::syscall(libc::SYS_futex, w, op, i32::MAX, 0usize, 0usize, 0) };
