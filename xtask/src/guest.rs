@@ -45,6 +45,7 @@ const BINARIES: &[&str] = &[
     "migrate",
     "migrate_attributes",
     "migrate_concurrent",
+    "migrate_contract",
     "nt_populate",
 ];
 
