@@ -222,11 +222,11 @@ pub enum Refusal {
     /// The kernel refused fork events (they need CAP_SYS_PTRACE).
     #[error("fork events need CAP_SYS_PTRACE ({0}); without them a child forked mid-batch would see zeros")]
     NoForkEvents(io::Error),
-    /// The range holds the calling thread's stack or allocator space it may
+    /// The range holds the relocating thread's stack or allocator space it may
     /// touch while a batch is out.
     #[error("the range holds {what}: the migrating thread would wait on itself")]
     OwnMemory {
-        /// What was found, e.g. "the calling thread's stack".
+        /// What was found, e.g. "the relocating thread's stack".
         what: &'static str,
     },
     /// The mapping is mlocked and the staging area could not be locked too

@@ -120,6 +120,9 @@ struct Run<'a> {
     folio: usize,
     pool: &'a ChannelPool,
     copy: CopyFn,
+    /// Batches registered with `uffd` so far (the report's
+    /// `registered_batches`), whatever became of them.
+    registered: std::cell::Cell<usize>,
 }
 
 /// What one batch did.
@@ -135,8 +138,6 @@ struct Outcome {
     notes: Vec<String>,
     /// Why relocation should stop here (the rest goes to the kernel path).
     stop: Option<String>,
-    /// The batch was registered with our userfaultfd.
-    registered: bool,
     /// Of `left`, pages of large folios left whole.
     whole_left: usize,
     /// Of `left`, pages holding a live thread's exit-time words.
@@ -202,6 +203,7 @@ fn relocate_here(
         folio,
         pool: &pool,
         copy: copy_fn,
+        registered: std::cell::Cell::new(0),
     };
     let mut r = MigrateReport::new(MigratePath::Relocate, len);
     r.strategy = Some(copy);
@@ -252,7 +254,6 @@ fn relocate_here(
             r.left_in_place += out.left.len();
             r.left_whole_folio_pages += out.whole_left;
             r.left_thread_pages += out.thread_left;
-            r.registered_batches += usize::from(out.registered);
             leftovers.extend(out.left);
             r.notes.extend(out.notes);
             if let Some(why) = out.stop {
@@ -264,6 +265,7 @@ fn relocate_here(
             at = stop;
         }
     }
+    r.registered_batches = run.registered.get();
     // Every batch ended quiet (see `quiesce`), so no event is left unread
     // and closing the descriptor cannot strand a forking thread; closing is
     // also the backstop that unregisters anything a failed unregistration
@@ -356,10 +358,10 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         }
         Err(e) => return Err(stop("the mapping changed before its batch", e)),
     };
+    run.registered.set(run.registered.get() + 1);
     let mut b = Batch::new(start, page, &vec![PageState::Empty; n]);
     let mut out = Outcome {
         pool_secs,
-        registered: true,
         ..Outcome::default()
     };
     let res = registered(run, &mut b, &pre, &parking, &dest, ioctls, v, &mut out);

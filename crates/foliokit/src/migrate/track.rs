@@ -278,6 +278,38 @@ mod tests {
     }
 
     #[test]
+    fn a_pmd_unit_moves_and_stays_whole() {
+        let k = PMD / PG;
+        // A batch of two PMD blocks plus one page, starting PMD-aligned.
+        let base = 0x4000_0000;
+        let mut b = Batch::new(base, PG, &vec![P; 2 * k + 1]);
+        b.whole[0] = true;
+        b.whole[k] = true;
+        assert_eq!(b.unit_of(0), (0, k));
+        assert_eq!(b.unit_of(k - 1), (0, k), "a tail belongs to its head");
+        assert_eq!(b.unit_of(k + 3), (k, k));
+        assert_eq!(b.unit_of(2 * k), (2 * k, 1), "a base page alone");
+        // One page of the second unit left for its own reason: the whole
+        // unit stays, never split.
+        b.state[k + 7] = State::Left;
+        assert_eq!(b.keep_units_whole(), k - 1);
+        assert!(b.state[k..2 * k].iter().all(|&s| s == State::Left));
+        assert!(!b.whole[k]);
+        assert_eq!(b.unit_of(k + 3), (k + 3, 1));
+        assert_eq!(b.count(State::Untouched), k + 1, "the first unit is kept");
+    }
+
+    #[test]
+    fn a_unit_cut_by_the_batch_is_no_unit() {
+        let k = PMD / PG;
+        let base = 0x4000_0000;
+        let mut b = Batch::new(base, PG, &vec![P; k - 1]);
+        b.whole[0] = true;
+        assert_eq!(b.keep_units_whole(), k - 1);
+        assert_eq!(b.unit_of(5), (5, 1));
+    }
+
+    #[test]
     fn subtract_cuts_intervals() {
         let set = [(0, 10), (20, 30)];
         assert_eq!(subtract(&set, 5, 25), vec![(0, 5), (25, 30)]);
