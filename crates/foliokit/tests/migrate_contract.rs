@@ -677,3 +677,91 @@ fn folio_census(path: Path) {
     }
     assert!(ran > 0, "no case could run");
 }
+
+// ---------------------------------------------------------------------------
+// 2b. A thread relocation cannot place
+
+#[test]
+fn a_thread_without_robust_list_refuses_relocation() {
+    in_child(
+        "a_thread_without_robust_list_refuses_relocation",
+        LIMIT,
+        || {
+            println!();
+            one_at_a_time();
+            if !relocation_available() {
+                return;
+            }
+            raw_thread_refuses()
+        },
+    )
+}
+
+static RAW_STOP: AtomicBool = AtomicBool::new(false);
+
+/// A thread made by a bare clone(2), as a runtime without glibc's
+/// pthreads would: no robust list, so nothing says where its exit-time
+/// words are. It touches no TLS (it shares the creator's thread pointer).
+extern "C" fn raw_thread(_: *mut libc::c_void) -> libc::c_int {
+    while !RAW_STOP.load(SeqCst) {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        // SAFETY: a raw nanosleep with a timespec on this stack.
+        unsafe { libc::syscall(libc::SYS_nanosleep, &ts as *const _, 0usize) };
+    }
+    // SAFETY: ends this thread only (SYS_exit, not exit_group).
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    0
+}
+
+fn raw_thread_refuses() {
+    let stack_len = 256 << 10;
+    let stack = Region::new(stack_len, PAGE).unwrap();
+    let flags = libc::CLONE_VM
+        | libc::CLONE_FS
+        | libc::CLONE_FILES
+        | libc::CLONE_SIGHAND
+        | libc::CLONE_THREAD
+        | libc::CLONE_SYSVSEM;
+    // SAFETY: the child runs `raw_thread` on its own stack (the top of a
+    // region kept alive until it has exited) and touches nothing else.
+    let tid = unsafe {
+        libc::clone(
+            raw_thread,
+            (stack.as_ptr() as usize + stack_len) as *mut libc::c_void,
+            flags,
+            std::ptr::null_mut(),
+        )
+    };
+    assert!(tid > 0, "clone: {}", io::Error::last_os_error());
+    let mut r = Region::new(4 * MIB, PAGE).unwrap();
+    let want = pattern(r.len(), 15);
+    r.as_mut_slice().copy_from_slice(&want);
+    let base = r.as_mut_ptr() as usize;
+    let refused = call(base, r.len(), &opts(Path::Relocate));
+    let auto = call(base, r.len(), &opts(Path::Auto)).expect("auto");
+    RAW_STOP.store(true, SeqCst);
+    let gone = || !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists();
+    let t = Instant::now();
+    while !gone() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(gone(), "the raw thread did not exit");
+    match refused {
+        Err(MigrateError::Refused {
+            why: foliokit::migrate::Refusal::UnknownThread { tid: t },
+            ..
+        }) => assert_eq!(t, tid, "the refusal names the raw thread"),
+        other => panic!("expected an UnknownThread refusal, got {other:?}"),
+    }
+    assert_eq!(auto.path, MigratePath::Kernel, "Auto takes the kernel path");
+    assert!(
+        auto.notes.iter().any(|n| n.contains("no robust list")),
+        "{:?}",
+        auto.notes
+    );
+    assert!(r.as_slice() == &want[..], "bytes changed");
+    drop(stack);
+}
