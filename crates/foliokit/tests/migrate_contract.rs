@@ -765,3 +765,83 @@ fn raw_thread_refuses() {
     assert!(r.as_slice() == &want[..], "bytes changed");
     drop(stack);
 }
+
+// ---------------------------------------------------------------------------
+// 4b. Folio sizes that cannot be read
+
+#[test]
+fn unreadable_folios_with_mthp_enabled_refuse_relocation() {
+    in_child(
+        "unreadable_folios_with_mthp_enabled_refuse_relocation",
+        LIMIT,
+        || {
+            println!();
+            one_at_a_time();
+            unreadable_folios_refuse()
+        },
+    )
+}
+
+/// Drops CAP_SYS_ADMIN from this process's effective and permitted sets:
+/// pagemap then hides PFNs, as for an unprivileged process.
+fn drop_sys_admin() -> io::Result<()> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    // struct __user_cap_header_struct and two __user_cap_data_struct
+    // (effective, permitted, inheritable), version 3.
+    let mut header = [0x2008_0522u32, 0];
+    let mut data = [0u32; 6];
+    // SAFETY: capget/capset with the structs the uapi defines, ours.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, header.as_mut_ptr(), data.as_mut_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        data[0] &= !(1 << CAP_SYS_ADMIN);
+        data[1] &= !(1 << CAP_SYS_ADMIN);
+        if libc::syscall(libc::SYS_capset, header.as_mut_ptr(), data.as_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Where PFNs are hidden and an mTHP size is enabled for the mapping,
+/// relocation cannot tell which pages are in large folios a move would
+/// split: it refuses (`UnknownFolios`) and Auto takes the kernel path.
+fn unreadable_folios_refuse() {
+    // Capabilities are per thread: dropped before any helper exists, so
+    // that every thread made from here on (relocation's helper among
+    // them) has none either.
+    if let Err(e) = drop_sys_admin() {
+        return skip(&format!("cannot drop CAP_SYS_ADMIN: {e}"));
+    }
+    // Probed before mTHP is on: with it on, the probe is refused too.
+    if !relocation_available() {
+        return;
+    }
+    let _knobs = match Knobs::only(64) {
+        Ok(k) => k,
+        Err(why) => return skip(&format!("cannot enable 64K mTHP: {why}")),
+    };
+    let mut r = Region::new(4 * MIB, 64 << 10).unwrap();
+    let want = pattern(r.len(), 16);
+    r.as_mut_slice().copy_from_slice(&want);
+    let base = r.as_mut_ptr() as usize;
+    if census(base, PAGE).is_some() {
+        return skip("PFNs still visible without CAP_SYS_ADMIN");
+    }
+    match call(base, r.len(), &opts(Path::Relocate)) {
+        Err(MigrateError::Refused {
+            why: foliokit::migrate::Refusal::UnknownFolios,
+            ..
+        }) => {}
+        Err(MigrateError::Refused { why, .. }) => {
+            return skip(&format!(
+                "relocation refused for another reason here: {why}"
+            ))
+        }
+        other => panic!("expected an UnknownFolios refusal, got {other:?}"),
+    }
+    let auto = call(base, r.len(), &opts(Path::Auto)).expect("auto");
+    assert_eq!(auto.path, MigratePath::Kernel, "Auto takes the kernel path");
+    assert!(r.as_slice() == &want[..], "bytes changed");
+}
