@@ -233,7 +233,7 @@ fn threads_exit_in_range(path: Path) {
     let data = slots * stack;
     let stop = AtomicBool::new(false);
     let o = opts(path);
-    let (calls, joined, kept, repaired) = std::thread::scope(|s| {
+    let (calls, joined, kept, repaired, unplaced) = std::thread::scope(|s| {
         let spawner = s.spawn(|| {
             let mut joined = 0u64;
             let mut k = 0;
@@ -265,8 +265,21 @@ fn threads_exit_in_range(path: Path) {
         let mut calls = 0;
         let mut kept = 0;
         let mut repaired = 0;
+        let mut unplaced = 0;
         while t.elapsed() < RUN {
-            let rep = call(base, len, &o).expect("migrate");
+            // A thread just created has no robust list until it first
+            // runs; one that stays so for the whole wait is a documented
+            // refusal, not a failure (nothing was touched).
+            let rep = match call(base, len, &o) {
+                Err(MigrateError::Refused {
+                    why: foliokit::migrate::Refusal::UnknownThread { .. },
+                    ..
+                }) => {
+                    unplaced += 1;
+                    continue;
+                }
+                other => other.expect("migrate"),
+            };
             check_path(&rep, path);
             kept += rep.left_thread_pages;
             repaired += rep
@@ -277,7 +290,7 @@ fn threads_exit_in_range(path: Path) {
             calls += 1;
         }
         stop.store(true, SeqCst);
-        (calls, spawner.join().unwrap(), kept, repaired)
+        (calls, spawner.join().unwrap(), kept, repaired, unplaced)
     });
     assert!(joined > 0, "no thread ran");
     assert!(
@@ -285,7 +298,7 @@ fn threads_exit_in_range(path: Path) {
         "bytes outside the stacks changed"
     );
     say(&format!(
-        "NOTE: {calls} migrations, {joined} threads joined, {kept} descriptor pages left in place, {repaired} batches redid a lost exit clear/wake"
+        "NOTE: {calls} migrations, {joined} threads joined, {kept} descriptor pages left in place, {repaired} batches redid a lost exit clear/wake, {unplaced} calls refused (a new thread not yet placed)"
     ));
 }
 
