@@ -635,8 +635,16 @@ fn folio_census(path: Path) {
         // SAFETY: advice on our own region; it changes no byte.
         let rc = unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTDUMP) };
         assert_eq!(rc, 0, "madvise(DONTDUMP): {}", io::Error::last_os_error());
-        // Start on the first node, so that with several nodes the pages
-        // really move to the last one.
+        // On the first node, and migrated to that same node below: the
+        // kernel's move_pages splits a large folio when it cannot get one
+        // of its size on the target node (alloc_migration_target drops
+        // __GFP_RECLAIM for large folios; migrate_pages splits on ENOMEM;
+        // seen in the 6.12 guest: 63 of 128 64K folios came out as base
+        // pages, on
+        // pages relocation had left whole and never registered), which is
+        // the kernel's policy and not what this test is about. Relocation
+        // copies into new folios on the same node all the same, so its
+        // promise is checked whole; cross-node moves are guest_numa's.
         let first = system::numa_nodes()[0];
         // SAFETY: our own region, used by nothing else meanwhile.
         unsafe { migrate(base as *mut u8, len, first, &MigrateOptions::default()) }
@@ -664,7 +672,9 @@ fn folio_census(path: Path) {
         } else {
             None
         };
-        let rep = call(base, len, &opts(path).batch_pages(512)).expect("migrate");
+        // SAFETY: our own region, used by nothing else meanwhile.
+        let rep = unsafe { migrate(base as *mut u8, len, first, &opts(path).batch_pages(512)) }
+            .expect("migrate");
         check_path(&rep, path);
         // On 6.1 a page NUMA balancing marked for a hinting fault shows
         // as not PMD-mapped in smaps until touched (seen in the 6.1 guest
