@@ -443,11 +443,13 @@ fn registered(
     // page out without our seeing it here: see the contract in mod.rs.)
     match threads::exit_areas(&layout, page) {
         Ok(areas) => {
-            let back = put_back(run, b, parking, |b, i| threads::inside(&areas, b.addr[i]));
+            let back = put_back(run, b, parking, out, |b, i| {
+                threads::inside(&areas, b.addr[i])
+            });
             out.thread_left += back;
         }
         Err(u) => {
-            put_back(run, b, parking, |_, _| true);
+            put_back(run, b, parking, out, |_, _| true);
             return Err(Start::Stop(format!(
                 "thread {} has no robust list: its exit-time words cannot be located",
                 u.tid
@@ -467,7 +469,7 @@ fn registered(
         // Cannot happen (pieces are never empty, lists never differ); if it
         // did, the parked pages go back unchanged rather than uncopied.
         out.notes.push(format!("copy failed ({e}); pages put back"));
-        restore(run, b, parking);
+        restore(run, b, parking, out);
     }
     let first = install(run, b, parking, dest, out);
     threads::wake(&lost.wake);
@@ -667,8 +669,8 @@ fn copy_in_stage(
 }
 
 /// Moves parked pages back where they came from (their bytes unchanged).
-fn restore(run: &Run, b: &mut Batch, parking: &Stage) {
-    put_back(run, b, parking, |_, _| true);
+fn restore(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
+    put_back(run, b, parking, out, |_, _| true);
 }
 
 /// Moves the parked pages `pick` chooses back where they came from, their
@@ -679,9 +681,9 @@ fn put_back(
     run: &Run,
     b: &mut Batch,
     parking: &Stage,
+    out: &mut Outcome,
     pick: impl Fn(&Batch, usize) -> bool,
 ) -> usize {
-    let page = run.page;
     let mut back = 0;
     let mut i = 0;
     while i < b.len() {
@@ -692,31 +694,77 @@ fn put_back(
             i = f + m;
             continue;
         }
-        let whole = m > 1
-            && unit.clone().all(|j| b.state[j] == State::Out)
-            && run
-                .uffd
-                .move_pages(b.addr[f], parking.base + f * page, m * page)
-                .is_ok();
+        let whole = m > 1 && move_back(run, b, parking, out, f, m, false).is_ok();
         for j in unit {
             if b.state[j] != State::Out {
-                continue;
+                continue; // zapped or unmapped meanwhile (an event said so)
             }
-            let (at, src) = (b.addr[j], parking.base + j * page);
-            let ok = whole
-                || run.uffd.move_pages(at, src, page).is_ok()
-                || run.uffd.copy(at, src, page).is_ok();
-            if ok {
-                b.state[j] = State::Left;
-                b.in_stage[j] = false;
-                back += 1;
+            let res = if whole {
+                Ok(())
             } else {
-                b.state[j] = State::Dropped;
+                move_back(run, b, parking, out, j, 1, false)
+                    .or_else(|_| move_back(run, b, parking, out, j, 1, true))
+            };
+            match res {
+                Ok(()) => {
+                    b.state[j] = State::Left;
+                    b.in_stage[j] = false;
+                    back += 1;
+                }
+                Err(e) => {
+                    // No mapping of ours there any more (unmapped,
+                    // replaced): as in `install`.
+                    out.notes.push(format!(
+                        "page {:#x} could not be put back ({e}); its mapping changed under the batch",
+                        b.addr[j]
+                    ));
+                    b.state[j] = State::Dropped;
+                }
             }
         }
         i = f + m;
     }
     back
+}
+
+/// Moves (or, with `by_copy`, copies) parked pages `f .. f + m` back to
+/// their application addresses, reading events and retrying while one is
+/// unread (EAGAIN) and waiting while the kernel is short of memory. Fails
+/// where a page of the unit is no longer out (an event dropped it) or the
+/// kernel refuses for good.
+fn move_back(
+    run: &Run,
+    b: &mut Batch,
+    parking: &Stage,
+    out: &mut Outcome,
+    f: usize,
+    m: usize,
+    by_copy: bool,
+) -> io::Result<()> {
+    let page = run.page;
+    for _ in 0..INSTALL_RETRIES {
+        if (f..f + m).any(|j| b.state[j] != State::Out)
+            || (f..f + m).any(|j| b.addr[j] != b.addr[f] + (j - f) * page)
+        {
+            return Err(io::Error::other("the unit changed under the batch"));
+        }
+        let (dst, src) = (b.addr[f], parking.base + f * page);
+        let res = if by_copy {
+            run.uffd.copy(dst, src, m * page)
+        } else {
+            run.uffd.move_pages(dst, src, m * page)
+        };
+        let p = match res {
+            Ok(_) => return Ok(()),
+            Err(p) => p,
+        };
+        match errno(&p.error) {
+            libc::EAGAIN => drain(run, b, parking, out),
+            libc::ENOMEM => std::thread::sleep(std::time::Duration::from_millis(10)),
+            _ => return Err(p.error),
+        }
+    }
+    Err(io::Error::other("kept failing with EAGAIN or ENOMEM"))
 }
 
 /// Runs of parked pages by index (the staging areas are indexed by page,
