@@ -439,8 +439,8 @@ fn registered(
     take_out(run, b, parking, out).map_err(Start::Refused)?;
     // Second look, now that the pages are out: a thread that started
     // meanwhile and has its descriptor in a page we took gets that page
-    // back before anything is copied. (It could not have exited with the
-    // page out without our seeing it here: see the contract in mod.rs.)
+    // back before anything is copied. (One that also exited meanwhile is
+    // found below; the ordering argument is in `migrate`'s contract.)
     match threads::exit_areas(&layout, page) {
         Ok(areas) => {
             let back = put_back(run, b, parking, out, |b, i| {
