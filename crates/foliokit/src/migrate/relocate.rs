@@ -242,7 +242,11 @@ fn relocate_here(
                     ..Outcome::default()
                 },
             };
-            touched = true;
+            // Only a batch that went through take-out can have touched
+            // the memory: one whose pages were all left (large folios a
+            // move would split, holes) did not, and a refusal after it
+            // still finds everything as it was.
+            touched |= out.stat.is_some();
             if let (Some(c), Some(s)) = (ctl.as_mut(), out.stat.as_ref()) {
                 c.observe(std::time::Duration::from_secs_f64(s.first_folio_us / 1e6));
             }
