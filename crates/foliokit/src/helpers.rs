@@ -201,7 +201,15 @@ impl Helpers {
 
 static HELPERS: PidLock<Option<Helpers>> = PidLock::new();
 
+thread_local! {
+    /// Set on helper threads: [`on_helper`] called from one runs the job
+    /// right there (it already is a helper), rather than wait for another
+    /// helper that may be the caller itself.
+    static ON_HELPER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn helper(queue: Arc<Queue>) {
+    ON_HELPER.with(|h| h.set(true));
     // Process-directed signals go to the application's threads, never to
     // this one. (Faults this thread causes are still delivered to it.)
     // SAFETY: a full set of our own, passed to pthread_sigmask.
@@ -390,6 +398,9 @@ pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
 /// [`fan_out`], the caller waits for a helper to start (behind another
 /// caller's loop at worst, which ends).
 pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
+    if ON_HELPER.with(|h| h.get()) {
+        return Some(job());
+    }
     let attrs = Attrs::of_this_thread()?;
     let (q, helpers) = queue(1);
     if helpers == 0 {
@@ -445,6 +456,24 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Barrier;
+
+    #[test]
+    fn on_helper_runs_off_the_caller_and_nests() {
+        if start(1) == 0 {
+            eprintln!("SKIP: no helper thread could be started here");
+            return;
+        }
+        let caller = std::thread::current().id();
+        let (outer, inner) = on_helper(|| {
+            let outer = std::thread::current().id();
+            // From a helper: runs right there instead of waiting for one.
+            let inner = on_helper(|| std::thread::current().id());
+            (outer, inner)
+        })
+        .expect("a helper ran it");
+        assert_ne!(outer, caller, "never on the calling thread");
+        assert_eq!(inner, Some(outer), "nested: on the same helper");
+    }
 
     #[test]
     fn every_item_is_taken_once_whatever_the_helpers_do() {
