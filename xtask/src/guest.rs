@@ -52,6 +52,7 @@ const BINARIES: &[&str] = &[
     "migrate",
     "migrate_attributes",
     "migrate_concurrent",
+    "migrate_contract",
     "migrate_latency",
     "nt_populate",
     "process",

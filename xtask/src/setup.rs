@@ -18,6 +18,10 @@ const HOST_PACKAGES: &[(&str, &str)] = &[
     ("qemu-system-x86", "qemu-system-x86_64"),
     ("kmod", "depmod"),
     ("busybox-static", "busybox"),
+    // virtme-ng-init finds the script's I/O ports (/dev/virtio-ports/*)
+    // through udev links; without systemd-udevd on the host (whose root
+    // the guest shares) the script's output never reaches vm-test.
+    ("udev", "/lib/systemd/systemd-udevd"),
 ];
 
 fn have(cmd: &str) -> bool {

@@ -319,6 +319,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         tables: vec![1, 2, 3, 4],
         node: None,
         from: None,
+        path: migrate::PathArg::Relocate,
         format: Format::Table,
         guest: Default::default(),
     })?

@@ -92,6 +92,9 @@ struct CallState {
     joined: usize,
     /// The first panic a helper's run raised, for the caller to resume.
     panic: Option<Box<dyn Any + Send>>,
+    /// A helper could not take on the caller's attributes and left the
+    /// loop alone (only [`on_helper`]'s caller waits for this).
+    declined: bool,
 }
 
 // SAFETY: `job` points to a `Sync` closure, run from other threads only
@@ -110,7 +113,12 @@ impl Call {
     /// once, unless the caller closed the offer meanwhile.
     fn serve(&self) {
         // Stale offers (most of them, once callers are done) cost a lock.
-        if !self.state().open || !self.attrs.apply() {
+        if !self.state().open {
+            return;
+        }
+        if !self.attrs.apply() {
+            self.state().declined = true;
+            self.finished.notify_all();
             return;
         }
         {
@@ -193,7 +201,15 @@ impl Helpers {
 
 static HELPERS: PidLock<Option<Helpers>> = PidLock::new();
 
+thread_local! {
+    /// Set on helper threads: [`on_helper`] called from one runs the job
+    /// right there (it already is a helper), rather than wait for another
+    /// helper that may be the caller itself.
+    static ON_HELPER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn helper(queue: Arc<Queue>) {
+    ON_HELPER.with(|h| h.set(true));
     // Process-directed signals go to the application's threads, never to
     // this one. (Faults this thread causes are still delivered to it.)
     // SAFETY: a full set of our own, passed to pthread_sigmask.
@@ -286,8 +302,18 @@ pub(crate) fn release() {
     let Some(h) = HELPERS.lock().get_or_insert_with(|| None).take() else {
         return;
     };
-    h.queue.offers().released = true;
+    let stranded: Vec<Arc<Call>> = {
+        let mut o = h.queue.offers();
+        o.released = true;
+        o.calls.drain(..).collect()
+    };
     h.queue.more.notify_all();
+    // An offer no helper will take: an [`on_helper`] caller waiting for it
+    // learns it was declined ([`fan_out`] callers run their loops anyway).
+    for c in stranded {
+        c.state().declined = true;
+        c.finished.notify_all();
+    }
     let me = std::thread::current().id();
     for t in h.threads {
         // A helper's own call (inside some caller's loop) cannot wait for
@@ -332,6 +358,7 @@ pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
             running: 0,
             joined: 0,
             panic: None,
+            declined: false,
         }),
         finished: Condvar::new(),
     });
@@ -358,11 +385,95 @@ pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
     joined
 }
 
+/// Runs `job` once on a helper, never on the calling thread, and waits
+/// for it; `None` (and `job` not run) where no helper can be started or
+/// the one offered could not take on the caller's CPU affinity and memory
+/// policy.
+///
+/// For work that must not depend on the calling thread: relocation puts
+/// back pages that the caller's own signal handlers may be waiting for,
+/// so the caller only waits (its handlers run, and their stores land once
+/// the helper puts the page back), while the helper, which blocks every
+/// asynchronous signal, runs nothing of the application's. Unlike
+/// [`fan_out`], the caller waits for a helper to start (behind another
+/// caller's loop at worst, which ends).
+pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
+    if ON_HELPER.with(|h| h.get()) {
+        return Some(job());
+    }
+    let attrs = Attrs::of_this_thread()?;
+    let (q, helpers) = queue(1);
+    if helpers == 0 {
+        return None;
+    }
+    let job = Mutex::new(Some(job));
+    let out: Mutex<Option<R>> = Mutex::new(None);
+    let run = || {
+        let f = job.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(f) = f {
+            let r = f();
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        }
+    };
+    let run: &(dyn Fn() + Sync + '_) = &run;
+    let erased: *const (dyn Fn() + Sync + '_) = run;
+    // SAFETY: only the lifetime is changed; this function does not return
+    // until the offer is closed and no helper runs the closure (see
+    // `Call::job`).
+    let erased: *const (dyn Fn() + Sync + 'static) = unsafe { std::mem::transmute(erased) };
+    let call = Arc::new(Call {
+        job: erased,
+        attrs,
+        state: Mutex::new(CallState {
+            open: true,
+            running: 0,
+            joined: 0,
+            panic: None,
+            declined: false,
+        }),
+        finished: Condvar::new(),
+    });
+    q.offers().calls.push_back(call.clone());
+    q.more.notify_all();
+    let panic = {
+        let mut s = call.state();
+        let done = |s: &CallState| s.declined || (s.joined > 0 && s.running == 0);
+        while !done(&s) {
+            s = call.finished.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        s.open = false;
+        s.panic.take()
+    };
+    if let Some(p) = panic {
+        resume_unwind(p);
+    }
+    let r = out.lock().unwrap_or_else(|p| p.into_inner()).take();
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Barrier;
+
+    #[test]
+    fn on_helper_runs_off_the_caller_and_nests() {
+        if start(1) == 0 {
+            eprintln!("SKIP: no helper thread could be started here");
+            return;
+        }
+        let caller = std::thread::current().id();
+        let (outer, inner) = on_helper(|| {
+            let outer = std::thread::current().id();
+            // From a helper: runs right there instead of waiting for one.
+            let inner = on_helper(|| std::thread::current().id());
+            (outer, inner)
+        })
+        .expect("a helper ran it");
+        assert_ne!(outer, caller, "never on the calling thread");
+        assert_eq!(inner, Some(outer), "nested: on the same helper");
+    }
 
     #[test]
     fn every_item_is_taken_once_whatever_the_helpers_do() {

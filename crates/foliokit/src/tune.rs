@@ -73,6 +73,20 @@ pub const CHANNEL_MIN_BATCH_BYTES: usize = 1 << 20;
 /// making a thread per unit of it.
 pub const MAX_HELPERS: usize = 64;
 
+/// Bytes either side of a thread's pointer that relocation treats as its
+/// descriptor and leaves in place (migrate/threads.rs): glibc's `struct
+/// pthread` (2304 bytes on x86_64 in 2.35-2.41) with the `tid` word the
+/// kernel clears at exit and the robust list head, with room to spare.
+/// The rseq area is added exactly from `__rseq_offset`/`__rseq_size`.
+pub const THREAD_DESCRIPTOR_SPAN: usize = 4096;
+
+/// How long relocation keeps asking for the robust list head of a thread
+/// that has none (a glibc thread sets it in its first instructions, once
+/// first scheduled; an exiting one drops it just before it goes) before
+/// treating the thread as one it cannot place. 1000 polls without sleeping
+/// were seen to fall short on a busy 2-vCPU machine.
+pub const THREAD_HEAD_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Set to make per-page loops yield at their yield points (the analogue of
 /// the kernel's need_resched flag). Nothing in foliokit sets it.
 pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);

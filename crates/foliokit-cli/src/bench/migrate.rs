@@ -73,10 +73,45 @@ pub struct MigrateArgs {
     /// memory-only node); --node limits it to one direction.
     #[arg(long)]
     pub from: Option<u32>,
+    /// The path the relocation rows of tables 1-2 ask for: `relocate`,
+    /// or `auto` (relocation where it keeps every folio and precondition,
+    /// the kernel path for the rest), or `kernel`.
+    #[arg(long, value_enum, default_value = "relocate")]
+    pub path: PathArg,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
     #[command(flatten)]
     pub guest: crate::guest::GuestArgs,
+}
+
+/// `--path`, as the command line spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PathArg {
+    /// Relocation, or the row says why it was refused.
+    Relocate,
+    /// Relocation where it can, the kernel path elsewhere.
+    Auto,
+    /// move_pages(2).
+    Kernel,
+}
+
+impl PathArg {
+    fn path(self) -> Path {
+        match self {
+            PathArg::Relocate => Path::Relocate,
+            PathArg::Auto => Path::Auto,
+            PathArg::Kernel => Path::Kernel,
+        }
+    }
+
+    /// The row label of the relocation rows.
+    fn label(self) -> &'static str {
+        match self {
+            PathArg::Relocate => "relocate",
+            PathArg::Auto => "auto",
+            PathArg::Kernel => "kernel",
+        }
+    }
 }
 
 /// Parses `500us`, `2ms`, `1s`.
@@ -611,6 +646,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     );
     let params = json!({"size": a.size, "folio_sizes": a.page, "channels": channels, "batches": a.batch,
                         "loops": a.loops, "node": node, "from": from, "nodes": nodes,
+                        "path": a.path.label(),
                         "memory_only_nodes": memory_only, "tables": a.tables,
                         "latency_budget_us": a.latency_budget.map(|d| d.as_secs_f64() * 1e6)});
     let mut report = Report::<MigrateRow>::new("migrate", title, params);
@@ -643,7 +679,8 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     // The write probe's buffer for the copy limit beside every run.
     let mut scratch = Region::new(a.size, 2 << 20)?;
     let tick = || pb.inc(1);
-    let base = MigrateOptions::default().path(Path::Relocate);
+    let base = MigrateOptions::default().path(a.path.path());
+    let label = a.path.label();
 
     if a.tables.contains(&1) {
         let mut settings = MthpSettings::system();
@@ -679,7 +716,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 let mut r = row(
                     1,
                     &main_label,
-                    "relocate",
+                    label,
                     folio,
                     &o,
                     runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
@@ -704,7 +741,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 let mut r = row(
                     2,
                     &main_label,
-                    "relocate",
+                    label,
                     folio,
                     &o,
                     runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
@@ -763,7 +800,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                 let mut r = row(
                     3,
                     &label,
-                    "relocate",
+                    a.path.label(),
                     folio,
                     &o,
                     runs(&mut src, &mut scratch, dir, &o, a.loops, &tick)?,

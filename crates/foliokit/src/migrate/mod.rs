@@ -16,11 +16,13 @@
 //! again, and a latency budget can pick the batch size as it goes.
 
 mod budget;
+mod folios;
 mod fork;
 mod kernel;
 pub mod process;
 mod relocate;
 mod stage;
+mod threads;
 mod track;
 mod vma;
 
@@ -221,17 +223,44 @@ pub enum Refusal {
     /// The kernel refused fork events (they need CAP_SYS_PTRACE).
     #[error("fork events need CAP_SYS_PTRACE ({0}); without them a child forked mid-batch would see zeros")]
     NoForkEvents(io::Error),
-    /// The range holds the calling thread's stack or allocator space it may
+    /// The range holds the relocating thread's stack or allocator space it may
     /// touch while a batch is out.
     #[error("the range holds {what}: the migrating thread would wait on itself")]
     OwnMemory {
-        /// What was found, e.g. "the calling thread's stack".
+        /// What was found, e.g. "the relocating thread's stack".
         what: &'static str,
     },
     /// The mapping is mlocked and the staging area could not be locked too
     /// (`RLIMIT_MEMLOCK`).
     #[error("the mapping is mlocked and the staging area cannot be ({0})")]
     Mlock(io::Error),
+    /// No helper thread could run the relocation (threads cannot be
+    /// made here): it never runs on the calling thread, whose signal
+    /// handlers may touch the range while a page is out.
+    #[error(
+        "no helper thread to relocate on (the calling thread's signal handlers could wait on it)"
+    )]
+    NoHelper,
+    /// A thread of this process has no robust list, so relocation cannot
+    /// tell where the kernel will write at its exit (its `clear_child_tid`
+    /// word, its rseq area): a raw `clone`, or a C library that sets none.
+    #[error(
+        "thread {tid} has no robust list: relocation cannot locate the words the kernel \
+         writes at its exit (clear_child_tid, rseq), and a lost write would hang pthread_join"
+    )]
+    UnknownThread {
+        /// The thread's id.
+        tid: i32,
+    },
+    /// mTHP sizes are enabled for the mapping, and which pages are in
+    /// large folios cannot be read here (`/proc/kpageflags` and pagemap
+    /// PFNs need CAP_SYS_ADMIN): `UFFDIO_MOVE` would split any PTE-mapped
+    /// large folio, so the kernel path, which keeps them whole, must run.
+    #[error(
+        "mTHP is enabled for this mapping and its folio sizes cannot be read (no \
+         CAP_SYS_ADMIN for /proc/kpageflags): relocation would split large folios"
+    )]
+    UnknownFolios,
     /// The kernel refused `UFFDIO_MOVE` on the range before anything was
     /// moved.
     #[error(
@@ -361,6 +390,17 @@ pub struct MigrateReport {
     /// Relocation: pages the application zapped or unmapped while their
     /// batch was in flight; left as the application made them.
     pub dropped_pages: usize,
+    /// Relocation: of `left_in_place`, pages of large folios it could not
+    /// move whole (mTHP and other PTE-mapped large folios, THPs cut by the
+    /// range or pinned): left whole for `move_pages`, never split.
+    pub left_whole_folio_pages: usize,
+    /// Relocation: of `left_in_place`, pages holding a live thread's
+    /// descriptor (the words the kernel writes at its exit) or rseq area.
+    pub left_thread_pages: usize,
+    /// Relocation: batches it registered with its userfaultfd. Only while
+    /// one is registered does the application's own userfaultfd get EBUSY
+    /// registering (or EINVAL unregistering) over it (see [`migrate`]).
+    pub registered_batches: usize,
 }
 
 impl MigrateReport {
@@ -378,6 +418,9 @@ impl MigrateReport {
             relocated_pages: 0,
             left_in_place: 0,
             dropped_pages: 0,
+            left_whole_folio_pages: 0,
+            left_thread_pages: 0,
+            registered_batches: 0,
         }
     }
 
@@ -455,9 +498,70 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 /// `move_pages`. The mapping itself (protections, VmFlags and advice, lock
 /// state, memory policy) is never replaced.
 ///
-/// Relocation also refuses a range holding the calling thread's stack or
-/// free heap space its allocator could hand out (the migrating thread must
-/// not touch a page while it is out); pass ranges that are whole
+/// What relocation does so that no program can hang on it:
+///
+/// - **Signal handlers of the calling thread.** The batch loop (register,
+///   take out, copy, install, event reading) runs on a helper thread that
+///   blocks every asynchronous signal; the calling thread only waits. A
+///   handler that runs on it meanwhile and touches a page that is out
+///   waits for the helper to put the page back, and its stores land.
+///   Where no helper thread can be made, relocation refuses
+///   ([`Refusal::NoHelper`]).
+/// - **Thread exit.** The kernel writes a thread's `clear_child_tid` word
+///   (what `pthread_join` waits on) and walks its robust list at exit, and
+///   does not wait on a userfaultfd for an exiting task: with that page
+///   out the write and the wake are lost. Before taking a batch out,
+///   relocation asks every thread of the process for its robust list head
+///   (`get_robust_list`; glibc sets it to the head inside the thread's
+///   descriptor, next to `tid`) and leaves in place the pages around each
+///   descriptor (its `struct pthread`, and the rseq area at
+///   `__rseq_offset`); it looks again once the batch is out and puts back
+///   any such page before copying. A thread with no robust list (a raw
+///   `clone`, a C library that sets none) cannot be placed: relocation
+///   refuses ([`Refusal::UnknownThread`]), or stops and hands the rest to
+///   `move_pages`. Ordering: a thread alive at the first look is never
+///   affected; one created after a descriptor page went out cannot be
+///   created or exit without first touching that page in user mode
+///   (`pthread_create` writes the descriptor, `start_thread` reads and
+///   writes it before the exit call), so it waits; one alive at the second
+///   look gets its page back. What is left is a thread that starts after
+///   the first look and exits before the second, its last user-mode touch
+///   of its descriptor before the take-out and its exit after: on x86_64
+///   glibc, relocation finds such descriptors in the pages it took out
+///   (the TCB points to itself), clears a dead thread's `tid` word as the
+///   kernel would have and wakes its joiners once the page is back. On
+///   other architectures or C libraries that window stays open: do not
+///   relocate memory holding thread stacks there. A robust mutex in the
+///   range is not supported (below).
+/// - **The application's own userfaultfd.** Relocation holds one batch
+///   registered at a time (counted in [`MigrateReport::registered_batches`]),
+///   and never between calls. While one is, `UFFDIO_REGISTER` over it by
+///   another userfaultfd fails with EBUSY, and (Linux 6.13+)
+///   `UFFDIO_UNREGISTER` by another descriptor over a span containing it
+///   fails with EINVAL; retry once `migrate` returns, or between batches.
+///   A range already registered with another userfaultfd is refused before
+///   anything is touched; where the application registers part of the
+///   range mid-call, relocation cannot register the next batch (EBUSY),
+///   stops and hands the rest to `move_pages`.
+/// - **Large folios.** `UFFDIO_MOVE` moves a PMD-mapped THP whole, and
+///   splits any other large folio it touches. Relocation reads the folio
+///   of every page (`/proc/self/pagemap` PFNs and `/proc/kpageflags`,
+///   CAP_SYS_ADMIN) and leaves in place, whole, every large folio that is
+///   not one PMD-sized, PMD-aligned folio inside the batch (mTHP, a
+///   PTE-mapped or partly mapped THP, a THP cut by the range), and a THP
+///   the kernel refuses to move (pinned: EBUSY): `move_pages` then moves
+///   it as one. The report counts them ([`MigrateReport::left_whole_folio_pages`])
+///   and says so in its notes. Where folios cannot be read and an mTHP
+///   size is enabled for the mapping, relocation refuses
+///   ([`Refusal::UnknownFolios`]) and `Auto` takes the kernel path; with
+///   no mTHP possible, a PMD block the batch cuts is left in place and a
+///   whole one moves as one unit. Residual: without `/proc/kpageflags`, a
+///   THP whose PMD was split but whose pages are all still mapped, in
+///   order, is taken for base pages and split.
+///
+/// Relocation also refuses a range holding the helper thread's stack or
+/// free heap space its allocator could hand out (the thread putting pages
+/// back must not touch one while it is out); pass ranges that are whole
 /// allocations (mmap regions, large buffers), not the malloc heap.
 ///
 /// # Safety
@@ -472,11 +576,15 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 /// userfaultfd can only fail them while the page is out (measured on 6.18):
 /// priority-inheritance futexes (`FUTEX_LOCK_PI`/`UNLOCK_PI`: pthread
 /// mutexes with `PTHREAD_PRIO_INHERIT`) and `FUTEX_WAKE_OP` get `EFAULT`
-/// (glibc then aborts), the robust-futex walk at thread exit skips the
-/// entry (waiters never see `EOWNERDEAD`), and `ptrace(2)` or
-/// `/proc/<pid>/mem` reads get `EIO`. Do not relocate memory holding such
-/// futexes or read by a debugger or another process through those files
-/// while `migrate` runs: use the kernel path.
+/// (glibc then aborts), the robust-futex walk at thread exit skips an
+/// entry whose page is out (waiters never see `EOWNERDEAD`; a robust
+/// mutex itself is not placed, only the list head in the descriptor is),
+/// and `ptrace(2)` or `/proc/<pid>/mem` reads get `EIO`. Do not relocate
+/// memory holding such futexes or read by a debugger or another process
+/// through those files while `migrate` runs: use the kernel path. On
+/// architectures other than x86_64, or with a C library other than glibc,
+/// do not relocate memory holding thread stacks (the thread-exit window
+/// above).
 pub unsafe fn migrate(
     ptr: *mut u8,
     len: usize,

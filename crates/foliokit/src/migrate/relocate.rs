@@ -1,17 +1,27 @@
 //! The relocation path.
 //!
+//! Everything below runs on a helper thread that blocks asynchronous
+//! signals (see [`relocate`]); the caller only waits.
+//!
 //! Per batch (a run of pages inside one mapping):
 //!
-//! 1. read pagemap: which pages are populated (holes stay holes);
+//! 1. read pagemap: which pages are populated (holes stay holes), and
+//!    kpageflags: which belong to large folios a move would split
+//!    (`folios.rs`; those stay in place, whole, for `move_pages`);
 //! 2. map the staging areas and allocate destination folios on the target
 //!    node for the populated pages (threads are not held up yet);
 //! 3. register the batch with our userfaultfd in missing mode, with the
 //!    REMOVE, UNMAP, REMAP and FORK events;
-//! 4. read pagemap again (from here the populated set can only shrink);
-//! 5. `UFFDIO_MOVE` the populated pages out into the parking area; a
+//! 4. read pagemap and kpageflags again (from here the populated set can
+//!    only shrink), and look up every thread's descriptor (`threads.rs`):
+//!    those pages stay in place;
+//! 5. `UFFDIO_MOVE` the populated pages out into the parking area (a
+//!    PMD folio as one unit; one the kernel refuses stays whole); a
 //!    thread touching one now finds an empty entry and waits on the
 //!    userfaultfd, kernel-mode accesses included (the descriptor is not
-//!    user-mode-only);
+//!    user-mode-only); then look at the threads again and put back any descriptor page of a
+//!    thread that started meanwhile; clear the `tid` word of a thread that
+//!    exited meanwhile in the parked copy (its wake follows step 7);
 //! 6. copy parking → destination through the copy channels;
 //! 7. `UFFDIO_MOVE` the destination folios in (this wakes their waiters);
 //! 8. unregister, which wakes everyone left, and unmap the staging areas.
@@ -49,8 +59,10 @@
 use std::io;
 use std::time::Instant;
 
+use super::folios::{self, Fol};
 use super::fork::{fill_child, ForkGate};
-use super::stage::{Probe, Stage};
+use super::stage::{self as staging, Probe, Stage};
+use super::threads;
 use super::track::{Batch, State};
 use super::vma::{self, Vma};
 use super::{
@@ -108,6 +120,9 @@ struct Run<'a> {
     folio: usize,
     pool: &'a ChannelPool,
     copy: CopyFn,
+    /// Batches registered with `uffd` so far (the report's
+    /// `registered_batches`), whatever became of them.
+    registered: std::cell::Cell<usize>,
 }
 
 /// What one batch did.
@@ -123,6 +138,10 @@ struct Outcome {
     notes: Vec<String>,
     /// Why relocation should stop here (the rest goes to the kernel path).
     stop: Option<String>,
+    /// Of `left`, pages of large folios left whole.
+    whole_left: usize,
+    /// Of `left`, pages holding a live thread's exit-time words.
+    thread_left: usize,
 }
 
 /// Why a batch could not start.
@@ -132,7 +151,30 @@ enum Start {
 }
 
 /// Relocates `[addr, addr + len)` (validated by the caller) to `node`.
+///
+/// The whole batch loop runs on a helper thread that blocks every
+/// asynchronous signal, while the calling thread only waits: a signal
+/// handler running on the caller may then touch a page that is out, and
+/// waits (like any other thread) for the helper to put it back. Were the
+/// caller the one taking pages out and putting them back, its handler
+/// would wait for itself.
 pub fn relocate(
+    addr: usize,
+    len: usize,
+    node: u32,
+    o: &MigrateOptions,
+) -> Result<MigrateReport, MigrateError> {
+    let o = *o;
+    crate::helpers::on_helper(move || relocate_here(addr, len, node, &o)).unwrap_or(Err(
+        MigrateError::Refused {
+            addr,
+            why: Refusal::NoHelper,
+        },
+    ))
+}
+
+/// [`relocate`]'s work, on the helper.
+fn relocate_here(
     addr: usize,
     len: usize,
     node: u32,
@@ -161,6 +203,7 @@ pub fn relocate(
         folio,
         pool: &pool,
         copy: copy_fn,
+        registered: std::cell::Cell::new(0),
     };
     let mut r = MigrateReport::new(MigratePath::Relocate, len);
     r.strategy = Some(copy);
@@ -199,7 +242,11 @@ pub fn relocate(
                     ..Outcome::default()
                 },
             };
-            touched = true;
+            // Only a batch that went through take-out can have touched
+            // the memory: one whose pages were all left (large folios a
+            // move would split, holes) did not, and a refusal after it
+            // still finds everything as it was.
+            touched |= out.stat.is_some();
             if let (Some(c), Some(s)) = (ctl.as_mut(), out.stat.as_ref()) {
                 c.observe(std::time::Duration::from_secs_f64(s.first_folio_us / 1e6));
             }
@@ -209,6 +256,8 @@ pub fn relocate(
             r.relocated_pages += out.relocated;
             r.dropped_pages += out.dropped;
             r.left_in_place += out.left.len();
+            r.left_whole_folio_pages += out.whole_left;
+            r.left_thread_pages += out.thread_left;
             leftovers.extend(out.left);
             r.notes.extend(out.notes);
             if let Some(why) = out.stop {
@@ -220,12 +269,25 @@ pub fn relocate(
             at = stop;
         }
     }
+    r.registered_batches = run.registered.get();
     // Every batch ended quiet (see `quiesce`), so no event is left unread
     // and closing the descriptor cannot strand a forking thread; closing is
     // also the backstop that unregisters anything a failed unregistration
     // left behind and wakes every waiter.
     drop(run);
     drop(uffd);
+    if r.left_whole_folio_pages > 0 {
+        r.notes.push(format!(
+            "{} pages of large folios UFFDIO_MOVE would split (mTHP, PTE-mapped, cut by the range or pinned) were left whole: kernel path for them",
+            r.left_whole_folio_pages
+        ));
+    }
+    if r.left_thread_pages > 0 {
+        r.notes.push(format!(
+            "{} pages holding live threads' descriptors or rseq areas were left in place: kernel path for them",
+            r.left_thread_pages
+        ));
+    }
     if !leftovers.is_empty() {
         let (_, failed) = kernel::move_list(&leftovers, node, o)?;
         r.notes.push(format!(
@@ -259,10 +321,14 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let n = len / page;
     let stop = |what: &str, e: io::Error| Start::Stop(format!("{what}: {e}"));
     let pre = page_states(start, n, page).map_err(|e| stop("pagemap", e))?;
-    if !pre.contains(&PageState::Present) {
+    let mut pb = Batch::new(start, page, &pre);
+    let whole_left = keep_large(&mut pb, v, page).map_err(Start::Refused)?;
+    if pb.count(State::Untouched) == 0 {
+        // Nothing relocation can move whole: not even registered.
         let left = populated(start, len, page).unwrap_or_default();
         return Ok(Outcome {
             populated: left.len(),
+            whole_left: whole_left.min(left.len()),
             left,
             ..Outcome::default()
         });
@@ -275,7 +341,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
             stop("destination area", e)
         }
     })?;
-    for (i, k) in Batch::new(start, page, &pre).runs(State::Untouched) {
+    for (i, k) in pb.runs(State::Untouched) {
         dest.populate(i, k, page)
             .map_err(|e| stop("allocating on the target node", e))?;
     }
@@ -296,12 +362,13 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         }
         Err(e) => return Err(stop("the mapping changed before its batch", e)),
     };
+    run.registered.set(run.registered.get() + 1);
     let mut b = Batch::new(start, page, &vec![PageState::Empty; n]);
     let mut out = Outcome {
         pool_secs,
         ..Outcome::default()
     };
-    let res = registered(run, &mut b, &pre, &parking, &dest, ioctls, &mut out);
+    let res = registered(run, &mut b, &pre, &parking, &dest, ioctls, v, &mut out);
     // Whatever happened: read what is left, unregister, and make sure no
     // event is still in flight when the batch ends.
     quiesce(run, &mut b, &parking, &mut out);
@@ -329,6 +396,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
 
 /// Steps 4 to 7, with the batch registered. Returns the moment the first
 /// pages were usable again.
+#[allow(clippy::too_many_arguments)]
 fn registered(
     run: &Run,
     b: &mut Batch,
@@ -336,6 +404,7 @@ fn registered(
     parking: &Stage,
     dest: &Stage,
     ioctls: u64,
+    v: &Vma,
     out: &mut Outcome,
 ) -> Result<Option<Instant>, Start> {
     let page = run.page;
@@ -351,21 +420,72 @@ fn registered(
             since: "6.8",
         }));
     }
+    // Folios can only have changed by faults before the registration (and
+    // khugepaged collapses): judge them again.
+    out.whole_left = keep_large(b, v, page).map_err(Start::Refused)?;
     // Pages faulted in between the two reads need destinations too.
     for (i, (s, p)) in b.state.iter().zip(pre).enumerate() {
         if *s == State::Untouched && *p != PageState::Present {
             let _ = dest.populate(i, 1, page);
         }
     }
+    // First look at the threads: a page holding a live thread's
+    // exit-time words is never taken (see `threads.rs`).
+    let unknown = |u: threads::Unknown| Start::Refused(Refusal::UnknownThread { tid: u.tid });
+    let layout = threads::Layout::of_this_process().map_err(unknown)?;
+    let areas = threads::exit_areas(&layout, page).map_err(unknown)?;
+    for i in 0..b.len() {
+        if b.state[i] == State::Untouched && threads::inside(&areas, b.addr[i]) {
+            b.state[i] = State::Left;
+            out.thread_left += 1;
+        }
+    }
+    out.whole_left += b.keep_units_whole();
     // An error means nothing was taken: the memory is as it was.
     take_out(run, b, parking, out).map_err(Start::Refused)?;
+    // Second look, now that the pages are out: a thread that started
+    // meanwhile and has its descriptor in a page we took gets that page
+    // back before anything is copied. (One that also exited meanwhile is
+    // found below; the ordering argument is in `migrate`'s contract.)
+    match threads::exit_areas(&layout, page) {
+        Ok(areas) => {
+            let back = put_back(run, b, parking, out, |b, i| {
+                threads::inside(&areas, b.addr[i])
+            });
+            out.thread_left += back;
+        }
+        Err(u) => {
+            put_back(run, b, parking, out, |_, _| true);
+            return Err(Start::Stop(format!(
+                "thread {} has no robust list: its exit-time words cannot be located",
+                u.tid
+            )));
+        }
+    }
+    // A thread that started after the first look and exited before the
+    // second, with its descriptor taken out in between, lost the
+    // kernel's clear of its `tid` word: redo it in the parked copy, and
+    // wake its joiners once the page is back.
+    let parked: Vec<(usize, usize)> = (0..b.len())
+        .filter(|&i| b.state[i] == State::Out)
+        .map(|i| (b.addr[i], parking.base + i * page))
+        .collect();
+    let lost = threads::repair_lost_exits(&layout, &parked, page);
     if let Err(e) = copy_in_stage(run, b, parking, dest, start) {
         // Cannot happen (pieces are never empty, lists never differ); if it
         // did, the parked pages go back unchanged rather than uncopied.
         out.notes.push(format!("copy failed ({e}); pages put back"));
-        restore(run, b, parking);
+        restore(run, b, parking, out);
     }
-    Ok(install(run, b, parking, dest, out))
+    let first = install(run, b, parking, dest, out);
+    threads::wake(&lost.wake);
+    if lost.cleared > 0 {
+        out.notes.push(format!(
+            "{} threads exited while their descriptors were out: their tid words were cleared and their joiners woken, as the kernel would have",
+            lost.cleared
+        ));
+    }
+    Ok(first)
 }
 
 /// How many rounds [`quiesce`] waits for in-flight events before it gives
@@ -443,9 +563,20 @@ fn take_out(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) -> Res
     loop {
         let mut runs = b.runs(State::Untouched);
         if single {
+            // One unit at a time: a page alone, or a whole PMD folio.
             runs = runs
                 .into_iter()
-                .flat_map(|(i, k)| (i..i + k).map(|j| (j, 1)))
+                .flat_map(|(i, k)| {
+                    let mut units = Vec::new();
+                    let mut j = i;
+                    while j < i + k {
+                        let (f, m) = b.unit_of(j);
+                        let m = if f == j && j + m <= i + k { m } else { 1 };
+                        units.push((j, m));
+                        j += m;
+                    }
+                    units
+                })
                 .collect();
         }
         if runs.is_empty() {
@@ -474,7 +605,19 @@ fn take_out(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) -> Res
                     single = true;
                     break;
                 }
-                libc::EBUSY => b.state[at] = State::Left, // pinned or shared
+                // Pinned or shared: the whole folio stays (moving on at
+                // the next page would split a THP).
+                libc::EBUSY => {
+                    let (f, m) = b.unit_of(at);
+                    for s in &mut b.state[f..f + m] {
+                        if *s == State::Untouched {
+                            *s = State::Left;
+                            if m > 1 {
+                                out.whole_left += 1;
+                            }
+                        }
+                    }
+                }
                 libc::ENOENT => b.state[at] = State::Empty,
                 libc::EINVAL if !b.in_stage.contains(&true) => {
                     return Err(Refusal::Incompatible(p.error))
@@ -532,20 +675,102 @@ fn copy_in_stage(
 }
 
 /// Moves parked pages back where they came from (their bytes unchanged).
-fn restore(run: &Run, b: &mut Batch, parking: &Stage) {
-    for i in 0..b.len() {
-        if b.state[i] != State::Out {
+fn restore(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
+    put_back(run, b, parking, out, |_, _| true);
+}
+
+/// Moves the parked pages `pick` chooses back where they came from, their
+/// bytes unchanged, each with its whole PMD unit (a THP goes back as the
+/// PMD it came out as); they become `Left`, for the kernel path. Returns
+/// how many pages went back.
+fn put_back(
+    run: &Run,
+    b: &mut Batch,
+    parking: &Stage,
+    out: &mut Outcome,
+    pick: impl Fn(&Batch, usize) -> bool,
+) -> usize {
+    let mut back = 0;
+    let mut i = 0;
+    while i < b.len() {
+        let (f, m) = b.unit_of(i);
+        let unit = f..f + m;
+        let chosen = unit.clone().any(|j| b.state[j] == State::Out && pick(b, j));
+        if !chosen {
+            i = f + m;
             continue;
         }
-        let (at, src) = (b.addr[i], parking.base + i * run.page);
-        b.state[i] = if run.uffd.move_pages(at, src, run.page).is_ok()
-            || run.uffd.copy(at, src, run.page).is_ok()
-        {
-            State::Left
-        } else {
-            State::Dropped
-        };
+        let whole = m > 1 && move_back(run, b, parking, out, f, m, false).is_ok();
+        for j in unit {
+            if b.state[j] != State::Out {
+                continue; // zapped or unmapped meanwhile (an event said so)
+            }
+            let res = if whole {
+                Ok(())
+            } else {
+                move_back(run, b, parking, out, j, 1, false)
+                    .or_else(|_| move_back(run, b, parking, out, j, 1, true))
+            };
+            match res {
+                Ok(()) => {
+                    b.state[j] = State::Left;
+                    b.in_stage[j] = false;
+                    back += 1;
+                }
+                Err(e) => {
+                    // No mapping of ours there any more (unmapped,
+                    // replaced): as in `install`.
+                    out.notes.push(format!(
+                        "page {:#x} could not be put back ({e}); its mapping changed under the batch",
+                        b.addr[j]
+                    ));
+                    b.state[j] = State::Dropped;
+                }
+            }
+        }
+        i = f + m;
     }
+    back
+}
+
+/// Moves (or, with `by_copy`, copies) parked pages `f .. f + m` back to
+/// their application addresses, reading events and retrying while one is
+/// unread (EAGAIN) and waiting while the kernel is short of memory. Fails
+/// where a page of the unit is no longer out (an event dropped it) or the
+/// kernel refuses for good.
+fn move_back(
+    run: &Run,
+    b: &mut Batch,
+    parking: &Stage,
+    out: &mut Outcome,
+    f: usize,
+    m: usize,
+    by_copy: bool,
+) -> io::Result<()> {
+    let page = run.page;
+    for _ in 0..INSTALL_RETRIES {
+        if (f..f + m).any(|j| b.state[j] != State::Out)
+            || (f..f + m).any(|j| b.addr[j] != b.addr[f] + (j - f) * page)
+        {
+            return Err(io::Error::other("the unit changed under the batch"));
+        }
+        let (dst, src) = (b.addr[f], parking.base + f * page);
+        let res = if by_copy {
+            run.uffd.copy(dst, src, m * page)
+        } else {
+            run.uffd.move_pages(dst, src, m * page)
+        };
+        let p = match res {
+            Ok(_) => return Ok(()),
+            Err(p) => p,
+        };
+        match errno(&p.error) {
+            libc::EAGAIN => drain(run, b, parking, out),
+            libc::ENOMEM => std::thread::sleep(std::time::Duration::from_millis(10)),
+            _ => return Err(p.error),
+        }
+    }
+    Err(io::Error::other("kept failing with EAGAIN or ENOMEM"))
 }
 
 /// Runs of parked pages by index (the staging areas are indexed by page,
@@ -626,4 +851,55 @@ fn install(
             }
         }
     }
+}
+
+/// Marks the pages of `b` relocation must leave whole and in place
+/// (large folios `UFFDIO_MOVE` would split, see `folios.rs`) and the PMD
+/// folios it moves as one unit. Returns how many pages it left. Refuses
+/// where folio sizes cannot be read and mTHP is enabled for the mapping.
+fn keep_large(b: &mut Batch, v: &Vma, page: usize) -> Result<usize, Refusal> {
+    let n = b.len();
+    let start = b.base;
+    let mut left = 0;
+    match folios::judge(start, n, page) {
+        Some(fol) => {
+            for (i, f) in fol.into_iter().enumerate() {
+                match f {
+                    Fol::Leave if b.state[i] == State::Untouched => {
+                        b.state[i] = State::Left;
+                        left += 1;
+                    }
+                    Fol::PmdHead => b.whole[i] = true,
+                    _ => {}
+                }
+            }
+        }
+        None => {
+            if folios::mthp_possible(v) {
+                return Err(Refusal::UnknownFolios);
+            }
+            if staging::thp_allowed(v) {
+                // Folio sizes unknown: a PMD block cut by the batch's
+                // edges may be a THP, which a move would split: leave
+                // it. Whole aligned blocks may be THPs: move each as
+                // one, and leave it whole if the kernel refuses it.
+                let k = folios::PMD / page;
+                for i in 0..n {
+                    let block = (start + i * page) / folios::PMD * folios::PMD;
+                    if block < start || block + folios::PMD > start + n * page {
+                        if b.state[i] == State::Untouched {
+                            b.state[i] = State::Left;
+                            left += 1;
+                        }
+                    } else if (start + i * page) % folios::PMD == 0
+                        && i + k <= n
+                        && b.state[i..i + k].iter().all(|&s| s == State::Untouched)
+                    {
+                        b.whole[i] = true;
+                    }
+                }
+            }
+        }
+    }
+    Ok(left + b.keep_units_whole())
 }

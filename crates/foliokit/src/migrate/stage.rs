@@ -33,7 +33,7 @@ fn last_err(what: &'static str) -> io::Error {
 }
 
 /// Whether the application's mapping would get THPs on a fault.
-fn thp_allowed(v: &Vma) -> bool {
+pub fn thp_allowed(v: &Vma) -> bool {
     if v.has("nh") {
         return false;
     }

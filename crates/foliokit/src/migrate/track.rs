@@ -4,6 +4,9 @@
 
 use crate::sys::pagemap::PageState;
 
+/// The one folio size `UFFDIO_MOVE` moves whole (a PMD).
+const PMD: usize = super::folios::PMD;
+
 /// Where one page of a batch stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -40,6 +43,9 @@ pub struct Batch {
     pub in_stage: Vec<bool>,
     /// Ranges registered with our userfaultfd, `[start, end)`.
     pub registered: Vec<(usize, usize)>,
+    /// Page `i` starts a PMD-sized folio that moves as one unit (out,
+    /// back) and is left as one: never split into base pages.
+    pub whole: Vec<bool>,
 }
 
 fn within(a: usize, start: usize, end: usize) -> bool {
@@ -63,6 +69,7 @@ impl Batch {
                 .collect(),
             addr: (0..pages.len()).map(|i| base + i * page).collect(),
             in_stage: vec![false; pages.len()],
+            whole: vec![false; pages.len()],
             registered: vec![(base, base + pages.len() * page)],
         }
     }
@@ -127,6 +134,53 @@ impl Batch {
             }
         }
         out
+    }
+
+    /// Pages in a PMD unit.
+    pub fn unit_pages(&self) -> usize {
+        PMD / self.page
+    }
+
+    /// The unit page `i` moves in: `(first index, pages)`: its whole PMD
+    /// folio, or the page alone.
+    pub fn unit_of(&self, i: usize) -> (usize, usize) {
+        let (k, off) = (self.unit_pages(), (self.addr[i] % PMD) / self.page);
+        let Some(first) = i.checked_sub(off) else {
+            return (i, 1);
+        };
+        if self.whole[first]
+            && first + k <= self.len()
+            && self.addr[first] + off * self.page == self.addr[i]
+        {
+            (first, k)
+        } else {
+            (i, 1)
+        }
+    }
+
+    /// Keeps every PMD unit whole: where a page of one is no longer
+    /// `Untouched` (left for a reason of its own), the rest of it is left
+    /// too, and it stops being a unit. Returns the pages this left.
+    pub fn keep_units_whole(&mut self) -> usize {
+        let k = self.unit_pages();
+        let mut left = 0;
+        for i in 0..self.len() {
+            if !self.whole[i] {
+                continue;
+            }
+            let end = (i + k).min(self.len());
+            if self.state[i..end].iter().all(|&s| s == State::Untouched) && end == i + k {
+                continue;
+            }
+            self.whole[i] = false;
+            for s in &mut self.state[i..end] {
+                if *s == State::Untouched {
+                    *s = State::Left;
+                    left += 1;
+                }
+            }
+        }
+        left
     }
 
     pub fn count(&self, s: State) -> usize {
@@ -221,6 +275,38 @@ mod tests {
         // A later zap at the new address finds the moved page.
         b.zap(to, to + PG, true);
         assert_eq!(b.state[5], State::Dropped);
+    }
+
+    #[test]
+    fn a_pmd_unit_moves_and_stays_whole() {
+        let k = PMD / PG;
+        // A batch of two PMD blocks plus one page, starting PMD-aligned.
+        let base = 0x4000_0000;
+        let mut b = Batch::new(base, PG, &vec![P; 2 * k + 1]);
+        b.whole[0] = true;
+        b.whole[k] = true;
+        assert_eq!(b.unit_of(0), (0, k));
+        assert_eq!(b.unit_of(k - 1), (0, k), "a tail belongs to its head");
+        assert_eq!(b.unit_of(k + 3), (k, k));
+        assert_eq!(b.unit_of(2 * k), (2 * k, 1), "a base page alone");
+        // One page of the second unit left for its own reason: the whole
+        // unit stays, never split.
+        b.state[k + 7] = State::Left;
+        assert_eq!(b.keep_units_whole(), k - 1);
+        assert!(b.state[k..2 * k].iter().all(|&s| s == State::Left));
+        assert!(!b.whole[k]);
+        assert_eq!(b.unit_of(k + 3), (k + 3, 1));
+        assert_eq!(b.count(State::Untouched), k + 1, "the first unit is kept");
+    }
+
+    #[test]
+    fn a_unit_cut_by_the_batch_is_no_unit() {
+        let k = PMD / PG;
+        let base = 0x4000_0000;
+        let mut b = Batch::new(base, PG, &vec![P; k - 1]);
+        b.whole[0] = true;
+        assert_eq!(b.keep_units_whole(), k - 1);
+        assert_eq!(b.unit_of(5), (5, 1));
     }
 
     #[test]

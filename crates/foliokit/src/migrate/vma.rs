@@ -162,14 +162,15 @@ pub fn refusal(v: &Vma) -> Option<Refusal> {
         .map(|&(flag, meaning)| Refusal::Flag { flag, meaning })
 }
 
-/// Whether the calling thread itself would touch the range while a batch
-/// is out: its stack, or heap space its allocator hands out (probed with
-/// allocations of a few sizes). It would then wait on its own userfaultfd.
+/// Whether the thread running relocation (a helper, see `relocate`) would
+/// itself touch the range while a batch is out: its stack, or heap space
+/// its allocator hands out (probed with allocations of a few sizes). It
+/// would then wait on its own userfaultfd.
 fn own_memory(addr: usize, len: usize) -> Option<&'static str> {
     let inside = |p: usize| p >= addr && p < addr + len;
     let local = 0u8;
     if inside(std::ptr::addr_of!(local) as usize) {
-        return Some("the calling thread's stack");
+        return Some("the relocating thread's stack");
     }
     let probes: [Vec<u8>; 3] = [vec![0; 64], vec![0; 4096], vec![0; 64 << 10]];
     probes
