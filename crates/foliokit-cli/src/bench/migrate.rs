@@ -468,7 +468,12 @@ fn row(
     r: Runs,
     obtained: &str,
 ) -> MigrateRow {
-    let hide = r.nothing_to_move || r.unavailable.is_some();
+    // A run that moved no page has no throughput: its time is a page walk
+    // (seen: relocation leaving every 64K folio whole to move_pages, which
+    // had nothing to move on one node, "ran" at 140% of the copy limit).
+    let moved_none = !r.moved.is_empty() && r.moved.iter().all(|&m| m == 0.0);
+    let nothing = r.nothing_to_move || moved_none;
+    let hide = nothing || r.unavailable.is_some();
     let limit = Stats::of(&r.copy_limit).map(|s| s.median);
     let gbps = if hide { None } else { Stats::of(&r.gbps) };
     let first_folio_us = if hide {
@@ -507,11 +512,15 @@ fn row(
             .unavailable
             .clone()
             .or_else(|| {
-                r.nothing_to_move.then(|| {
-                    if numa_nodes().len() > 1 {
-                        "nothing to move (already on the target node)".into()
+                nothing.then(|| {
+                    let why = if numa_nodes().len() > 1 {
+                        "already on the target node"
                     } else {
-                        "nothing to move (one node)".into()
+                        "one node"
+                    };
+                    match (r.nothing_to_move, r.notes.first()) {
+                        (false, Some(n)) => format!("nothing moved ({why}): {n}"),
+                        _ => format!("nothing to move ({why})"),
                     }
                 })
             })
@@ -708,7 +717,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
             );
             let bmed = baseline.gbps.map(|g| g.median);
             report.rows.push(MigrateRow {
-                speedup: Some(1.0),
+                speedup: bmed.map(|_| 1.0),
                 ..baseline
             });
             for &c in &channels {
