@@ -9,9 +9,10 @@
 //! ([`in_child`]): a crash or a hang is that test's failure. Relocation
 //! tests print why they skip where relocation is unavailable.
 
+#[macro_use]
 mod common;
 
-use common::{in_child, pattern, relocation_available, skip};
+use common::{in_child, pattern, skip};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::io;
@@ -29,35 +30,6 @@ const RUN: Duration = Duration::from_millis(1500);
 /// A test child running longer than this has hung.
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Two tests per scenario: relocation (skipped, saying why, where it is
-/// unavailable) and the kernel path.
-macro_rules! on_both_paths {
-    ($scenario:ident => $relocate:ident, $kernel:ident) => {
-        #[test]
-        fn $relocate() {
-            in_child(stringify!($relocate), LIMIT, || {
-                // End libtest's "test NAME ... " line, so that the lines
-                // below start with SKIP:/NOTE: and the parent shows them.
-                println!();
-                one_at_a_time();
-                if !relocation_available() {
-                    return;
-                }
-                $scenario(Path::Relocate)
-            })
-        }
-
-        #[test]
-        fn $kernel() {
-            in_child(stringify!($kernel), LIMIT, || {
-                println!();
-                one_at_a_time();
-                $scenario(Path::Kernel)
-            })
-        }
-    };
-}
-
 on_both_paths!(dontneed_and_rewrite => relocate_dontneed_and_rewrite, kernel_dontneed_and_rewrite);
 on_both_paths!(munmap_hole => relocate_munmap_hole, kernel_munmap_hole);
 on_both_paths!(munmap_hole_then_new_mapping => relocate_munmap_hole_then_new_mapping, kernel_munmap_hole_then_new_mapping);
@@ -73,7 +45,7 @@ on_both_paths!(futex_mutex => relocate_futex_mutex, kernel_futex_mutex);
 fn kernel_pi_mutex() {
     in_child("kernel_pi_mutex", LIMIT, || {
         println!();
-        one_at_a_time();
+        common::one_at_a_time();
         mutex_scenario(Path::Kernel, libc::PTHREAD_PRIO_INHERIT)
     })
 }
@@ -83,26 +55,6 @@ on_both_paths!(first_touch_thp => relocate_first_touch_thp, kernel_first_touch_t
 
 // ---------------------------------------------------------------------------
 // Shared pieces
-
-/// Makes the scenarios of this file run one at a time (an exclusive lock
-/// held until this test child exits). Each is built for this machine's
-/// two CPUs: the races it provokes need the migration and the
-/// application's threads to run in parallel, which a second scenario's
-/// threads would prevent.
-fn one_at_a_time() {
-    let path = std::env::temp_dir().join("foliokit-migrate-concurrent.lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .expect("open the lock file");
-    // SAFETY: flock on our own descriptor.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "flock {}: {}", path.display(), errno());
-    // Held until the process exits.
-    std::mem::forget(f);
-}
 
 fn node() -> u32 {
     system::numa_nodes()[0]

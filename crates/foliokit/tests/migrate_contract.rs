@@ -14,6 +14,7 @@
 //! Each runs in its own process ([`in_child`]): a hang is that test's
 //! failure, not a stuck run.
 
+#[macro_use]
 mod common;
 
 use common::{in_child, pattern, relocation_available, say, skip};
@@ -21,7 +22,6 @@ use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
@@ -34,31 +34,6 @@ const RUN: Duration = Duration::from_millis(1500);
 /// A test child running longer than this has hung.
 const LIMIT: Duration = Duration::from_secs(60);
 
-macro_rules! on_both_paths {
-    ($scenario:ident => $relocate:ident, $kernel:ident) => {
-        #[test]
-        fn $relocate() {
-            in_child(stringify!($relocate), LIMIT, || {
-                println!();
-                one_at_a_time();
-                if !relocation_available() {
-                    return;
-                }
-                $scenario(Path::Relocate)
-            })
-        }
-
-        #[test]
-        fn $kernel() {
-            in_child(stringify!($kernel), LIMIT, || {
-                println!();
-                one_at_a_time();
-                $scenario(Path::Kernel)
-            })
-        }
-    };
-}
-
 on_both_paths!(signal_handler_stores => relocate_signal_handler_stores, kernel_signal_handler_stores);
 on_both_paths!(threads_exit_in_range => relocate_threads_exit_in_range, kernel_threads_exit_in_range);
 on_both_paths!(application_uffd => relocate_application_uffd, kernel_application_uffd);
@@ -68,29 +43,13 @@ on_both_paths!(folio_census => relocate_folio_census, kernel_folio_census);
 fn auto_folio_census() {
     in_child("auto_folio_census", LIMIT, || {
         println!();
-        one_at_a_time();
+        common::one_at_a_time();
         folio_census(Path::Auto)
     })
 }
 
 // ---------------------------------------------------------------------------
 // Shared pieces
-
-/// One scenario at a time, with those of `migrate_concurrent.rs` too (the
-/// same lock): they need both CPUs, and the census changes sysfs.
-fn one_at_a_time() {
-    let path = std::env::temp_dir().join("foliokit-migrate-concurrent.lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .expect("open the lock file");
-    // SAFETY: flock on our own descriptor.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "flock: {}", io::Error::last_os_error());
-    std::mem::forget(f);
-}
 
 /// The target: the last node (another one than the pages are on, where
 /// there are several).
@@ -711,7 +670,7 @@ fn a_thread_without_robust_list_refuses_relocation() {
         LIMIT,
         || {
             println!();
-            one_at_a_time();
+            common::one_at_a_time();
             if !relocation_available() {
                 return;
             }
@@ -806,7 +765,7 @@ fn unreadable_folios_with_mthp_enabled_refuse_relocation() {
         LIMIT,
         || {
             println!();
-            one_at_a_time();
+            common::one_at_a_time();
             unreadable_folios_refuse()
         },
     )

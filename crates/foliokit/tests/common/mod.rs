@@ -552,3 +552,54 @@ pub fn blocked_in(pid: i32) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// Makes migration scenarios run one at a time across the test binaries
+/// that call it (an exclusive lock held until this test child exits):
+/// each is built for this machine's two CPUs, since the races it provokes
+/// need the migration and the application's threads to run in parallel,
+/// which a second scenario's threads would prevent; some change sysfs.
+pub fn one_at_a_time() {
+    use std::os::fd::AsRawFd;
+    let path = std::env::temp_dir().join("foliokit-migrate-concurrent.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .expect("open the lock file");
+    // SAFETY: flock on our own descriptor.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    std::mem::forget(f);
+}
+
+/// Two tests per scenario `fn(foliokit::migrate::Path)`: relocation
+/// (skipped, saying why, where it is unavailable) and the kernel path,
+/// each in a child process with the caller's `LIMIT`, one at a time.
+#[allow(unused_macros)]
+macro_rules! on_both_paths {
+    ($scenario:ident => $relocate:ident, $kernel:ident) => {
+        #[test]
+        fn $relocate() {
+            crate::common::in_child(stringify!($relocate), LIMIT, || {
+                // End libtest's "test NAME ... " line, so that the lines
+                // below start with SKIP:/NOTE: and the parent shows them.
+                println!();
+                crate::common::one_at_a_time();
+                if !crate::common::relocation_available() {
+                    return;
+                }
+                $scenario(foliokit::migrate::Path::Relocate)
+            })
+        }
+
+        #[test]
+        fn $kernel() {
+            crate::common::in_child(stringify!($kernel), LIMIT, || {
+                println!();
+                crate::common::one_at_a_time();
+                $scenario(foliokit::migrate::Path::Kernel)
+            })
+        }
+    };
+}
