@@ -281,6 +281,9 @@ fn tids() -> io::Result<Vec<i32>> {
 /// pages; or the first thread that cannot be placed.
 pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, Unknown> {
     let tids = tids().map_err(|_| Unknown { tid: 0 })?;
+    // Read after the thread list: a thread created since has its stack
+    // mapped already.
+    let maps = mappings();
     let mut out = Vec::with_capacity(tids.len());
     for tid in tids {
         let mut head = robust_head(tid);
@@ -300,9 +303,36 @@ pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, U
         };
         let s = (head + layout.from).max(0) as usize / page * page;
         let e = ((head + layout.to) as usize).next_multiple_of(page);
+        // The descriptor, its static TLS and rseq area lie in the mapping
+        // that holds the head (glibc puts them at the top of the thread's
+        // stack): the span must not reach into a neighbour, which would
+        // leave an unrelated page of the range in place for nothing (seen:
+        // a new thread's stack mapped right next to the range).
+        let (s, e) = match maps
+            .iter()
+            .find(|&&(a, b)| a <= head as usize && (head as usize) < b)
+        {
+            Some(&(a, b)) => (s.max(a), e.min(b)),
+            None => (s, e),
+        };
         out.push((s, e));
     }
     Ok(out)
+}
+
+/// `[start, end)` of every mapping of this process (empty where
+/// /proc/self/maps cannot be read: the spans are then not clipped).
+fn mappings() -> Vec<(usize, usize)> {
+    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
 }
 
 /// Whether `addr` lies in one of `areas`.
