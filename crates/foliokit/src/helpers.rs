@@ -289,6 +289,14 @@ fn queue(want: usize) -> (Arc<Queue>, usize) {
     }
 }
 
+/// Whether `q` is still the helpers' queue and some helper serves it (or
+/// is being started for it).
+fn serving(q: &Arc<Queue>) -> bool {
+    let mut guard = HELPERS.lock();
+    matches!(guard.get_or_insert_with(|| None), Some(h) if Arc::ptr_eq(&h.queue, q) && h.count() > 0)
+        && !q.offers().released
+}
+
 /// Starts helpers until `n` are running (as [`fan_out`] would); returns
 /// how many are running or being started.
 pub(crate) fn start(n: usize) -> usize {
@@ -433,13 +441,37 @@ pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
         }),
         finished: Condvar::new(),
     });
-    q.offers().calls.push_back(call.clone());
+    {
+        // Under the queue's lock: a release that drained the queue before
+        // this push would leave the offer where no helper will look.
+        let mut offers = q.offers();
+        if offers.released {
+            return None;
+        }
+        offers.calls.push_back(call.clone());
+    }
     q.more.notify_all();
     let panic = {
         let mut s = call.state();
         let done = |s: &CallState| s.declined || (s.joined > 0 && s.running == 0);
         while !done(&s) {
-            s = call.finished.wait(s).unwrap_or_else(|p| p.into_inner());
+            let (g, t) = call
+                .finished
+                .wait_timeout(s, crate::tune::HELPER_OFFER_POLL)
+                .unwrap_or_else(|p| p.into_inner());
+            s = g;
+            if t.timed_out() && s.joined == 0 && !done(&s) {
+                // A helper another caller was starting may have failed to
+                // start, or the helpers were released: then nobody will
+                // take the offer, so withdraw it (closing it under this
+                // lock stops a helper that pops it late from running it).
+                drop(s);
+                let alive = serving(&q);
+                s = call.state();
+                if !alive && s.joined == 0 {
+                    s.declined = true;
+                }
+            }
         }
         s.open = false;
         s.panic.take()

@@ -112,6 +112,17 @@ pub const PROCESS_MOVE_BUDGET: std::time::Duration = std::time::Duration::from_m
 /// shrinks it from there.
 pub const PROCESS_MOVE_START_PAGES: usize = 512;
 
+/// How often a caller waiting for a helper to take its offer checks that
+/// some helper can still take it (one another caller was starting may have
+/// failed to start): the offer is then withdrawn instead of waited on.
+pub const HELPER_OFFER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long relocation waits before trying again to put a page back when
+/// the kernel is short of memory for it (ENOMEM): it waits as a fault
+/// would, however long that takes, since giving up would lose the page's
+/// bytes.
+pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Bump when the profile format or the meaning of its cells changes.
 pub const PROFILE_VERSION: u32 = 1;
 

@@ -81,10 +81,6 @@ const FEATURES: u64 = uffd::FEATURE_EVENT_FORK
     | uffd::FEATURE_EVENT_UNMAP
     | uffd::FEATURE_MOVE;
 
-/// How many times an install is retried when the kernel is short of
-/// memory for a page table or a page, before the batch gives up on it.
-const INSTALL_RETRIES: usize = 100;
-
 /// Opens the userfaultfd relocation needs, or says why it cannot.
 fn open_uffd(addr: usize, o: &MigrateOptions) -> Result<Uffd, MigrateError> {
     let refused = |why| MigrateError::Refused { addr, why };
@@ -123,11 +119,17 @@ struct Run<'a> {
     /// Batches registered with `uffd` so far (the report's
     /// `registered_batches`), whatever became of them.
     registered: std::cell::Cell<usize>,
+    /// Where threads keep their exit-time words: read once, before any
+    /// batch is registered (it looks up glibc symbols, under a loader lock
+    /// a thread in dlopen may hold while it touches the range).
+    layout: Result<threads::Layout, threads::Unknown>,
 }
 
 /// What one batch did.
 #[derive(Default)]
 struct Outcome {
+    /// `tid` words to wake once the batch is unregistered.
+    wake: Vec<usize>,
     stat: Option<BatchStat>,
     pool_secs: f64,
     populated: usize,
@@ -204,6 +206,7 @@ fn relocate_here(
         pool: &pool,
         copy: copy_fn,
         registered: std::cell::Cell::new(0),
+        layout: threads::Layout::of_this_process(),
     };
     let mut r = MigrateReport::new(MigratePath::Relocate, len);
     r.strategy = Some(copy);
@@ -372,6 +375,17 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     // Whatever happened: read what is left, unregister, and make sure no
     // event is still in flight when the batch ends.
     quiesce(run, &mut b, &parking, &mut out);
+    // Joiners of threads whose exit clear was redone: only words whose page
+    // is back (a shared wake looks the page up, and would fault in a page
+    // the application zapped meanwhile).
+    let installed: Vec<usize> = std::mem::take(&mut out.wake)
+        .into_iter()
+        .filter(|&w| {
+            let at = w / page * page;
+            (0..n).any(|i| b.addr[i] == at && b.state[i] == State::In)
+        })
+        .collect();
+    threads::wake(&installed);
     let total = tb.elapsed();
     drop(parking);
     drop(dest);
@@ -432,7 +446,7 @@ fn registered(
     // First look at the threads: a page holding a live thread's
     // exit-time words is never taken (see `threads.rs`).
     let unknown = |u: threads::Unknown| Start::Refused(Refusal::UnknownThread { tid: u.tid });
-    let layout = threads::Layout::of_this_process().map_err(unknown)?;
+    let layout = run.layout.map_err(unknown)?;
     let areas = threads::exit_areas(&layout, page).map_err(unknown)?;
     for i in 0..b.len() {
         if b.state[i] == State::Untouched && threads::inside(&areas, b.addr[i]) {
@@ -478,7 +492,9 @@ fn registered(
         restore(run, b, parking, out);
     }
     let first = install(run, b, parking, dest, out);
-    threads::wake(&lost.wake);
+    // Woken after the batch is unregistered (see `batch`), so a shared
+    // wake never faults on a page of ours that is not back.
+    out.wake = lost.wake;
     if lost.cleared > 0 {
         out.notes.push(format!(
             "{} threads exited while their descriptors were out: their tid words were cleared and their joiners woken, as the kernel would have",
@@ -542,7 +558,9 @@ fn drain(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
                     Vec::new()
                 } else {
                     (0..b.len())
-                        .filter(|&i| b.in_stage[i] && b.state[i] != State::In)
+                        .filter(|&i| {
+                            b.in_stage[i] && !matches!(b.state[i], State::In | State::Dropped)
+                        })
                         .map(|i| (b.addr[i], parking.base + i * run.page))
                         .collect()
                 };
@@ -748,7 +766,10 @@ fn move_back(
     by_copy: bool,
 ) -> io::Result<()> {
     let page = run.page;
-    for _ in 0..INSTALL_RETRIES {
+    // EAGAIN means events were waiting and are now read: progress, never
+    // counted. ENOMEM waits for memory as a fault would: giving up would
+    // drop the page's bytes.
+    loop {
         if (f..f + m).any(|j| b.state[j] != State::Out)
             || (f..f + m).any(|j| b.addr[j] != b.addr[f] + (j - f) * page)
         {
@@ -766,11 +787,10 @@ fn move_back(
         };
         match errno(&p.error) {
             libc::EAGAIN => drain(run, b, parking, out),
-            libc::ENOMEM => std::thread::sleep(std::time::Duration::from_millis(10)),
+            libc::ENOMEM => std::thread::sleep(crate::tune::RELOCATE_ENOMEM_WAIT),
             _ => return Err(p.error),
         }
     }
-    Err(io::Error::other("kept failing with EAGAIN or ENOMEM"))
 }
 
 /// Runs of parked pages by index (the staging areas are indexed by page,
@@ -797,7 +817,6 @@ fn install(
 ) -> Option<Instant> {
     let page = run.page;
     let mut first = None;
-    let mut retries = 0;
     drain(run, b, parking, out);
     loop {
         let runs = b.runs(State::Out);
@@ -833,9 +852,11 @@ fn install(
                         drain(run, b, parking, out);
                         break;
                     }
-                    libc::ENOMEM if retries < INSTALL_RETRIES => {
-                        retries += 1;
-                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    // Short of memory for a page table or the page: wait
+                    // and try again, as a fault would; dropping it would
+                    // lose its bytes.
+                    libc::ENOMEM => {
+                        std::thread::sleep(crate::tune::RELOCATE_ENOMEM_WAIT);
                         break;
                     }
                     _ => {

@@ -104,14 +104,29 @@ fn rseq_layout() -> Option<(isize, usize)> {
 pub struct Layout {
     from: isize,
     to: isize,
-    /// The robust list head's offset from the thread pointer.
-    head_from_tp: isize,
+    /// Where exactly the kernel's exit-time words sit, from the robust
+    /// list head, where they are known (x86_64 glibc with
+    /// `PR_GET_TID_ADDRESS`): the `tid` word, and the rseq area (offset,
+    /// size). Then only their pages and the head's are kept in place,
+    /// instead of the whole span `from..to`, which can reach into a
+    /// neighbouring mapping (a thread stack right next to the range).
+    exact: Option<(isize, Option<(isize, usize)>)>,
     /// Where a descriptor keeps its `tid` word, from the thread pointer,
     /// where the descriptor can be recognised by its content (x86_64
     /// glibc: the TCB's `tcb` and `self` words, at TP and TP + 16, both
     /// point to TP). `None` elsewhere.
     tid_from_tp: Option<isize>,
+    /// glibc's stack and pointer guards (x86_64 TCB words at TP + 0x28 and
+    /// TP + 0x30), the same random values in every thread of the process:
+    /// with the self-pointing words they tell a thread descriptor from
+    /// application data that merely points to itself. `None` where they
+    /// cannot be read: then nothing is repaired.
+    guards: Option<[usize; 2]>,
 }
+
+/// The TCB's guard words (x86_64 glibc `tcbhead_t`: `stack_guard` at
+/// 0x28, `pointer_guard` at 0x30).
+const GUARD_WORDS: [usize; 2] = [0x28, 0x30];
 
 /// The TCB's words that point to the TCB itself (x86_64 `tcbhead_t`:
 /// `tcb` at 0, `self` at 16).
@@ -131,49 +146,68 @@ impl Layout {
             return Ok(Layout {
                 from: -span,
                 to: span,
-                head_from_tp: 0,
+                exact: None,
                 tid_from_tp: None,
+                guards: None,
             });
         };
         // struct pthread spans [TP, TP + sizeof) on x86_64 (TLS variant
         // II); below TP on aarch64 (variant I). Cover both ends.
         let mut lo = (tp - span).min(head) - head;
         let mut hi = (tp + span).max(head + 24) - head;
-        if let Some((off, size)) = rseq_layout() {
+        let rseq = rseq_layout();
+        if let Some((off, size)) = rseq {
             lo = lo.min(tp + off - head);
             hi = hi.max(tp + off + size as isize - head);
         }
+        let tid_from_tp = tid_word(tp as usize).map(|a| a as isize - tp);
         Ok(Layout {
             from: lo,
             to: hi,
-            head_from_tp: head - tp,
-            tid_from_tp: tid_word(tp as usize, head as usize, me).map(|a| a as isize - tp),
+            exact: tid_from_tp.map(|t| {
+                (
+                    tp + t - head,
+                    rseq.map(|(off, size)| (tp + off - head, size)),
+                )
+            }),
+            tid_from_tp,
+            guards: tid_from_tp.and_then(|_| guards(tp as usize)),
         })
     }
 }
 
-/// Where this thread's descriptor keeps its `tid` word (glibc: `tid`
-/// sits just before `robust_prev` and `robust_head`), if the descriptor
-/// at `tp` can be recognised by its self-pointing words.
-fn tid_word(tp: usize, head: usize, me: i32) -> Option<usize> {
+/// Where this thread's descriptor keeps its `tid` word: the kernel's own
+/// `clear_child_tid` pointer for this thread (`PR_GET_TID_ADDRESS`), kept
+/// only where it lies in a descriptor recognisable by its self-pointing
+/// TCB words at `tp`. `None` otherwise (no repair is attempted then).
+fn tid_word(tp: usize) -> Option<usize> {
     if !cfg!(target_arch = "x86_64") {
         return None;
     }
-    // SAFETY: this thread's own TCB and descriptor, mapped for its life;
-    // read only, and the words read (tcb, self, the tid slots just below
-    // the robust head) are written before the thread runs user code.
-    unsafe {
-        if SELF_WORDS
-            .iter()
-            .any(|&o| ((tp + o) as *const usize).read_volatile() != tp)
-        {
-            return None;
-        }
-        (head.saturating_sub(64)..head)
-            .step_by(4)
-            .rev()
-            .find(|&a| (a as *const i32).read_volatile() == me)
+    const PR_GET_TID_ADDRESS: libc::c_int = 40;
+    let mut addr: usize = 0;
+    // SAFETY: the kernel writes one pointer into `addr`, ours.
+    let rc = unsafe { libc::prctl(PR_GET_TID_ADDRESS, &mut addr as *mut usize) };
+    if rc != 0 || addr == 0 || addr < tp || addr >= tp + crate::tune::THREAD_DESCRIPTOR_SPAN {
+        return None;
     }
+    // SAFETY: this thread's own TCB, mapped for its life; read only.
+    let tcb = SELF_WORDS
+        .iter()
+        .all(|&o| unsafe { ((tp + o) as *const usize).read_volatile() } == tp);
+    tcb.then_some(addr)
+}
+
+/// This thread's TCB guard words (see [`Layout::guards`]).
+fn guards(tp: usize) -> Option<[usize; 2]> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    // SAFETY: this thread's own TCB (recognised by `tid_word`), mapped for
+    // its life; read only.
+    let g = GUARD_WORDS.map(|o| unsafe { ((tp + o) as *const usize).read_volatile() });
+    // An all-zero guard is no evidence at all.
+    (g[0] != 0 && g[1] != 0).then_some(g)
 }
 
 /// Repairs what a thread that exited while its descriptor was out lost:
@@ -194,7 +228,7 @@ fn tid_word(tp: usize, head: usize, me: i32) -> Option<usize> {
 /// Returns nothing where descriptors cannot be recognised here.
 pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Repaired {
     let mut r = Repaired::default();
-    let Some(tid_from_tp) = l.tid_from_tp else {
+    let (Some(tid_from_tp), Some(guards)) = (l.tid_from_tp, l.guards) else {
         return r;
     };
     let parked = |addr: usize| -> Option<usize> {
@@ -207,10 +241,14 @@ pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Rep
         for off in (0..page).step_by(64) {
             let tp = app + off;
             // SAFETY: `at` is a parked page, present in our staging area
-            // for the batch; read only.
-            let is_tcb = SELF_WORDS
-                .iter()
-                .all(|&o| unsafe { ((at + off + o) as *const usize).read_volatile() } == tp);
+            // for the batch; `off + o` stays inside it (off <= page - 64,
+            // o <= 0x30); read only.
+            let word = |o: usize| unsafe { ((at + off + o) as *const usize).read_volatile() };
+            // A descriptor: its TCB points to itself and carries the
+            // process's two random guard words. Application data matching
+            // all four words by chance is not a concern (2^-128).
+            let is_tcb = SELF_WORDS.iter().all(|&o| word(o) == tp)
+                && GUARD_WORDS.iter().zip(guards).all(|(&o, g)| word(o) == g);
             if !is_tcb {
                 continue;
             }
@@ -230,9 +268,11 @@ pub fn repair_lost_exits(l: &Layout, out: &[(usize, usize)], page: usize) -> Rep
                 r.wake.push(tid_app);
                 continue;
             }
-            let alive =
-                robust_head(tid).is_some_and(|h| h as isize - l.head_from_tp == tp as isize);
-            if alive {
+            // A thread of ours with that tid is alive (its own, or a new one
+            // that reused the tid): leave the word. A live thread's word is
+            // never cleared; a reused tid at worst leaves a lost clear
+            // unrepaired.
+            if tid < 0 || std::path::Path::new(&format!("/proc/self/task/{tid}")).exists() {
                 continue;
             }
             // SAFETY: as above; the page is ours until it is installed.
@@ -281,11 +321,13 @@ fn tids() -> io::Result<Vec<i32>> {
 /// pages; or the first thread that cannot be placed.
 pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, Unknown> {
     let tids = tids().map_err(|_| Unknown { tid: 0 })?;
-    // Read after the thread list: a thread created since has its stack
-    // mapped already.
-    let maps = mappings();
     let mut out = Vec::with_capacity(tids.len());
     for tid in tids {
+        // A zombie (a main thread that called pthread_exit) keeps its
+        // task with no robust list: it will write nothing more.
+        if zombie(tid) {
+            continue;
+        }
         let mut head = robust_head(tid);
         // A glibc thread sets its head in its first instructions, once it
         // is first scheduled, which on a busy machine can take a while; an
@@ -301,38 +343,34 @@ pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, U
             Some(0) => return Err(Unknown { tid }),
             Some(h) => h as isize,
         };
-        let s = (head + layout.from).max(0) as usize / page * page;
-        let e = ((head + layout.to) as usize).next_multiple_of(page);
-        // The descriptor, its static TLS and rseq area lie in the mapping
-        // that holds the head (glibc puts them at the top of the thread's
-        // stack): the span must not reach into a neighbour, which would
-        // leave an unrelated page of the range in place for nothing (seen:
-        // a new thread's stack mapped right next to the range).
-        let (s, e) = match maps
-            .iter()
-            .find(|&&(a, b)| a <= head as usize && (head as usize) < b)
-        {
-            Some(&(a, b)) => (s.max(a), e.min(b)),
-            None => (s, e),
+        let pages = |from: isize, to: isize| {
+            let s = (head + from).max(0) as usize / page * page;
+            (s, ((head + to) as usize).next_multiple_of(page))
         };
-        out.push((s, e));
+        match layout.exact {
+            // The head itself (the robust-list walk reads it), the tid
+            // word and the rseq area: nothing else of a thread's is
+            // written by the kernel at its exit.
+            Some((tid, rseq)) => {
+                out.push(pages(0, 24));
+                out.push(pages(tid, tid + 4));
+                out.extend(rseq.map(|(off, size)| pages(off, off + size as isize)));
+            }
+            None => out.push(pages(layout.from, layout.to)),
+        }
     }
     Ok(out)
 }
 
-/// `[start, end)` of every mapping of this process (empty where
-/// /proc/self/maps cannot be read: the spans are then not clipped).
-fn mappings() -> Vec<(usize, usize)> {
-    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-            Some((
-                usize::from_str_radix(a, 16).ok()?,
-                usize::from_str_radix(b, 16).ok()?,
-            ))
+/// Whether thread `tid` of this process is a zombie.
+fn zombie(tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|r| r.1.trim_start().starts_with('Z'))
         })
-        .collect()
+        .unwrap_or(false)
 }
 
 /// Whether `addr` lies in one of `areas`.
@@ -356,10 +394,83 @@ mod tests {
             let head = robust_head(0).unwrap();
             assert!(inside(&areas, head), "own head {head:#x} in {areas:x?}");
             if let Some(tp) = thread_pointer() {
-                assert!(inside(&areas, tp), "own TP {tp:#x} in {areas:x?}");
+                // The word the kernel clears at this thread's exit.
+                let word = (tp as isize + l.tid_from_tp.unwrap_or(0)) as usize;
+                assert!(inside(&areas, word), "own tid word {word:#x} in {areas:x?}");
             }
             areas.len()
         });
         assert!(t.join().unwrap() >= 2, "this thread and the spawned one");
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_env = "gnu"))]
+mod repair_tests {
+    use super::*;
+
+    /// A copy of a live thread's descriptor page is recognised (its TCB
+    /// words and guards), left alone while the thread lives, and repaired
+    /// (tid word cleared, woken) once its tid names no thread; a page of
+    /// data that merely points to itself is never touched.
+    #[test]
+    fn only_a_real_descriptor_of_a_dead_thread_is_repaired() {
+        let page = crate::batch::page_size();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let l = Layout::of_this_process().expect("glibc thread");
+            tx.send((l, thread_pointer().unwrap())).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let (l, tp) = rx.recv().unwrap();
+        let Some(tid_from_tp) = l.tid_from_tp else {
+            eprintln!("SKIP: PR_GET_TID_ADDRESS unavailable: no repair is attempted here");
+            stop_tx.send(()).unwrap();
+            t.join().unwrap();
+            return;
+        };
+        let tid_word = (tp as isize + tid_from_tp) as usize;
+        // The descriptor's TCB and tid word, as one parked copy each page.
+        let pages: Vec<usize> = {
+            let mut v = vec![tp / page * page, tid_word / page * page];
+            v.dedup();
+            v
+        };
+        let copies: Vec<Vec<u8>> = pages
+            .iter()
+            // SAFETY: the live thread's own descriptor pages, mapped while
+            // it waits; read only.
+            .map(|&p| unsafe { std::slice::from_raw_parts(p as *const u8, page) }.to_vec())
+            .collect();
+        let parked = |c: &[Vec<u8>]| -> Vec<(usize, usize)> {
+            pages
+                .iter()
+                .zip(c)
+                .map(|(&p, c)| (p, c.as_ptr() as usize))
+                .collect()
+        };
+        let r = repair_lost_exits(&l, &parked(&copies), page);
+        assert_eq!(r.cleared, 0, "a live thread's tid word is never cleared");
+        // Make the copy name a thread that does not exist.
+        let mut dead = copies.clone();
+        let i = pages
+            .iter()
+            .position(|&p| p == tid_word / page * page)
+            .unwrap();
+        let at = tid_word - pages[i];
+        dead[i][at..at + 4].copy_from_slice(&(i32::MAX - 7).to_ne_bytes());
+        let r = repair_lost_exits(&l, &parked(&dead), page);
+        assert_eq!((r.cleared, r.wake.clone()), (1, vec![tid_word]));
+        assert_eq!(dead[i][at..at + 4], [0; 4], "cleared in the parked copy");
+        // Self-pointing data without the guards is not a descriptor.
+        let mut fake = vec![0u8; page];
+        let base = tp / page * page;
+        for o in SELF_WORDS {
+            fake[tp - base + o..tp - base + o + 8].copy_from_slice(&tp.to_ne_bytes());
+        }
+        let r = repair_lost_exits(&l, &[(base, fake.as_ptr() as usize)], page);
+        assert_eq!((r.cleared, r.wake.len()), (0, 0));
+        stop_tx.send(()).unwrap();
+        t.join().unwrap();
     }
 }
