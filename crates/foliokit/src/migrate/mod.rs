@@ -585,6 +585,13 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 /// architectures other than x86_64, or with a C library other than glibc,
 /// do not relocate memory holding thread stacks (the thread-exit window
 /// above).
+///
+/// Relocation copies through foliokit's shared copy channels: while it
+/// relocates a range, do not copy from or into that range through the same
+/// shared pool on another thread ([`crate::channels::shared`], `copy_folios`
+/// with several channels), since relocation's copy may queue behind that
+/// one, which waits for a page relocation holds out. `migrate` is not
+/// async-signal-safe: do not call it from a signal handler.
 pub unsafe fn migrate(
     ptr: *mut u8,
     len: usize,
