@@ -22,7 +22,7 @@ pub mod process;
 mod relocate;
 mod stage;
 mod track;
-mod vma;
+pub(crate) mod vma;
 
 pub use crate::sys::numa::page_nodes;
 pub(crate) use budget::BatchController;
