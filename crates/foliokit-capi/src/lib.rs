@@ -738,7 +738,12 @@ pub unsafe extern "C" fn fk_lazy_start(
     guard(|| {
         // SAFETY: opts is NULL or a valid struct of its `size` (contract).
         let c = unsafe { read_ext(opts) }?.unwrap_or_default();
-        if ranges.is_null() || n == 0 || out.is_null() || fd < 0 || c.flags & !LAZY_START_CANCELLED != 0 {
+        if ranges.is_null()
+            || n == 0
+            || out.is_null()
+            || fd < 0
+            || c.flags & !LAZY_START_CANCELLED != 0
+        {
             return Err(-libc::EINVAL);
         }
         // SAFETY: `ranges` points to `n` readable ranges (contract).
@@ -1473,10 +1478,14 @@ int main(void) {
         );
         let lazy = format!(
             "{}{}\n{} {}\n{}\n{}\n{}{}\n",
-            [f!(FkLazyRange, addr), f!(FkLazyRange, len), f!(FkLazyRange, offset)]
-                .iter()
-                .map(|(a, b)| format!("{a} {b} "))
-                .collect::<String>(),
+            [
+                f!(FkLazyRange, addr),
+                f!(FkLazyRange, len),
+                f!(FkLazyRange, offset)
+            ]
+            .iter()
+            .map(|(a, b)| format!("{a} {b} "))
+            .collect::<String>(),
             size_of::<FkLazyRange>(),
             line(
                 &[
@@ -1534,7 +1543,10 @@ int main(void) {
         let len = 8usize << 20;
         let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
         let path = std::env::temp_dir().join(format!("fk_capi_lazy_{}", std::process::id()));
-        std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
         let file = std::fs::File::open(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         let mut region = fk::mem::Region::unpopulated(len, 4096).unwrap();
@@ -1558,8 +1570,9 @@ int main(void) {
         assert_eq!(rc, 0);
         // Bad arguments are refused before anything.
         let mut h2: *mut FkLazy = std::ptr::null_mut();
-        // SAFETY: NULL ranges: refused.
-        assert_eq!(unsafe { fk_lazy_start(std::ptr::null(), 1, 0, std::ptr::null(), &mut h2) }, -libc::EINVAL);
+        // SAFETY: NULL ranges: refused before anything is read.
+        let rc = unsafe { fk_lazy_start(std::ptr::null(), 1, 0, std::ptr::null(), &mut h2) };
+        assert_eq!(rc, -libc::EINVAL);
         // SAFETY: a live handle.
         assert_eq!(unsafe { fk_lazy_cancel(h) }, 0);
         // A touch is served while the background fill is cancelled.
@@ -1579,11 +1592,15 @@ int main(void) {
             ..Default::default()
         };
         // SAFETY: a live handle, given back; a valid struct; no bad list.
-        assert_eq!(unsafe { fk_lazy_wait(h, &mut r, std::ptr::null_mut(), 0) }, 0);
+        let rc = unsafe { fk_lazy_wait(h, &mut r, std::ptr::null_mut(), 0) };
+        assert_eq!(rc, 0);
         assert_eq!(r.size, size_of::<FkLazyReport>());
         assert_eq!(r.bad_ranges, 0);
         assert!(r.progress.faulted_pages > 0);
-        assert_eq!(r.progress.faulted_pages + r.progress.filled_pages, (len / 4096) as u64);
+        assert_eq!(
+            r.progress.faulted_pages + r.progress.filled_pages,
+            (len / 4096) as u64
+        );
         assert!(region.as_slice() == &data[..]);
     }
 }

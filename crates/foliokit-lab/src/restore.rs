@@ -267,7 +267,10 @@ impl State {
         // page is reported, not fatal.
         let out = unsafe { pool.submit_copy_mc(&dsts, &srcs, FOLIO, f) }?.wait();
         if let Some(x) = out.failed.first() {
-            return Err(RestoreError::Wrong("foliokit (source fault)", x.folio * FOLIO));
+            return Err(RestoreError::Wrong(
+                "foliokit (source fault)",
+                x.folio * FOLIO,
+            ));
         }
         Ok(())
     }
@@ -442,7 +445,9 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
             plan.size
         )));
     }
-    let path = plan.dir.join(format!("foliokit-restore-{}.snap", std::process::id()));
+    let path = plan
+        .dir
+        .join(format!("foliokit-restore-{}.snap", std::process::id()));
     let file = write_snapshot(&path, plan.size);
     let _ = std::fs::remove_file(&path); // the descriptor keeps it
     let file = file?;

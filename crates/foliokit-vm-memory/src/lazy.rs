@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 use std::path::Path;
 use std::time::Instant;
 
-pub use foliokit::lazy::{BadOutcome, LazyOptions, LazyProgress, LazyReport};
 use foliokit::lazy::{fill_lazily, LazyFill, Segment};
+pub use foliokit::lazy::{BadOutcome, LazyOptions, LazyProgress, LazyReport};
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestMemoryRegion as _};
 
@@ -92,10 +92,7 @@ impl LazyRestore<'_> {
         let report = fill.wait();
         let mut bad = Vec::new();
         for b in &report.bad {
-            if let Some(&(h, g, _)) = map
-                .iter()
-                .find(|&&(h, _, l)| b.addr >= h && b.addr < h + l)
-            {
+            if let Some(&(h, g, _)) = map.iter().find(|&&(h, _, l)| b.addr >= h && b.addr < h + l) {
                 crate::push_bad(&mut bad, g + (b.addr - h) as u64, b.len as u64, b.kind);
             }
         }

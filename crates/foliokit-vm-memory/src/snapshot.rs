@@ -544,8 +544,8 @@ pub(crate) fn lazy_plan(file: &File) -> Result<LazyPlan> {
     let (layout, size) = file_layout(file)?;
     let map_len = usize::try_from(layout.data_end.max(size).max(1))
         .map_err(|_| bad_format("snapshot larger than the address space"))?;
-    let source = foliokit::lazy::Source::map_file(file, map_len)
-        .map_err(io_err("mapping the snapshot"))?;
+    let source =
+        foliokit::lazy::Source::map_file(file, map_len).map_err(io_err("mapping the snapshot"))?;
     let img = Image {
         ptr: source.as_ptr(),
         mapped: map_len as u64,

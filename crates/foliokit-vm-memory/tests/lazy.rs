@@ -99,14 +99,24 @@ fn thp_bytes(addr: usize, len: usize) -> u64 {
     let mut inside = false;
     let mut total = 0;
     for line in text.lines() {
-        if let Some((a, b)) = line.split_whitespace().next().and_then(|r| r.split_once('-')) {
+        if let Some((a, b)) = line
+            .split_whitespace()
+            .next()
+            .and_then(|r| r.split_once('-'))
+        {
             if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
                 inside = s < addr + len && e > addr;
                 continue;
             }
         }
         if let Some(v) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
-            total += v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() << 10;
+            total += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                << 10;
         }
     }
     total
@@ -174,7 +184,8 @@ fn vcpus_read_and_write_during_the_fill_and_nothing_is_lost() {
                                 let v: u64 = mem.read_obj(GuestAddress(at)).unwrap();
                                 let off = (if at >= B { at - B } else { at }) as usize;
                                 let snap = if at >= B { b } else { a };
-                                let want = u64::from_le_bytes(snap[off..off + 8].try_into().unwrap());
+                                let want =
+                                    u64::from_le_bytes(snap[off..off + 8].try_into().unwrap());
                                 assert!(
                                     v == want || v >> 56 == 0xAB,
                                     "vCPU {k} read {v:#x} at {at:#x}, snapshot has {want:#x}"
@@ -232,34 +243,55 @@ fn vcpus_read_and_write_during_the_fill_and_nothing_is_lost() {
 
 #[test]
 fn dontneed_during_the_fill_is_never_brought_back() {
-    in_child("dontneed_during_the_fill_is_never_brought_back", LIMIT, || {
-        let (path, a, _) = snapshot_file("dontneed");
-        let mem = vm();
-        let Some(h) = start(&mem, &path, &paused()) else {
-            return;
-        };
-        // One page touched (filled with its folio), then discarded; a
-        // range never touched, discarded before the fill gets there.
-        let touched = 3 * PAGE;
-        assert_eq!(read(&mem, touched, 8), a[touched as usize..][..8]);
-        let far = 6 << 20;
-        for (at, len) in [(touched, PAGE), (far, 3 << 20)] {
-            // SAFETY: discarding guest RAM we own (a balloon would).
-            let rc = unsafe { libc::madvise(host(&mem, at).cast(), len as usize, libc::MADV_DONTNEED) };
-            assert_eq!(rc, 0);
-        }
-        // A discarded page touched during the fill reads zeros.
-        assert!(read(&mem, far + PAGE, PAGE as usize).iter().all(|&x| x == 0));
-        let r = h.wait();
-        assert!(r.fill.progress.skipped_pages >= (3 << 20) / PAGE, "{:?}", r.fill.progress);
-        assert!(read(&mem, touched, PAGE as usize).iter().all(|&x| x == 0));
-        assert!(read(&mem, far, 3 << 20).iter().all(|&x| x == 0));
-        // Its neighbours came from the snapshot.
-        assert_eq!(read(&mem, touched + PAGE, PAGE as usize), a[(touched + PAGE) as usize..][..PAGE as usize]);
-        assert_eq!(read(&mem, far - PAGE, PAGE as usize), a[(far - PAGE) as usize..][..PAGE as usize]);
-        assert_eq!(read(&mem, far + (3 << 20), PAGE as usize), a[(far + (3 << 20)) as usize..][..PAGE as usize]);
-        let _ = std::fs::remove_file(&path);
-    });
+    in_child(
+        "dontneed_during_the_fill_is_never_brought_back",
+        LIMIT,
+        || {
+            let (path, a, _) = snapshot_file("dontneed");
+            let mem = vm();
+            let Some(h) = start(&mem, &path, &paused()) else {
+                return;
+            };
+            // One page touched (filled with its folio), then discarded; a
+            // range never touched, discarded before the fill gets there.
+            let touched = 3 * PAGE;
+            assert_eq!(read(&mem, touched, 8), a[touched as usize..][..8]);
+            let far = 6 << 20;
+            for (at, len) in [(touched, PAGE), (far, 3 << 20)] {
+                // SAFETY: discarding guest RAM we own (a balloon would).
+                let rc = unsafe {
+                    libc::madvise(host(&mem, at).cast(), len as usize, libc::MADV_DONTNEED)
+                };
+                assert_eq!(rc, 0);
+            }
+            // A discarded page touched during the fill reads zeros.
+            assert!(read(&mem, far + PAGE, PAGE as usize)
+                .iter()
+                .all(|&x| x == 0));
+            let r = h.wait();
+            assert!(
+                r.fill.progress.skipped_pages >= (3 << 20) / PAGE,
+                "{:?}",
+                r.fill.progress
+            );
+            assert!(read(&mem, touched, PAGE as usize).iter().all(|&x| x == 0));
+            assert!(read(&mem, far, 3 << 20).iter().all(|&x| x == 0));
+            // Its neighbours came from the snapshot.
+            assert_eq!(
+                read(&mem, touched + PAGE, PAGE as usize),
+                a[(touched + PAGE) as usize..][..PAGE as usize]
+            );
+            assert_eq!(
+                read(&mem, far - PAGE, PAGE as usize),
+                a[(far - PAGE) as usize..][..PAGE as usize]
+            );
+            assert_eq!(
+                read(&mem, far + (3 << 20), PAGE as usize),
+                a[(far + (3 << 20)) as usize..][..PAGE as usize]
+            );
+            let _ = std::fs::remove_file(&path);
+        },
+    );
 }
 
 #[test]
@@ -278,7 +310,10 @@ fn a_device_thread_reading_into_guest_ram_waits_for_the_fill() {
             // copy_to_user waits on the userfaultfd instead of failing.
             let data = pattern(3 * PAGE as usize, 5);
             let dpath = temp_path("disk");
-            std::fs::File::create(&dpath).unwrap().write_all(&data).unwrap();
+            std::fs::File::create(&dpath)
+                .unwrap()
+                .write_all(&data)
+                .unwrap();
             let disk = std::fs::File::open(&dpath).unwrap();
             let at = B + (2 << 20) + 5 * PAGE;
             let dst = host(&mem, at) as usize;
@@ -296,7 +331,10 @@ fn a_device_thread_reading_into_guest_ram_waits_for_the_fill() {
             // Around it: the snapshot.
             let off = (at - B) as usize;
             assert_eq!(read(&mem, B, off), b[..off]);
-            assert_eq!(read(&mem, at + 3 * PAGE, PAGE as usize), b[off + 3 * PAGE as usize..][..PAGE as usize]);
+            assert_eq!(
+                read(&mem, at + 3 * PAGE, PAGE as usize),
+                b[off + 3 * PAGE as usize..][..PAGE as usize]
+            );
             assert_eq!(read(&mem, 0, A_LEN as usize), a);
             let _ = std::fs::remove_file(&path);
             let _ = std::fs::remove_file(&dpath);
@@ -329,7 +367,12 @@ fn a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages() {
             let r = h.wait();
             assert_eq!(r.fill.bad_outcome, BadOutcome::Poisoned);
             let lost: u64 = r.bad.iter().map(|x| x.len).sum();
-            assert_eq!(r.bad.first().map(|x| x.addr), Some(GuestAddress(B + keep)), "{:?}", r.bad);
+            assert_eq!(
+                r.bad.first().map(|x| x.addr),
+                Some(GuestAddress(B + keep)),
+                "{:?}",
+                r.bad
+            );
             assert_eq!(lost, B_LEN - keep, "{:?}", r.bad);
             assert!(r.bad.iter().all(|x| x.kind == FaultKind::Vanished));
             // Region A and B's first part restored.
@@ -391,14 +434,23 @@ fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
             let p1 = h.progress();
             std::thread::sleep(Duration::from_millis(50));
             let p2 = h.progress();
-            assert_eq!(p1.filled_pages, p2.filled_pages, "the fill went on after cancel");
+            assert_eq!(
+                p1.filled_pages, p2.filled_pages,
+                "the fill went on after cancel"
+            );
             assert!(!p2.done);
             // Faults are still served while cancelled.
-            assert_eq!(read(&mem, B + B_LEN - PAGE, PAGE as usize), b[(B_LEN - PAGE) as usize..]);
+            assert_eq!(
+                read(&mem, B + B_LEN - PAGE, PAGE as usize),
+                b[(B_LEN - PAGE) as usize..]
+            );
             // The counts follow the install (which wakes us) closely.
             let t = std::time::Instant::now();
             while h.progress().faulted_pages == p2.faulted_pages {
-                assert!(t.elapsed() < Duration::from_secs(5), "the fault was not counted");
+                assert!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "the fault was not counted"
+                );
                 std::thread::yield_now();
             }
             assert_eq!(h.progress().filled_pages, p2.filled_pages);
@@ -413,7 +465,8 @@ fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
             if thp.contains("[never]") {
                 skip("THP disabled: huge pages not checked");
             } else {
-                let whole = ((ha + A_LEN as usize) / (2 << 20)).saturating_sub(ha.div_ceil(2 << 20));
+                let whole =
+                    ((ha + A_LEN as usize) / (2 << 20)).saturating_sub(ha.div_ceil(2 << 20));
                 assert_eq!(thp_bytes(ha, A_LEN as usize), (whole as u64) << 21);
                 assert!(r.fill.whole_folios >= whole as u64);
             }
@@ -425,45 +478,49 @@ fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
 
 #[test]
 fn a_child_forked_during_the_fill_sees_the_snapshot() {
-    in_child("a_child_forked_during_the_fill_sees_the_snapshot", LIMIT, || {
-        let (path, a, b) = snapshot_file("fork");
-        let mem = vm();
-        let Some(h) = start(&mem, &path, &paused()) else {
-            return;
-        };
-        // Part in, part discarded, most still to come.
-        assert_eq!(read(&mem, PAGE, 8), a[PAGE as usize..][..8]);
-        let gone = 8 << 20;
-        // SAFETY: discarding guest RAM we own.
-        assert_eq!(
-            unsafe { libc::madvise(host(&mem, gone).cast(), PAGE as usize, libc::MADV_DONTNEED) },
-            0
-        );
-        // SAFETY: the child only reads memory and exits.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let good = read(&mem, 0, gone as usize) == a[..gone as usize]
-                && read(&mem, gone, PAGE as usize).iter().all(|&x| x == 0)
-                && read(&mem, gone + PAGE, (A_LEN - gone - PAGE) as usize)
-                    == a[(gone + PAGE) as usize..]
-                && read(&mem, B, B_LEN as usize) == b;
-            // SAFETY: leaving the forked child without running the
-            // parent's destructors.
-            unsafe { libc::_exit(if good { 0 } else { 1 }) };
-        }
-        assert!(pid > 0);
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the forked child saw wrong bytes (status {status:#x})"
-        );
-        let r = h.wait();
-        assert!(r.fill.forks >= 1);
-        assert_eq!(read(&mem, B, B_LEN as usize), b);
-        let _ = std::fs::remove_file(&path);
-    });
+    in_child(
+        "a_child_forked_during_the_fill_sees_the_snapshot",
+        LIMIT,
+        || {
+            let (path, a, b) = snapshot_file("fork");
+            let mem = vm();
+            let Some(h) = start(&mem, &path, &paused()) else {
+                return;
+            };
+            // Part in, part discarded, most still to come.
+            assert_eq!(read(&mem, PAGE, 8), a[PAGE as usize..][..8]);
+            let gone = 8 << 20;
+            // SAFETY: discarding guest RAM we own.
+            let rc = unsafe {
+                libc::madvise(host(&mem, gone).cast(), PAGE as usize, libc::MADV_DONTNEED)
+            };
+            assert_eq!(rc, 0);
+            // SAFETY: the child only reads memory and exits.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let good = read(&mem, 0, gone as usize) == a[..gone as usize]
+                    && read(&mem, gone, PAGE as usize).iter().all(|&x| x == 0)
+                    && read(&mem, gone + PAGE, (A_LEN - gone - PAGE) as usize)
+                        == a[(gone + PAGE) as usize..]
+                    && read(&mem, B, B_LEN as usize) == b;
+                // SAFETY: leaving the forked child without running the
+                // parent's destructors.
+                unsafe { libc::_exit(if good { 0 } else { 1 }) };
+            }
+            assert!(pid > 0);
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "the forked child saw wrong bytes (status {status:#x})"
+            );
+            let r = h.wait();
+            assert!(r.fill.forks >= 1);
+            assert_eq!(read(&mem, B, B_LEN as usize), b);
+            let _ = std::fs::remove_file(&path);
+        },
+    );
 }
 
 #[test]

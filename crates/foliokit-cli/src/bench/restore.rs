@@ -129,7 +129,10 @@ pub fn run(a: RestoreArgs) -> Result<(), CliError> {
 /// Runs the experiment.
 pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
     if a.cold && !is_root() {
-        return Err("--cold drops the snapshot from the page cache before every restore: run as root".into());
+        return Err(
+            "--cold drops the snapshot from the page cache before every restore: run as root"
+                .into(),
+        );
     }
     let plan = RestorePlan {
         size: a.size,
@@ -146,7 +149,11 @@ pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
     let title = format!(
         "restore: {} guest of 2 MiB THP from a snapshot in {}, {} channels, budget {} µs",
         show_size(a.size),
-        if a.cold { "a cold file" } else { "the page cache" },
+        if a.cold {
+            "a cold file"
+        } else {
+            "the page cache"
+        },
         a.channels,
         a.budget_us
     );
@@ -170,10 +177,9 @@ pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
     }
     if let (Some(e), Some(z), Some(rd)) = (row("foliokit"), row("lazy"), row("read(2)")) {
         let budget = a.budget_us as f64;
-        let folio_us = r
-            .limits
-            .as_ref()
-            .map_or(f64::NAN, |l| (2 << 20) as f64 / (l.gbps() * (1u64 << 30) as f64) * 1e6);
+        let folio_us = r.limits.as_ref().map_or(f64::NAN, |l| {
+            (2 << 20) as f64 / (l.gbps() * (1u64 << 30) as f64) * 1e6
+        });
         let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
         let start = z.start_secs.median / e.resident_secs.median;
         let total = z.resident_secs.median / e.resident_secs.median;

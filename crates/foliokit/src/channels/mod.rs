@@ -134,9 +134,9 @@ impl Op {
             Op::Copy(f) => unsafe { f(p.dst, p.src, p.len) },
             // SAFETY: forwarded contract.
             Op::Clear(f) => unsafe { f(p.dst, p.len) },
-            // SAFETY: forwarded contract (a faulting source is reported
-            // by the routine's return value, here ignored).
             Op::CopyMc(f) => {
+                // SAFETY: forwarded contract (a faulting source is
+                // reported by the routine's return value, here ignored).
                 unsafe { f(p.dst, p.src, p.len) };
             }
         }
@@ -152,8 +152,8 @@ impl Op {
             // SAFETY: forwarded contract; the routine returns the bytes
             // it did not copy.
             Op::CopyMc(f) => p.len - unsafe { f(p.dst, p.src, p.len) }.min(p.len),
-            // SAFETY: forwarded contract.
             other => {
+                // SAFETY: forwarded contract.
                 unsafe { other.run(p) };
                 p.len
             }

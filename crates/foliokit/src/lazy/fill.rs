@@ -147,9 +147,21 @@ fn kernel_page_size(addr: usize) -> usize {
 fn open_uffd() -> Result<(Uffd, u64), LazyRefusal> {
     let supported = Uffd::supported_features().map_err(LazyRefusal::NoUffd)?;
     for (bit, feature, since) in [
-        (uffd::FEATURE_EVENT_REMOVE, "userfaultfd REMOVE events", "4.11"),
-        (uffd::FEATURE_EVENT_UNMAP, "userfaultfd UNMAP events", "4.11"),
-        (uffd::FEATURE_EVENT_REMAP, "userfaultfd REMAP events", "4.11"),
+        (
+            uffd::FEATURE_EVENT_REMOVE,
+            "userfaultfd REMOVE events",
+            "4.11",
+        ),
+        (
+            uffd::FEATURE_EVENT_UNMAP,
+            "userfaultfd UNMAP events",
+            "4.11",
+        ),
+        (
+            uffd::FEATURE_EVENT_REMAP,
+            "userfaultfd REMAP events",
+            "4.11",
+        ),
         (uffd::FEATURE_EVENT_FORK, "userfaultfd FORK events", "4.11"),
     ] {
         if supported & bit == 0 {
@@ -214,8 +226,12 @@ pub(super) fn start(
     }
     let (copy_strategy, mc) = crate::mc::mc_routine(
         opts.strategy,
-        Shape::batch(folio, tune::LAZY_MAX_BATCH_BYTES / folio, crate::Reuse::Stream)
-            .on_channels(opts.channels),
+        Shape::batch(
+            folio,
+            tune::LAZY_MAX_BATCH_BYTES / folio,
+            crate::Reuse::Stream,
+        )
+        .on_channels(opts.channels),
     )?;
     let pool = crate::channels::shared(opts.channels.max(1))?;
     let (uffd, features) = open_uffd()?;
@@ -226,13 +242,13 @@ pub(super) fn start(
     let mut unit_max = page;
     let mut poison = features & uffd::FEATURE_POISON != 0;
     for (i, s) in sorted.iter().enumerate() {
-        let ioctls = uffd
-            .register_missing(s.addr, s.len)
-            .map_err(|source| LazyRefusal::Register {
-                addr: s.addr,
-                len: s.len,
-                source,
-            })?;
+        let ioctls =
+            uffd.register_missing(s.addr, s.len)
+                .map_err(|source| LazyRefusal::Register {
+                    addr: s.addr,
+                    len: s.len,
+                    source,
+                })?;
         poison &= ioctls & uffd::IOCTL_POISON != 0;
         if ioctls & uffd::IOCTL_COPY == 0 {
             return Err(LazyRefusal::KernelLacks {
@@ -241,12 +257,11 @@ pub(super) fn start(
             }
             .into());
         }
-        let vmas = crate::migrate::vma::overlapping(s.addr, s.len).map_err(|source| {
-            LazyError::Sys {
+        let vmas =
+            crate::migrate::vma::overlapping(s.addr, s.len).map_err(|source| LazyError::Sys {
                 what: "read /proc/self/smaps",
                 source,
-            }
-        })?;
+            })?;
         let hugetlb = vmas.iter().any(|v| v.has("ht"));
         let unit = if hugetlb {
             kernel_page_size(s.addr)
@@ -307,7 +322,9 @@ pub(super) fn start(
     })?;
     let shared = Arc::new(Shared::default());
     shared.total.store(pages as u64, Ordering::Relaxed);
-    shared.cancelled.store(opts.start_cancelled, Ordering::Relaxed);
+    shared
+        .cancelled
+        .store(opts.start_cancelled, Ordering::Relaxed);
     let nb = blocks.len();
     let mut f = Filler {
         uffd,
@@ -550,8 +567,9 @@ impl Filler {
                 drop(keep);
             });
         if let Err(e) = spawned {
-            self.notes
-                .push(format!("could not fill a forked child ({e}); its unfilled pages read zeros"));
+            self.notes.push(format!(
+                "could not fill a forked child ({e}); its unfilled pages read zeros"
+            ));
         }
     }
 
@@ -567,7 +585,9 @@ impl Filler {
                     let _ = u.read_into(&mut parked);
                     u.poll(1);
                 });
-                for m in parked.drain(..).collect::<Vec<_>>() {
+                // Drained, not taken: the room must stay reserved for the
+                // next fork (with none, its event could not be read).
+                for m in parked.drain(..) {
                     self.apply(m);
                 }
             }
@@ -671,7 +691,12 @@ impl Filler {
                     // (checked at start) and may fault, which the mc copy
                     // reports.
                     let r = unsafe {
-                        crate::mc::copy_mc_raw(s as *mut u8, src as *const u8, blk.len, self.strategy)
+                        crate::mc::copy_mc_raw(
+                            s as *mut u8,
+                            src as *const u8,
+                            blk.len,
+                            self.strategy,
+                        )
                     };
                     r.is_ok().then_some(s)
                 }
@@ -793,14 +818,23 @@ impl Filler {
         // SAFETY: `scratch` is ours and `unit` bytes long; the source is
         // mapped there and may fault, which the mc copy reports.
         let r = unsafe {
-            crate::mc::copy_mc_raw(self.scratch.as_mut_ptr(), src as *const u8, unit, self.strategy)
+            crate::mc::copy_mc_raw(
+                self.scratch.as_mut_ptr(),
+                src as *const u8,
+                unit,
+                self.strategy,
+            )
         };
         let kind = match r {
             Err(McError::Fault(f)) => f.kind,
             Ok(_) => {
                 // Readable now: install what we read.
                 let dst = self.remaps.now(at);
-                if self.uffd.copy(dst, self.scratch.as_ptr() as usize, unit).is_ok() {
+                if self
+                    .uffd
+                    .copy(dst, self.scratch.as_ptr() as usize, unit)
+                    .is_ok()
+                {
                     return unit / self.page;
                 }
                 FaultKind::Other(libc::EFAULT)
@@ -930,8 +964,9 @@ impl Filler {
             let (a, l) = (self.segs[i].addr, self.segs[i].len);
             for (s, n) in self.remaps.image(a, l) {
                 if let Err(e) = self.uffd.unregister(s, n) {
-                    self.notes
-                        .push(format!("unregistering {s:#x} + {n:#x}: {e} (closing does it)"));
+                    self.notes.push(format!(
+                        "unregistering {s:#x} + {n:#x}: {e} (closing does it)"
+                    ));
                 }
             }
         }
@@ -960,11 +995,7 @@ impl Filler {
             strategy: Some(self.strategy),
             notes: std::mem::take(&mut self.notes),
         };
-        *self
-            .shared
-            .report
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(report);
+        *self.shared.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
         self.shared.done.store(true, Ordering::Release);
         drop(self);
     }

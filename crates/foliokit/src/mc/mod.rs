@@ -101,7 +101,10 @@ pub type McCopyFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
 /// The mc routine for `strategy` at `shape` (see [`resolve_mc`]), with the
 /// SIGBUS handler installed: for handing to the copy channels
 /// ([`crate::channels::ChannelPool::submit_copy_mc`]).
-pub fn mc_routine(strategy: CopyStrategy, shape: Shape) -> Result<(CopyStrategy, McCopyFn), McError> {
+pub fn mc_routine(
+    strategy: CopyStrategy,
+    shape: Shape,
+) -> Result<(CopyStrategy, McCopyFn), McError> {
     let s = resolve_mc(strategy, shape)?;
     Ok((s, mc_fn(s)?))
 }
