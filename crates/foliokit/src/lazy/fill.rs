@@ -142,6 +142,29 @@ fn kernel_page_size(addr: usize) -> usize {
     page_size()
 }
 
+/// Whether every mapping over `[addr, addr + len)` is private anonymous
+/// (from /proc/self/maps, which walks no page tables).
+fn private_anon(addr: usize, len: usize) -> io::Result<bool> {
+    let text = std::fs::read_to_string("/proc/self/maps")?;
+    let end = addr + len;
+    Ok(text.lines().all(|line| {
+        let mut f = line.split_whitespace();
+        let Some((a, b)) = f.next().and_then(|r| r.split_once('-')) else {
+            return true;
+        };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            return true;
+        };
+        if e <= addr || s >= end {
+            return true;
+        }
+        let perms = f.next().unwrap_or_default();
+        let inode = f.nth(2).unwrap_or("0");
+        let path = f.next().unwrap_or("");
+        perms.ends_with('p') && inode == "0" && (path.is_empty() || path == "[heap]")
+    }))
+}
+
 /// Opens the descriptor: all faults, the events, and MOVE and POISON where
 /// the kernel has them. Returns it and the features granted.
 fn open_uffd() -> Result<(Uffd, u64), LazyRefusal> {
@@ -257,12 +280,11 @@ pub(super) fn start(
             }
             .into());
         }
-        let vmas =
-            crate::migrate::vma::overlapping(s.addr, s.len).map_err(|source| LazyError::Sys {
-                what: "read /proc/self/smaps",
-                source,
-            })?;
-        let hugetlb = vmas.iter().any(|v| v.has("ht"));
+        // hugetlb ranges are offered the basic ioctls only (no
+        // UFFDIO_ZEROPAGE); only then is smaps read (its page-table walk
+        // over every mapping of the process costs milliseconds, while
+        // the caller waits to start its vCPUs).
+        let hugetlb = ioctls & uffd::IOCTL_ZEROPAGE == 0;
         let unit = if hugetlb {
             kernel_page_size(s.addr)
         } else {
@@ -279,7 +301,10 @@ pub(super) fn start(
         let movable = ioctls & uffd::IOCTL_MOVE != 0
             && folio > page
             && !hugetlb
-            && vmas.iter().all(|v| v.private() && v.anon());
+            && private_anon(s.addr, s.len).map_err(|source| LazyError::Sys {
+                what: "read /proc/self/maps",
+                source,
+            })?;
         any_movable |= movable;
         let block = folio.max(unit);
         let mut at = s.addr;
@@ -683,22 +708,27 @@ impl Filler {
             let slot = match staged {
                 Some(s) => Some(s),
                 None => {
+                    // A faulting thread waits for this copy: the channels
+                    // split the one folio between them.
                     let s = self.slot(0);
                     let src = self.src(blk.seg as usize, blk.start);
                     // SAFETY: the slot is our private staging mapping
-                    // (blk.len == folio bytes from a folio-aligned slot);
-                    // the source is mapped for the segment's bytes
-                    // (checked at start) and may fault, which the mc copy
-                    // reports.
+                    // (blk.len == folio bytes from a folio-aligned slot),
+                    // untouched by anyone else until the batch ends; the
+                    // source is mapped for the segment's bytes (checked at
+                    // start) and may fault, which the mc copy reports.
                     let r = unsafe {
-                        crate::mc::copy_mc_raw(
-                            s as *mut u8,
-                            src as *const u8,
+                        self.pool.submit_copy_mc(
+                            &[s as *mut u8],
+                            &[src as *const u8],
                             blk.len,
-                            self.strategy,
+                            self.mc,
                         )
                     };
-                    r.is_ok().then_some(s)
+                    r.ok()
+                        .map(|b| b.wait())
+                        .filter(|o| o.failed.is_empty())
+                        .map(|_| s)
                 }
             };
             match slot {

@@ -26,6 +26,7 @@ const REGISTER_MODE_MISSING: u64 = 1 << 0;
 
 /// Bits of the `ioctls` mask UFFDIO_REGISTER returns (1 << _UFFDIO_*).
 pub const IOCTL_COPY: u64 = 1 << 0x03;
+pub const IOCTL_ZEROPAGE: u64 = 1 << 0x04;
 pub const IOCTL_MOVE: u64 = 1 << 0x05;
 pub const IOCTL_POISON: u64 = 1 << 0x08;
 
