@@ -173,7 +173,7 @@ pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
         ));
     }
     if let Some(aa) = &r.aa {
-        report.footer.push(aa.line("eager foliokit"));
+        report.footer.push(aa.line(" (eager foliokit)"));
     }
     if let (Some(e), Some(z), Some(rd)) = (row("foliokit"), row("lazy"), row("read(2)")) {
         let budget = a.budget_us as f64;
