@@ -555,3 +555,63 @@ fn guest_ram_already_touched_is_refused() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// What the kernel does with each install: `UFFDIO_COPY` of a 2 MiB-aligned
+/// range into THP-eligible anonymous memory installs 512 base pages (the
+/// fill's copy path, forced here with a 4 KiB folio), while a staged THP
+/// moved in with `UFFDIO_MOVE` stays one huge page (the default).
+#[test]
+fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
+    in_child(
+        "uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp",
+        LIMIT,
+        || {
+            use foliokit::lazy::{fill_lazily, LazyOptions, Segment, Source};
+            let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                .unwrap_or_default();
+            if thp.contains("[never]") {
+                skip("THP disabled");
+                return;
+            }
+            let len = 4usize << 20;
+            let data = pattern(len, 3);
+            let path = temp_path("thp");
+            std::fs::write(&path, &data).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let _ = std::fs::remove_file(&path);
+            for (folio, want_huge) in [(4096usize, false), (2 << 20, true)] {
+                let mut r = foliokit::mem::Region::unpopulated(len, 2 << 20).unwrap();
+                let seg = Segment {
+                    addr: r.as_mut_ptr() as usize,
+                    len,
+                    offset: 0,
+                };
+                let o = LazyOptions {
+                    folio_size: folio,
+                    ..LazyOptions::default()
+                };
+                let src = Source::map_file(&file, len).unwrap();
+                // SAFETY: a fresh region of ours, untouched until the
+                // fill ends.
+                let h = match unsafe { fill_lazily(&[seg], src, &o) } {
+                    Ok(h) => h,
+                    Err(LazyError::Refused(why)) => {
+                        skip(&format!("lazy fill unavailable here: {why}"));
+                        return;
+                    }
+                    Err(e) => panic!("{e}"),
+                };
+                let rep = h.wait();
+                assert!(r.as_slice() == &data[..], "folio {folio}: wrong bytes");
+                let huge = thp_bytes(seg.addr, len);
+                if want_huge {
+                    assert_eq!(huge, len as u64, "moved-in THPs were split");
+                    assert_eq!(rep.whole_folios, 2);
+                } else {
+                    assert_eq!(huge, 0, "UFFDIO_COPY gave huge pages after all");
+                    assert_eq!(rep.whole_folios, 0);
+                }
+            }
+        },
+    );
+}
