@@ -115,6 +115,11 @@ pub const LAZY_START_BATCH_BYTES: usize = 4 << 20;
 /// once per fill).
 pub const LAZY_MAX_BATCH_BYTES: usize = 64 << 20;
 
+/// How long a lazy fill thread waits for a fault at a time while a
+/// background batch is in flight, before it looks whether the batch ended:
+/// a batch's end is seen at most this late.
+pub const LAZY_BATCH_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// Messages a lazy fill thread can hold while parked for a fork (read
 /// without allocating); faults beyond it wait until the fork returns.
 pub const LAZY_PARKED_MESSAGES: usize = 4096;

@@ -329,7 +329,8 @@ pub(super) fn start(
     }
     let slots = (tune::LAZY_MAX_BATCH_BYTES / folio).max(1);
     let staging = if any_movable {
-        let m = Map::new((slots + 1) * folio, libc::PROT_READ | libc::PROT_WRITE).map_err(
+        // The batch slots, the fault slot, and room to align them.
+        let m = Map::new((slots + 2) * folio, libc::PROT_READ | libc::PROT_WRITE).map_err(
             |source| LazyError::Sys {
                 what: "mapping the staging area",
                 source,
@@ -364,6 +365,7 @@ pub(super) fn start(
         cursor: 0,
         remaps: Remaps::default(),
         faults: VecDeque::new(),
+        in_batch: false,
         staging,
         slots,
         zero,
@@ -442,6 +444,8 @@ struct Filler {
     cursor: usize,
     remaps: Remaps,
     faults: VecDeque<usize>,
+    /// A background batch is in flight (its slots and the channels busy).
+    in_batch: bool,
     staging: Option<Map>,
     slots: usize,
     zero: Map,
@@ -707,6 +711,25 @@ impl Filler {
             let blk = self.blocks[b];
             let slot = match staged {
                 Some(s) => Some(s),
+                None if self.in_batch => {
+                    // The channels are busy with the batch: copy on this
+                    // thread into the fault slot (the batch's are in use).
+                    let s = self.slot(self.slots);
+                    let src = self.src(blk.seg as usize, blk.start);
+                    // SAFETY: the fault slot is our private staging folio,
+                    // used by no batch; the source is mapped for the
+                    // segment's bytes (checked at start) and may fault,
+                    // which the mc copy reports.
+                    let r = unsafe {
+                        crate::mc::copy_mc_raw(
+                            s as *mut u8,
+                            src as *const u8,
+                            blk.len,
+                            self.strategy,
+                        )
+                    };
+                    r.is_ok().then_some(s)
+                }
                 None => {
                     // A faulting thread waits for this copy: the channels
                     // split the one folio between them.
@@ -942,14 +965,39 @@ impl Filler {
                     self.src(blk.seg as usize, blk.start) as *const u8
                 })
                 .collect();
+            let pool = self.pool.clone();
             // SAFETY: the slots are distinct folios of our private staging
-            // mapping, touched by nobody else until the batch ends; the
-            // sources are mapped (checked at start) and only read, and a
-            // source page that faults ends its piece short (mc copy).
-            let r = unsafe { self.pool.submit_copy_mc(&dsts, &srcs, self.folio, self.mc) };
+            // mapping, touched by nobody else until the batch ends (faults
+            // served meanwhile use the fault slot); the sources are mapped
+            // (checked at start) and only read, and a source page that
+            // faults ends its piece short (mc copy).
+            let r = unsafe { pool.submit_copy_mc(&dsts, &srcs, self.folio, self.mc) };
             match r {
-                Ok(batch) => {
-                    for f in batch.wait().failed {
+                Ok(mut batch) => {
+                    // While the channels copy, faults on folios outside
+                    // the batch are served on this thread: a vCPU then
+                    // waits for its own folio, not for the batch. Faults
+                    // inside it wait for the batch, which installs them.
+                    let outcome = loop {
+                        if let Some(o) = batch.try_wait() {
+                            break o;
+                        }
+                        if self.uffd.poll_for(tune::LAZY_BATCH_POLL) {
+                            self.in_batch = true;
+                            self.drain();
+                            let mut later = VecDeque::new();
+                            while let Some(addr) = self.faults.pop_front() {
+                                let orig = self.remaps.original(addr);
+                                match self.block_of(orig) {
+                                    Some(b) if take.contains(&b) => later.push_back(addr),
+                                    _ => self.serve(addr),
+                                }
+                            }
+                            self.faults = later;
+                            self.in_batch = false;
+                        }
+                    };
+                    for f in outcome.failed {
                         for j in f.folio..(f.folio + f.folios).min(failed.len()) {
                             failed[j] = true;
                         }

@@ -394,6 +394,23 @@ impl Uffd {
         unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
     }
 
+    /// Waits up to `d` for a message (finer than [`Uffd::poll`]); `true`
+    /// if one is there.
+    pub fn poll_for(&self, d: std::time::Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: one valid pollfd and a valid timespec for the call; no
+        // signal mask change.
+        unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) > 0 }
+    }
+
     /// Every message waiting now (never blocks). Reading an event is what
     /// lets the thread that caused it continue.
     pub fn read_all(&self) -> io::Result<Vec<Msg>> {
