@@ -243,6 +243,9 @@ struct fk_lazy_range {
 
 /* fk_lazy_opts.flags */
 #define FK_LAZY_START_CANCELLED 1u /* serve faults only until fk_lazy_wait */
+#define FK_LAZY_SERVE_DURING_BATCHES 2u /* serve faults beside a background
+                                           batch in flight, not after it
+                                           (needs CPUs beyond the channels) */
 
 /* Options of fk_lazy_start; extensible. Zero in a field means its default. */
 struct fk_lazy_opts {

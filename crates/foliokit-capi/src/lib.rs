@@ -696,6 +696,7 @@ const _: () = {
 
 /// `fk_lazy_opts.flags` (the header's FK_LAZY_*).
 const LAZY_START_CANCELLED: c_uint = 1;
+const LAZY_SERVE_DURING_BATCHES: c_uint = 2;
 
 fn lazy_err(e: &fk::lazy::LazyError) -> c_int {
     use fk::lazy::{LazyError as E, LazyRefusal as R};
@@ -742,7 +743,7 @@ pub unsafe extern "C" fn fk_lazy_start(
             || n == 0
             || out.is_null()
             || fd < 0
-            || c.flags & !LAZY_START_CANCELLED != 0
+            || c.flags & !(LAZY_START_CANCELLED | LAZY_SERVE_DURING_BATCHES) != 0
         {
             return Err(-libc::EINVAL);
         }
@@ -779,6 +780,7 @@ pub unsafe extern "C" fn fk_lazy_start(
             o.folio_size = usize::try_from(c.folio_size).map_err(|_| -libc::EINVAL)?;
         }
         o.start_cancelled = c.flags & LAZY_START_CANCELLED != 0;
+        o.serve_during_batches = c.flags & LAZY_SERVE_DURING_BATCHES != 0;
         // SAFETY: forwarded contract (the header's rules for the ranges).
         let h = unsafe { fk::lazy::fill_lazily(&segs, source, &o) }.map_err(|e| lazy_err(&e))?;
         // SAFETY: `out` is writable (contract, checked non-NULL).

@@ -367,6 +367,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         loops: rs_loops,
         budget_us: foliokit::tune::LAZY_LATENCY_BUDGET.as_micros() as u64,
         cold: false,
+        serve_faults_during_batches: false,
         dir: std::env::temp_dir(),
         format: Format::Table,
     }) {

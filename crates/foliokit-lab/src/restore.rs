@@ -59,6 +59,9 @@ pub struct RestorePlan {
     pub budget: Duration,
     /// Where the snapshot file goes.
     pub dir: PathBuf,
+    /// The lazy fill serves faults while a background batch is in flight
+    /// (see `LazyOptions::serve_during_batches`).
+    pub serve_during_batches: bool,
 }
 
 /// Why the bench could not run.
@@ -285,6 +288,7 @@ impl State {
         let opts = LazyOptions {
             latency_budget: self.plan.budget,
             channels: self.plan.channels,
+            serve_during_batches: self.plan.serve_during_batches,
             ..LazyOptions::default()
         };
         let seg = Segment {
@@ -565,6 +569,7 @@ mod tests {
             cold: false,
             budget: Duration::from_millis(1),
             dir: std::env::temp_dir(),
+            serve_during_batches: false,
         };
         match run(plan, || {}) {
             Ok(r) => {

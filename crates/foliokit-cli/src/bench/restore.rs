@@ -28,6 +28,11 @@ pub struct RestoreArgs {
     /// The lazy fill's latency budget, microseconds.
     #[arg(long, default_value_t = foliokit::tune::LAZY_LATENCY_BUDGET.as_micros() as u64)]
     pub budget_us: u64,
+    /// Lazy: serve faults beside the background batch in flight instead of
+    /// after it (a fault waits for its own folio only; costs throughput
+    /// where the channels already use every CPU).
+    #[arg(long)]
+    pub serve_faults_during_batches: bool,
     /// Restore from a cold file: drop it from the page cache before every
     /// restore (root only).
     #[arg(long)]
@@ -141,13 +146,14 @@ pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
         cold: a.cold,
         budget: Duration::from_micros(a.budget_us),
         dir: a.dir.clone(),
+        serve_during_batches: a.serve_faults_during_batches,
     };
     let order = foliokit_lab::measure::Order::new(8, plan.loops);
     let pb = bar(8 * (order.passes + 1), "restore");
     let r = run_restore(plan.clone(), || pb.inc(1))?;
     pb.finish_and_clear();
     let title = format!(
-        "restore: {} guest of 2 MiB THP from a snapshot in {}, {} channels, budget {} µs",
+        "restore: {} guest of 2 MiB THP from a snapshot in {}, {} channels, budget {} µs, faults {}",
         show_size(a.size),
         if a.cold {
             "a cold file"
@@ -155,10 +161,16 @@ pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
             "the page cache"
         },
         a.channels,
-        a.budget_us
+        a.budget_us,
+        if a.serve_faults_during_batches {
+            "served beside the batch in flight"
+        } else {
+            "wait for the batch in flight"
+        }
     );
     let params = json!({"size": a.size, "channels": a.channels, "loops": a.loops,
-                        "budget_us": a.budget_us, "cold": a.cold});
+                        "budget_us": a.budget_us, "cold": a.cold,
+                        "serve_during_batches": a.serve_faults_during_batches});
     let mut report = Report::<RestoreRow>::new("restore", title, params);
     report.rows = r.rows.clone();
     report.notes.extend(r.notes.iter().cloned());

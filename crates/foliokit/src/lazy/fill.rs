@@ -366,6 +366,7 @@ pub(super) fn start(
         remaps: Remaps::default(),
         faults: VecDeque::new(),
         in_batch: false,
+        serve_during: opts.serve_during_batches,
         staging,
         slots,
         zero,
@@ -446,6 +447,8 @@ struct Filler {
     faults: VecDeque<usize>,
     /// A background batch is in flight (its slots and the channels busy).
     in_batch: bool,
+    /// Serve faults outside a batch while it is in flight.
+    serve_during: bool,
     staging: Option<Map>,
     slots: usize,
     zero: Map,
@@ -981,6 +984,9 @@ impl Filler {
                     let outcome = loop {
                         if let Some(o) = batch.try_wait() {
                             break o;
+                        }
+                        if !self.serve_during {
+                            break batch.wait();
                         }
                         if self.uffd.poll_for(tune::LAZY_BATCH_POLL) {
                             self.in_batch = true;
