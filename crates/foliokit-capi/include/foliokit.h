@@ -232,6 +232,111 @@ struct fk_process_result {
 int fk_migrate_process(int pid, const struct fk_range *ranges, size_t n, unsigned node,
                        const struct fk_process_opts *opts, struct fk_process_result *out);
 
+/* Lazy fill (restore a snapshot on demand): `len` bytes at `addr` whose
+ * contents are at `offset` in the source file. addr and len page-aligned
+ * (hugetlb: huge-page-aligned). */
+struct fk_lazy_range {
+    uintptr_t addr;
+    size_t len;
+    uint64_t offset;
+};
+
+/* fk_lazy_opts.flags */
+#define FK_LAZY_START_CANCELLED 1u /* serve faults only until fk_lazy_wait */
+#define FK_LAZY_SERVE_DURING_BATCHES 2u /* serve faults beside a background
+                                           batch in flight, not after it
+                                           (needs CPUs beyond the channels) */
+
+/* Options of fk_lazy_start; extensible. Zero in a field means its default. */
+struct fk_lazy_opts {
+    size_t size;         /* sizeof(struct fk_lazy_opts) */
+    unsigned channels;   /* copy channels of the background fill; default 2 */
+    unsigned flags;      /* FK_LAZY_* */
+    uint64_t budget_us;  /* the longest a faulting thread waits behind one
+                            background batch; default 2000 */
+    uint64_t folio_size; /* folio of THP-eligible anonymous ranges (filled
+                            whole, kept huge); default 2 MiB */
+};
+#define FK_LAZY_OPTS_INIT { sizeof(struct fk_lazy_opts), 0, 0, 0, 0 }
+
+/* Counts so far, in base pages; extensible (the library fills it). */
+struct fk_lazy_progress {
+    size_t size;            /* in: sizeof(struct fk_lazy_progress);
+                               out: bytes the library filled */
+    uint64_t total_pages;
+    uint64_t faulted_pages; /* installed to serve a fault (its whole folio) */
+    uint64_t filled_pages;  /* installed by the background fill */
+    uint64_t skipped_pages; /* never filled: discarded (MADV_DONTNEED/
+                               REMOVE) or unmapped during the fill */
+    uint64_t bad_pages;     /* source unreadable: see fk_lazy_wait */
+    uint64_t faults;        /* faults served */
+    uint64_t done;          /* 1 once the fill ended */
+};
+#define FK_LAZY_PROGRESS_INIT { sizeof(struct fk_lazy_progress), 0, 0, 0, 0, 0, 0, 0 }
+
+/* What a whole fill did; extensible (the library fills it). */
+struct fk_lazy_report {
+    size_t size;            /* in: sizeof(struct fk_lazy_report);
+                               out: bytes the library filled */
+    uint64_t total_pages;   /* the counts, as in fk_lazy_progress */
+    uint64_t faulted_pages;
+    uint64_t filled_pages;
+    uint64_t skipped_pages;
+    uint64_t bad_pages;
+    uint64_t faults;
+    uint64_t whole_folios;  /* folios moved in whole (huge pages kept huge) */
+    uint64_t batches;       /* background batches */
+    double longest_batch_us; /* the longest a fault could wait behind one */
+    double secs;            /* from fk_lazy_start to the end of the fill */
+    uint64_t poisoned;      /* 1: bad pages hold poison markers (a touch gets
+                               SIGBUS, BUS_MCEERR_AR with CONFIG_MEMORY_FAILURE);
+                               0: this kernel (< 6.6) cannot, they read zeros */
+    uint64_t bad_ranges;    /* ranges whose source could not be read */
+};
+#define FK_LAZY_REPORT_INIT { sizeof(struct fk_lazy_report), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* One range whose source could not be read. kind: 1 hardware poison,
+ * 2 vanished (file truncated), 3 another SIGBUS code. */
+struct fk_lazy_bad {
+    uintptr_t addr;
+    size_t len;
+    uint64_t kind;
+};
+
+/* The fill in progress (opaque). */
+struct fk_lazy;
+
+/* Registers ranges[0..n) with a userfaultfd and returns at once in *out:
+ * threads may use the ranges now. Each first touch (also a kernel access,
+ * e.g. read(2) into the range) waits until its folio is copied from file
+ * `fd` (mapped by the library; fd may be closed afterwards); the rest is
+ * filled in the background within the latency budget. Pages already
+ * present are kept; a page discarded during the fill (MADV_DONTNEED) is
+ * never filled and reads zeros; a forked child sees the file's bytes. The
+ * ranges must stay mapped until fk_lazy_wait and hold no futex, robust
+ * list or other memory the kernel cannot wait on.
+ * Errors (nothing registered): -EINVAL bad ranges or options, -ENOSYS no
+ * userfaultfd, -EPERM only a user-mode-only userfaultfd, or no fork
+ * events, without privilege (needs /dev/userfaultfd or CAP_SYS_PTRACE),
+ * -EOPNOTSUPP kernel lacks an event or feature, -EBUSY a range is
+ * registered with another userfaultfd, other -errno. On any of them,
+ * restore eagerly instead. */
+int fk_lazy_start(const struct fk_lazy_range *ranges, size_t n, int fd,
+                  const struct fk_lazy_opts *opts, struct fk_lazy **out);
+
+/* Counts so far (out may be NULL). */
+int fk_lazy_progress(const struct fk_lazy *h, struct fk_lazy_progress *out);
+
+/* Stops the background fill: what was filled stays; faults are still
+ * served, and fk_lazy_wait fills the rest. */
+int fk_lazy_cancel(const struct fk_lazy *h);
+
+/* Fills the rest, unregisters the ranges (plain memory again), writes the
+ * report (out may be NULL) and up to n_bad bad ranges, and frees h.
+ * Returns the number of bad ranges (may exceed n_bad), or -errno. */
+int fk_lazy_wait(struct fk_lazy *h, struct fk_lazy_report *out, struct fk_lazy_bad *bad,
+                 size_t n_bad);
+
 /* Explicit start-up, once, before any other call but fk_version (optional:
  * without it each piece of state is created on first use, and no
  * calibration profile is read). It detects the CPU, installs the SIGBUS

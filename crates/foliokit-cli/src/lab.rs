@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::args::{show_size, BenchArgs, Format, ReuseArg};
-use crate::bench::{clear, copy, fault, init, migrate, mremap};
+use crate::bench::{clear, copy, fault, init, migrate, mremap, restore};
 use crate::html;
 use crate::labplots;
 use crate::machine::{machine, mem_available};
@@ -354,6 +354,36 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         &r,
         vec![p],
     ));
+
+    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
+
+    let (rs_size, rs_loops) = match scale {
+        Scale::Smoke => (32 * M, 1),
+        Scale::Quick => (256 * M, 8),
+        Scale::Full => (4 * G, 8),
+    };
+    match restore::report(restore::RestoreArgs {
+        size: rs_size,
+        channels: 2,
+        loops: rs_loops,
+        budget_us: foliokit::tune::LAZY_LATENCY_BUDGET.as_micros() as u64,
+        cold: false,
+        serve_faults_during_batches: false,
+        dir: std::env::temp_dir(),
+        format: Format::Table,
+    }) {
+        Ok(Some(r)) => entries.push(entry(
+            "restore",
+            "Guest RAM restore: eager vs lazy (seed 001's latency/throughput trade-off)",
+            "001",
+            &r,
+            Vec::new(),
+        )),
+        Ok(None) => {}
+        // A kernel without a usable userfaultfd (or THP) skips the table,
+        // it does not end the lab.
+        Err(e) => notes.push(format!("restore table skipped: {e}")),
+    }
 
     let elapsed = t0.elapsed();
     let summary = save(&a.out, scale, elapsed, &notes, &entries)?;

@@ -75,6 +75,8 @@ enum BenchCmd {
     Mremap(bench::mremap::MremapArgs),
     /// Write-once array init: field stores vs template memcpy vs streaming (seed 003).
     Init(bench::init::InitArgs),
+    /// Guest RAM restore from a snapshot: eager read(2), mmap+memcpy, foliokit, and lazy (userfaultfd). Example: bench restore -s 4G
+    Restore(bench::restore::RestoreArgs),
 }
 
 fn main() {
@@ -100,6 +102,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Fault(a)) => bench::fault::run(a),
         Cmd::Bench(BenchCmd::Mremap(a)) => bench::mremap::run(a),
         Cmd::Bench(BenchCmd::Migrate(a)) => bench::migrate::run(a),
+        Cmd::Bench(BenchCmd::Restore(a)) => bench::restore::run(a),
         Cmd::Target(a) => bench::mover::target(a),
         Cmd::Move(a) => match moves::run(a) {
             Ok(0) => Ok(()),

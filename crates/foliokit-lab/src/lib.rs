@@ -9,6 +9,7 @@
 //! - [`probe`]: the read / streaming-write kernels the limits run;
 //! - [`calibrate`]: measures a calibration profile (the profile types, and
 //!   how `auto` reads one, stay in [`foliokit::tune`]);
+//! - [`restore`]: restoring guest RAM from a snapshot, eager and lazy;
 //! - [`remap`]: seed 004's mremap loop and the selftest's 1 GiB mremap;
 //! - [`census`]: the folio sizes that actually back a range (kpageflags);
 //! - [`mthp`] and [`hugetlb`]: guards that change system settings for a run
@@ -22,3 +23,4 @@ pub mod measure;
 pub mod mthp;
 pub mod probe;
 pub mod remap;
+pub mod restore;

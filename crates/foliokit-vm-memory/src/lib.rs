@@ -18,6 +18,11 @@
 //!   read (file truncated, page-cache poison) are reported as guest ranges
 //!   with their kind; everything else is restored, and the regions' dirty
 //!   bitmaps are marked for exactly the bytes written;
+//! - [`restore_lazy`]: restore a snapshot file lazily: it returns at once
+//!   (the vCPUs may run), every first touch waits for its folio to come
+//!   from the snapshot, the rest fills in the background within a latency
+//!   budget; unreadable snapshot pages become poison the guest can be told
+//!   about, never garbage;
 //! - [`migrate_range`]: move a guest range's pages to a NUMA node with the
 //!   kernel's `move_pages(2)` ([`migrate_range_with`] opts into foliokit's
 //!   relocation path, which has a contract).
@@ -50,6 +55,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod lazy;
 mod migrate;
 mod prefault;
 mod snapshot;
@@ -63,6 +69,10 @@ use vm_memory::{
 };
 
 pub use foliokit::mc::FaultKind;
+pub use lazy::{
+    restore_lazy, restore_lazy_from_path, BadOutcome, LazyOptions, LazyProgress, LazyReport,
+    LazyRestore, LazyRestoreOptions, LazyRestoreReport,
+};
 pub use migrate::{migrate_range, migrate_range_with, GuestMigration};
 pub use prefault::{prefault, prefault_range, PrefaultReport};
 pub use snapshot::{
@@ -151,6 +161,19 @@ pub enum Error {
     /// The snapshot is not one this crate wrote, or its header is damaged.
     #[error("not a usable foliokit-vm-memory snapshot: {0}")]
     Format(String),
+    /// Guest RAM a lazy restore would fill already has resident pages
+    /// (a lazy restore only fills empty pages). Nothing was touched.
+    #[error("guest RAM at {:#x} has {resident} resident pages; a lazy restore needs fresh guest memory", .addr.0)]
+    NotEmpty {
+        /// Start of the region.
+        addr: GuestAddress,
+        /// Pages found resident.
+        resident: usize,
+    },
+    /// The lazy restore could not start; [`foliokit::lazy::LazyError::Refused`]
+    /// says what this kernel or process lacks (restore eagerly then).
+    #[error("lazy restore: {0}")]
+    Lazy(foliokit::lazy::LazyError),
     /// A region of the snapshot does not lie inside one region of the guest
     /// memory it is restored into. Nothing was written.
     #[error("snapshot region {:#x} + {len:#x} does not fit inside one guest memory region", .addr.0)]

@@ -503,21 +503,9 @@ fn restore_image<B: Bitmap>(
     })
 }
 
-/// Restores a snapshot from `file` into `mem`, reading it through a
-/// read-only mapping with machine-check-safe copies.
-///
-/// Every region of the snapshot must lie inside one region of `mem`
-/// (checked before anything is written: [`Error::Layout`]). Snapshot pages
-/// that cannot be read — past the end of a file cut short, or raising
-/// SIGBUS (a truncation while restoring, page-cache poison) — are reported
-/// as guest ranges in [`RestoreReport::bad`] and left unwritten; the rest
-/// is restored and marked dirty in the regions' bitmaps. vCPUs should be
-/// paused; if they run, no undefined behaviour results, but their writes
-/// and the restore's interleave.
-pub fn restore_from_file<B: Bitmap>(
-    mem: &GuestMemoryMmap<B>,
-    file: &File,
-) -> Result<RestoreReport> {
+/// Reads and checks a snapshot file's header through read(2); returns its
+/// layout and the file's size.
+fn file_layout(file: &File) -> Result<(Layout, u64)> {
     let size = file
         .metadata()
         .map_err(io_err("reading the snapshot's size"))?
@@ -538,6 +526,57 @@ pub fn restore_from_file<B: Bitmap>(
         file: None,
     };
     let layout = read_layout(&small)?;
+    Ok((layout, size))
+}
+
+/// What a lazy restore needs from a snapshot file: where each region's
+/// bytes are (guest address, length, file offset), the ranges bad at save,
+/// whether the trailer was missing, and the mapped file.
+pub(crate) struct LazyPlan {
+    pub regions: Vec<(u64, u64, u64)>,
+    pub bad_at_save: Vec<BadRange>,
+    pub trailer_missing: bool,
+    pub source: foliokit::lazy::Source,
+}
+
+/// Reads a snapshot file's header and trailer and maps it for a lazy fill.
+pub(crate) fn lazy_plan(file: &File) -> Result<LazyPlan> {
+    let (layout, size) = file_layout(file)?;
+    let map_len = usize::try_from(layout.data_end.max(size).max(1))
+        .map_err(|_| bad_format("snapshot larger than the address space"))?;
+    let source =
+        foliokit::lazy::Source::map_file(file, map_len).map_err(io_err("mapping the snapshot"))?;
+    let img = Image {
+        ptr: source.as_ptr(),
+        mapped: map_len as u64,
+        known_end: size,
+        file: Some(file),
+    };
+    let trailer = read_trailer(&img, layout.data_end)?;
+    Ok(LazyPlan {
+        regions: layout.regions,
+        trailer_missing: trailer.is_none(),
+        bad_at_save: trailer.unwrap_or_default(),
+        source,
+    })
+}
+
+/// Restores a snapshot from `file` into `mem`, reading it through a
+/// read-only mapping with machine-check-safe copies.
+///
+/// Every region of the snapshot must lie inside one region of `mem`
+/// (checked before anything is written: [`Error::Layout`]). Snapshot pages
+/// that cannot be read — past the end of a file cut short, or raising
+/// SIGBUS (a truncation while restoring, page-cache poison) — are reported
+/// as guest ranges in [`RestoreReport::bad`] and left unwritten; the rest
+/// is restored and marked dirty in the regions' bitmaps. vCPUs should be
+/// paused; if they run, no undefined behaviour results, but their writes
+/// and the restore's interleave.
+pub fn restore_from_file<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    file: &File,
+) -> Result<RestoreReport> {
+    let (layout, size) = file_layout(file)?;
     // Map the data and trailer as the header describes them, past the end
     // of a short file too: those pages raise SIGBUS, which the mc copies
     // report. The trailer's length is not known yet; map what the file has

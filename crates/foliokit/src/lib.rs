@@ -269,6 +269,7 @@ pub mod clear;
 pub mod copy;
 pub mod cpu;
 mod helpers;
+pub mod lazy;
 pub mod mc;
 pub mod mem;
 pub mod migrate;

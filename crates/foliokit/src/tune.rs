@@ -123,6 +123,32 @@ pub const HELPER_OFFER_POLL: std::time::Duration = std::time::Duration::from_mil
 /// bytes.
 pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// The default latency budget of a lazy fill: the longest one background
+/// batch may take, i.e. how long a faulting thread may wait behind it. At
+/// the ~10 GB/s a 2-channel mc copy reaches on the dev machine, 2 ms is
+/// about 10 folios of 2 MiB, enough to keep the channels streaming.
+pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Copy channels of a lazy fill's background batches by default.
+pub const LAZY_CHANNELS: usize = 2;
+
+/// Bytes in a lazy fill's first background batch; the budget grows or
+/// shrinks it from there.
+pub const LAZY_START_BATCH_BYTES: usize = 4 << 20;
+
+/// The largest background batch of a lazy fill (its staging area, mapped
+/// once per fill).
+pub const LAZY_MAX_BATCH_BYTES: usize = 64 << 20;
+
+/// How long a lazy fill thread waits for a fault at a time while a
+/// background batch is in flight, before it looks whether the batch ended:
+/// a batch's end is seen at most this late.
+pub const LAZY_BATCH_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Messages a lazy fill thread can hold while parked for a fork (read
+/// without allocating); faults beyond it wait until the fork returns.
+pub const LAZY_PARKED_MESSAGES: usize = 4096;
+
 /// Bump when the profile format or the meaning of its cells changes.
 pub const PROFILE_VERSION: u32 = 1;
 

@@ -7,6 +7,7 @@ pub mod init;
 pub mod migrate;
 pub mod mover;
 pub mod mremap;
+pub mod restore;
 
 use foliokit::strategy::{parse_list, Selection, Strategy};
 use foliokit_lab::measure::{Measurement, Stores};

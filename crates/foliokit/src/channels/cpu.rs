@@ -102,16 +102,22 @@ impl CpuChannel {
                             // ranges stay valid and unaliased until it is
                             // reported done just below; the claim makes this
                             // its only run, and it is not touched after.
-                            unsafe { w.op.run(p) }
+                            unsafe { w.op.run_partial(p) }
                         });
-                        if ran.is_err() {
+                        let Ok(did) = ran else {
                             eprintln!("foliokit: a copy channel's operation panicked; aborting");
                             std::process::abort();
-                        }
+                        };
                         // Streaming stores are only ordered by a fence on the
                         // thread that issued them: drain before reporting.
                         sfence();
-                        w.done.piece_done(p);
+                        if did < p.len() {
+                            // An mc copy's source faulted: the rest of the
+                            // piece is untouched, and reported so.
+                            w.done.piece_failed(p, did);
+                        } else {
+                            w.done.piece_done(p);
+                        }
                     }
                 }
             })

@@ -112,6 +112,11 @@ pub enum Op {
     Copy(CopyFn),
     /// Zero `dst` (`src` is unused).
     Clear(ClearFn),
+    /// Copy `src` to `dst` with a machine-check-safe routine
+    /// ([`crate::mc::mc_routine`]): a source page that raises SIGBUS ends
+    /// the piece short, and the channel reports it failed with the bytes it
+    /// did copy ([`Completion::piece_failed`]) instead of dying.
+    CopyMc(crate::mc::McCopyFn),
 }
 
 impl Op {
@@ -129,6 +134,29 @@ impl Op {
             Op::Copy(f) => unsafe { f(p.dst, p.src, p.len) },
             // SAFETY: forwarded contract.
             Op::Clear(f) => unsafe { f(p.dst, p.len) },
+            Op::CopyMc(f) => {
+                // SAFETY: forwarded contract (a faulting source is
+                // reported by the routine's return value, here ignored).
+                unsafe { f(p.dst, p.src, p.len) };
+            }
+        }
+    }
+
+    /// Runs the operation on one piece and returns the bytes done from its
+    /// start: `p.len()` unless an [`Op::CopyMc`] source page faulted.
+    ///
+    /// # Safety
+    /// As [`Op::run`].
+    pub unsafe fn run_partial(self, p: &Piece) -> usize {
+        match self {
+            // SAFETY: forwarded contract; the routine returns the bytes
+            // it did not copy.
+            Op::CopyMc(f) => p.len - unsafe { f(p.dst, p.src, p.len) }.min(p.len),
+            other => {
+                // SAFETY: forwarded contract.
+                unsafe { other.run(p) };
+                p.len
+            }
         }
     }
 }
@@ -679,6 +707,37 @@ impl ChannelPool {
         }
     }
 
+    /// Starts copying folio `i` from `srcs[i]` to `dsts[i]` for every `i`
+    /// with the machine-check-safe routine `copy` ([`crate::mc::mc_routine`]),
+    /// as [`ChannelPool::submit_copy`] does. A piece whose source raises
+    /// SIGBUS (poison, a truncated file) ends short and is listed in
+    /// [`BatchOutcome::failed`] with the bytes it did copy; its folios do
+    /// not count as done, and nothing finishes them.
+    ///
+    /// # Safety
+    /// As [`ChannelPool::submit_copy`], except that source pages may raise
+    /// SIGBUS (see [`crate::copy_mc_raw`]).
+    pub unsafe fn submit_copy_mc(
+        &self,
+        dsts: &[*mut u8],
+        srcs: &[*const u8],
+        folio_size: usize,
+        copy: crate::mc::McCopyFn,
+    ) -> Result<Batch<'_>, ChannelError> {
+        if dsts.len() != srcs.len() {
+            return Err(ChannelError::LengthMismatch {
+                dsts: dsts.len(),
+                srcs: srcs.len(),
+            });
+        }
+        // SAFETY: forwarded contract; the lists have equal lengths.
+        unsafe {
+            self.start(dsts.len(), folio_size, Op::CopyMc(copy), |f| {
+                (dsts[f], srcs[f])
+            })
+        }
+    }
+
     /// Starts zeroing folio `i` at `dsts[i]` for every `i`; see
     /// [`ChannelPool::submit_copy`].
     ///
@@ -908,9 +967,13 @@ impl ChannelPool {
                     // SAFETY: the caller's contract covers every piece, a
                     // refusing channel touches none of them, and the claim
                     // makes this the only run of this piece.
-                    unsafe { op.run(p) };
+                    let did = unsafe { op.run_partial(p) };
                     crate::arch::sfence();
-                    done.piece_done(p);
+                    if did < p.len {
+                        done.piece_failed(p, did);
+                    } else {
+                        done.piece_done(p);
+                    }
                 }
             }
         }
@@ -1021,7 +1084,11 @@ impl Batch<'_> {
     /// blocking calls' promise that every byte is done.
     fn finish(mut self) -> BatchTiming {
         let outcome = self.wait_inner();
-        for f in &outcome.failed {
+        // An mc copy's failed piece faulted on its source: copying it again
+        // would fault again. Only `submit_copy_mc` makes such batches, and
+        // its callers read the failures instead.
+        let redo = !matches!(self.op, Op::CopyMc(_));
+        for f in outcome.failed.iter().filter(|_| redo) {
             let Some(p) = self.pieces.get(f.seq) else {
                 continue;
             };

@@ -89,6 +89,26 @@ pub enum McError {
 /// A routine returning the bytes it did not copy.
 type McFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
 
+/// A machine-check-safe copy routine `(dst, src, len) -> bytes not copied`,
+/// as the copy channels run it ([`crate::channels::Op::CopyMc`]).
+///
+/// # Safety (of calling it)
+/// As [`copy_mc_raw`]: `src` mapped readable (its pages may raise SIGBUS,
+/// which ends the copy short), `dst` valid for writes and not faulting,
+/// the two disjoint.
+pub type McCopyFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
+
+/// The mc routine for `strategy` at `shape` (see [`resolve_mc`]), with the
+/// SIGBUS handler installed: for handing to the copy channels
+/// ([`crate::channels::ChannelPool::submit_copy_mc`]).
+pub fn mc_routine(
+    strategy: CopyStrategy,
+    shape: Shape,
+) -> Result<(CopyStrategy, McCopyFn), McError> {
+    let s = resolve_mc(strategy, shape)?;
+    Ok((s, mc_fn(s)?))
+}
+
 /// The strategies with an mc variant.
 pub const MC_STRATEGIES: &[CopyStrategy] =
     &[CopyStrategy::Movsb, CopyStrategy::Avx2, CopyStrategy::Nt];

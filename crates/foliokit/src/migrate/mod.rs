@@ -24,7 +24,7 @@ mod relocate;
 mod stage;
 mod threads;
 mod track;
-mod vma;
+pub(crate) mod vma;
 
 pub use crate::sys::numa::page_nodes;
 pub(crate) use budget::BatchController;

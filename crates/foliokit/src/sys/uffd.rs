@@ -1,5 +1,6 @@
-//! userfaultfd: just what relocation needs (missing-mode registration,
-//! non-cooperative events, `UFFDIO_MOVE`, `UFFDIO_COPY`).
+//! userfaultfd: just what relocation and the lazy fill need (missing-mode
+//! registration, non-cooperative events, `UFFDIO_MOVE`, `UFFDIO_COPY`,
+//! `UFFDIO_POISON`, `UFFDIO_WAKE`).
 //!
 //! Written here rather than taken from the `userfaultfd` crate because that
 //! crate's -sys half runs bindgen (and so needs libclang) at build time and
@@ -18,13 +19,16 @@ pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+pub const FEATURE_POISON: u64 = 1 << 14;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
 const REGISTER_MODE_MISSING: u64 = 1 << 0;
 
 /// Bits of the `ioctls` mask UFFDIO_REGISTER returns (1 << _UFFDIO_*).
 pub const IOCTL_COPY: u64 = 1 << 0x03;
+pub const IOCTL_ZEROPAGE: u64 = 1 << 0x04;
 pub const IOCTL_MOVE: u64 = 1 << 0x05;
+pub const IOCTL_POISON: u64 = 1 << 0x08;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
 const EVENT_FORK: u8 = 0x13;
@@ -73,6 +77,15 @@ struct Transfer {
     result: i64,
 }
 
+/// `struct uffdio_poison`.
+#[repr(C)]
+#[derive(Default)]
+struct Poison {
+    range: Range,
+    mode: u64,
+    updated: i64,
+}
+
 /// `struct uffd_msg`: an event byte, padding, a 24-byte union.
 #[repr(C)]
 #[derive(Default, Clone, Copy)]
@@ -89,6 +102,8 @@ const UFFDIO_REGISTER: u64 = ioc(RW, 0x00, std::mem::size_of::<Register>());
 const UFFDIO_UNREGISTER: u64 = ioc(READ, 0x01, std::mem::size_of::<Range>());
 const UFFDIO_COPY: u64 = ioc(RW, 0x03, std::mem::size_of::<Transfer>());
 const UFFDIO_MOVE: u64 = ioc(RW, 0x05, std::mem::size_of::<Transfer>());
+const UFFDIO_WAKE: u64 = ioc(READ, 0x02, std::mem::size_of::<Range>());
+const UFFDIO_POISON: u64 = ioc(RW, 0x08, std::mem::size_of::<Poison>());
 /// `USERFAULTFD_IOC_NEW` on /dev/userfaultfd (Linux 6.1).
 const USERFAULTFD_IOC_NEW: u64 = 0xAA00;
 
@@ -107,11 +122,8 @@ pub enum Reach {
 pub enum Msg {
     /// A thread waits on a fault at `addr`; it is woken by a fill or
     /// unregistration. (Relocation needs no address: the install or
-    /// unregistration wakes every waiter; it is kept for `Debug`.)
-    Fault {
-        #[allow(dead_code)]
-        addr: usize,
-    },
+    /// unregistration wakes every waiter; the lazy fill serves it.)
+    Fault { addr: usize },
     /// The process forked; the child's registered ranges now belong to
     /// this new descriptor.
     Fork(Uffd),
@@ -302,6 +314,103 @@ impl Uffd {
         self.transfer(UFFDIO_COPY, dst, src, len)
     }
 
+    /// `UFFDIO_POISON`: installs poison markers over `[dst, dst + len)`
+    /// (registered, empty): a touch there gets SIGBUS `BUS_MCEERR_AR`, as
+    /// real poison would; wakes its waiters. Linux 6.6+.
+    pub fn poison(&self, dst: usize, len: usize) -> Result<usize, Partial> {
+        let mut p = Poison {
+            range: range(dst, len),
+            mode: 0,
+            updated: 0,
+        };
+        match ioctl(&self.fd, UFFDIO_POISON, &mut p) {
+            Ok(()) => Ok(len),
+            Err(error) => Err(Partial {
+                done: usize::try_from(p.updated).unwrap_or(0).min(len),
+                error,
+            }),
+        }
+    }
+
+    /// `UFFDIO_WAKE`: wakes the threads waiting on `[start, start + len)`
+    /// (they retry their fault).
+    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = range(start, len);
+        ioctl(&self.fd, UFFDIO_WAKE, &mut r)
+    }
+
+    /// Reads waiting messages into `out` without allocating: at most
+    /// `out.capacity() - out.len()` of them (never blocks). For a thread
+    /// that must read a fork's event while another thread inside fork()
+    /// holds the allocator's locks. Returns how many were read.
+    pub fn read_into(&self, out: &mut Vec<Msg>) -> io::Result<usize> {
+        let mut n_read = 0;
+        loop {
+            let room = (out.capacity() - out.len()).min(16);
+            if room == 0 {
+                return Ok(n_read);
+            }
+            let mut buf = [RawMsg::default(); 16];
+            // SAFETY: the buffer is valid for `room` whole messages; the
+            // kernel writes whole messages into it.
+            let n = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    room * std::mem::size_of::<RawMsg>(),
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN) => Ok(n_read),
+                    Some(libc::EINTR) => continue,
+                    _ => Err(e),
+                };
+            }
+            let count = n as usize / std::mem::size_of::<RawMsg>();
+            for m in &buf[..count] {
+                if let Some(msg) = Self::decode(m) {
+                    // Within capacity: no allocation.
+                    out.push(msg);
+                    n_read += 1;
+                }
+            }
+            if count < room {
+                return Ok(n_read);
+            }
+        }
+    }
+
+    /// Waits up to `timeout_ms` (-1: forever) for a message; `true` if one
+    /// is there.
+    pub fn poll(&self, timeout_ms: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+    }
+
+    /// Waits up to `d` for a message (finer than [`Uffd::poll`]); `true`
+    /// if one is there.
+    pub fn poll_for(&self, d: std::time::Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: one valid pollfd and a valid timespec for the call; no
+        // signal mask change.
+        unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) > 0 }
+    }
+
     /// Every message waiting now (never blocks). Reading an event is what
     /// lets the thread that caused it continue.
     pub fn read_all(&self) -> io::Result<Vec<Msg>> {
@@ -375,6 +484,8 @@ mod tests {
         assert_eq!(UFFDIO_UNREGISTER, 0x8010aa01);
         assert_eq!(UFFDIO_COPY, 0xc028aa03);
         assert_eq!(UFFDIO_MOVE, 0xc028aa05);
+        assert_eq!(UFFDIO_WAKE, 0x8010aa02);
+        assert_eq!(UFFDIO_POISON, 0xc020aa08);
         assert_eq!(std::mem::size_of::<RawMsg>(), 32);
     }
 }

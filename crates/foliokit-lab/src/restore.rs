@@ -1,0 +1,588 @@
+//! `bench restore`: restoring guest RAM from a snapshot file, eagerly three
+//! ways and lazily, with the same-run copy limit.
+//!
+//! The guest is a THP-advised anonymous range (2 MiB folios), fresh for
+//! every restore; the snapshot is a file of the same size in the page cache
+//! (or, with `cold`, dropped from it before every restore). Rows:
+//!
+//! - `read(2)`: one `pread` per 64 MiB straight into guest RAM (what a VMM
+//!   does without help); the kernel copies on the calling thread;
+//! - `mmap+memcpy`: the file mapped, `memcpy` into guest RAM on one thread;
+//! - `foliokit`: the file mapped, machine-check-safe copies of 2 MiB folios
+//!   spread over the copy channels (and its A/A twin, the named mc strategy
+//!   `auto` resolved to);
+//! - `lazy`: [`foliokit::lazy::fill_lazily`]; a simulated vCPU touches one
+//!   random page of every folio, in random order, while the fill runs, and
+//!   each touch is timed.
+//!
+//! Candidates and the three limit probes run interleaved in a balanced
+//! order (see `measure::order`).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use foliokit::channels::ChannelError;
+use foliokit::lazy::{fill_lazily, LazyError, LazyOptions, Segment, Source};
+use foliokit::mem::{MemError, Region};
+use foliokit::tune::Shape;
+use foliokit::{CopyStrategy, McError, Reuse};
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::measure::{
+    probe, run_interleaved, AaControl, LimitOp, Limits, Order, Probe, Stats, Stores,
+};
+
+const FOLIO: usize = 2 << 20;
+/// Bytes per `pread` of the read(2) row.
+const READ_CHUNK: usize = 64 << 20;
+/// The limit probes run over at most this much (a separate buffer).
+const PROBE_MAX: usize = 1 << 30;
+
+/// What to run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestorePlan {
+    /// Guest RAM bytes (a multiple of 2 MiB).
+    pub size: usize,
+    /// Copy channels of the foliokit rows.
+    pub channels: usize,
+    /// Timed passes asked for.
+    pub loops: usize,
+    /// Drop the snapshot from the page cache before every restore.
+    pub cold: bool,
+    /// The lazy fill's latency budget.
+    pub budget: Duration,
+    /// Where the snapshot file goes.
+    pub dir: PathBuf,
+    /// The lazy fill serves faults while a background batch is in flight
+    /// (see `LazyOptions::serve_during_batches`).
+    pub serve_during_batches: bool,
+}
+
+/// Why the bench could not run.
+#[derive(Debug, Error)]
+pub enum RestoreError {
+    /// Guest RAM or the probe buffer could not be mapped.
+    #[error("guest memory: {0}")]
+    Mem(#[from] MemError),
+    /// The snapshot file.
+    #[error("snapshot file {what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The mc copy.
+    #[error("{0}")]
+    Mc(#[from] McError),
+    /// The channels.
+    #[error("{0}")]
+    Channel(#[from] ChannelError),
+    /// The lazy fill could not start (its refusal says why).
+    #[error("{0}")]
+    Lazy(#[from] LazyError),
+    /// A restore produced wrong bytes: the bench refuses to time it.
+    #[error("{0} restored wrong bytes at guest offset {1:#x}")]
+    Wrong(&'static str, usize),
+    /// Bad options.
+    #[error("{0}")]
+    Plan(String),
+}
+
+/// One row.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestoreRow {
+    /// `read(2)`, `mmap+memcpy`, `foliokit`, `foliokit (<named>)`, `lazy`.
+    pub function: String,
+    /// Seconds until the vCPUs may run.
+    pub start_secs: Stats,
+    /// Seconds until every page is resident.
+    pub resident_secs: Stats,
+    /// Guest bytes over `resident_secs`, GB/s (2^30).
+    pub gbps: Stats,
+    /// `gbps` median over the same-run copy limit.
+    pub share: f64,
+    /// First-touch latency of the simulated vCPU during the fill (lazy).
+    pub touch_p50_us: Option<f64>,
+    /// Its 99th percentile.
+    pub touch_p99_us: Option<f64>,
+    /// Touches timed, over all passes.
+    pub touches: usize,
+    /// Pages installed to serve faults / by the background fill (lazy,
+    /// last pass).
+    pub faulted_pages: u64,
+    /// See `faulted_pages`.
+    pub filled_pages: u64,
+    /// Faults served (last pass).
+    pub faults: u64,
+    /// Share of guest RAM mapped by THP after the restore (last pass).
+    pub thp_share: f64,
+    /// The longest background batch (lazy, last pass), microseconds.
+    pub longest_batch_us: Option<f64>,
+}
+
+/// What the bench measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestoreResult {
+    pub rows: Vec<RestoreRow>,
+    pub limits: Option<Limits>,
+    pub order: Order,
+    pub aa: Option<AaControl>,
+    /// The mc strategy `auto` ran.
+    pub strategy: String,
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Method {
+    Read,
+    Memcpy,
+    Foliokit,
+    Named,
+    Lazy,
+    Probe(Probe),
+}
+
+#[derive(Default, Clone)]
+struct Sample {
+    start: f64,
+    resident: f64,
+    lat: Vec<f64>,
+    faulted: u64,
+    filled: u64,
+    faults: u64,
+    thp: f64,
+    longest: Option<f64>,
+}
+
+/// The byte at offset `off` of the snapshot.
+fn byte_at(off: usize) -> u8 {
+    let w = (off as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (w >> ((off % 8) * 8)) as u8
+}
+
+fn write_snapshot(path: &std::path::Path, size: usize) -> Result<File, RestoreError> {
+    let io = |what| move |source| RestoreError::Io { what, source };
+    let mut f = File::create(path).map_err(io("create"))?;
+    let mut buf = vec![0u8; 8 << 20];
+    let mut at = 0;
+    while at < size {
+        let n = buf.len().min(size - at);
+        for (i, w) in buf[..n].chunks_exact_mut(8).enumerate() {
+            let v = ((at / 8 + i) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            w.copy_from_slice(&v.to_le_bytes());
+        }
+        f.write_all(&buf[..n]).map_err(io("write"))?;
+        at += n;
+    }
+    f.sync_all().map_err(io("sync"))?;
+    File::open(path).map_err(io("open"))
+}
+
+/// Bytes of `[addr, addr + len)` mapped by huge pages (smaps).
+pub fn thp_bytes(addr: usize, len: usize) -> usize {
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
+        return 0;
+    };
+    let mut inside = false;
+    let mut total = 0;
+    for line in text.lines() {
+        if let Some((a, b)) = line
+            .split_whitespace()
+            .next()
+            .and_then(|r| r.split_once('-'))
+        {
+            if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = s < addr + len && e > addr;
+                continue;
+            }
+        }
+        if let Some(v) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
+            total += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<usize>()
+                .unwrap_or(0)
+                << 10;
+        }
+    }
+    total
+}
+
+fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    Some(v[i])
+}
+
+struct State {
+    plan: RestorePlan,
+    file: File,
+    map: Source,
+    guest: Option<Region>,
+    probe_buf: Region,
+    named: CopyStrategy,
+    samples: Vec<Vec<Sample>>,
+    methods: Vec<Method>,
+    seed: u64,
+}
+
+impl State {
+    fn check(&self, what: &'static str, g: &Region) -> Result<(), RestoreError> {
+        let s = g.as_slice();
+        let mut off = 0;
+        while off < s.len() {
+            for k in [0, 4093, FOLIO - 1] {
+                let o = (off + k).min(s.len() - 1);
+                if s[o] != byte_at(o) {
+                    return Err(RestoreError::Wrong(what, o));
+                }
+            }
+            off += FOLIO;
+        }
+        Ok(())
+    }
+
+    fn eager_mc(&self, g: &mut Region, strategy: CopyStrategy) -> Result<(), RestoreError> {
+        let n = self.plan.size / FOLIO;
+        let (_, f) = foliokit::mc::mc_routine(
+            strategy,
+            Shape::batch(FOLIO, n, Reuse::Stream).on_channels(self.plan.channels),
+        )?;
+        let pool = foliokit::channels::shared(self.plan.channels)?;
+        let base = g.as_mut_ptr();
+        let dsts: Vec<*mut u8> = (0..n).map(|i| base.wrapping_add(i * FOLIO)).collect();
+        let srcs: Vec<*const u8> = (0..n)
+            .map(|i| self.map.as_ptr().wrapping_add(i * FOLIO))
+            .collect();
+        // SAFETY: guest RAM is our fresh region, the source our mapping of
+        // the snapshot (same size); folios are disjoint; a faulting source
+        // page is reported, not fatal.
+        let out = unsafe { pool.submit_copy_mc(&dsts, &srcs, FOLIO, f) }?.wait();
+        if let Some(x) = out.failed.first() {
+            return Err(RestoreError::Wrong(
+                "foliokit (source fault)",
+                x.folio * FOLIO,
+            ));
+        }
+        Ok(())
+    }
+
+    fn lazy(&mut self, g: &mut Region) -> Result<Sample, RestoreError> {
+        let size = self.plan.size;
+        let t0 = Instant::now();
+        let src = Source::map_file(&self.file, size).map_err(|source| RestoreError::Io {
+            what: "map",
+            source,
+        })?;
+        let opts = LazyOptions {
+            latency_budget: self.plan.budget,
+            channels: self.plan.channels,
+            serve_during_batches: self.plan.serve_during_batches,
+            ..LazyOptions::default()
+        };
+        let seg = Segment {
+            addr: g.as_mut_ptr() as usize,
+            len: size,
+            offset: 0,
+        };
+        // SAFETY: a fresh region of ours, untouched; nobody else uses it
+        // until the fill ends (the vCPU thread below only reads it).
+        let h = unsafe { fill_lazily(&[seg], src, &opts) }?;
+        let start = t0.elapsed().as_secs_f64();
+        let done = AtomicBool::new(false);
+        let base = seg.addr;
+        self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let seed = self.seed;
+        let (lat, r) = std::thread::scope(|s| {
+            let vcpu = s.spawn(|| {
+                let n = size / FOLIO;
+                let mut order: Vec<usize> = (0..n).collect();
+                let mut x = seed | 1;
+                let mut next = || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                for i in (1..n).rev() {
+                    order.swap(i, next() as usize % (i + 1));
+                }
+                let mut lat = Vec::with_capacity(n);
+                for f in order {
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let at = base + f * FOLIO + (next() as usize % (FOLIO / 4096)) * 4096;
+                    let t = Instant::now();
+                    // SAFETY: inside guest RAM; a volatile read, as a vCPU
+                    // would touch it (it waits for the fill there).
+                    let v = unsafe { std::ptr::read_volatile(at as *const u8) };
+                    lat.push(t.elapsed().as_secs_f64() * 1e6);
+                    std::hint::black_box(v);
+                }
+                lat
+            });
+            let r = h.wait();
+            done.store(true, Ordering::Relaxed);
+            (vcpu.join().unwrap_or_default(), r)
+        });
+        let p = r.progress;
+        Ok(Sample {
+            start,
+            resident: t0.elapsed().as_secs_f64(),
+            lat,
+            faulted: p.faulted_pages,
+            filled: p.filled_pages,
+            faults: p.faults,
+            thp: 0.0,
+            longest: Some(r.longest_batch_us),
+        })
+    }
+
+    fn body(&mut self, c: usize) -> Result<(), RestoreError> {
+        let m = self.methods[c];
+        if let Method::Probe(p) = m {
+            probe(p, self.probe_buf.as_mut_slice(), self.plan.channels, FOLIO)?;
+            return Ok(());
+        }
+        let mut g = self.guest.take().expect("prepared");
+        let t0 = Instant::now();
+        let mut sample = match m {
+            Method::Read => {
+                let mut at = 0;
+                while at < self.plan.size {
+                    let n = READ_CHUNK.min(self.plan.size - at);
+                    // SAFETY: guest RAM is our own region, `n` bytes at `at`
+                    // are inside it.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(g.as_mut_ptr().add(at), n) };
+                    self.file
+                        .read_exact_at(buf, at as u64)
+                        .map_err(|source| RestoreError::Io {
+                            what: "read",
+                            source,
+                        })?;
+                    at += n;
+                }
+                Sample::default()
+            }
+            Method::Memcpy => {
+                // SAFETY: the mapping and the region are disjoint and both
+                // `size` bytes long; the file is not truncated meanwhile.
+                unsafe {
+                    libc::memcpy(
+                        g.as_mut_ptr().cast(),
+                        self.map.as_ptr().cast(),
+                        self.plan.size,
+                    )
+                };
+                Sample::default()
+            }
+            Method::Foliokit => {
+                self.eager_mc(&mut g, CopyStrategy::Auto)?;
+                Sample::default()
+            }
+            Method::Named => {
+                self.eager_mc(&mut g, self.named)?;
+                Sample::default()
+            }
+            Method::Lazy => self.lazy(&mut g)?,
+            Method::Probe(_) => unreachable!("handled above"),
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        if m != Method::Lazy {
+            sample.start = secs;
+            sample.resident = secs;
+        }
+        sample.thp = thp_bytes(g.as_ptr() as usize, g.len()) as f64 / g.len() as f64;
+        self.check(name(m, self.named), &g)?;
+        self.samples[c].push(sample);
+        drop(g);
+        Ok(())
+    }
+
+    fn prepare(&mut self, c: usize) -> Result<(), RestoreError> {
+        if let Method::Probe(_) = self.methods[c] {
+            return Ok(());
+        }
+        self.guest = None;
+        if self.plan.cold {
+            // SAFETY: advice on our own descriptor; pages are clean (synced).
+            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+        self.guest = Some(Region::unpopulated(self.plan.size, FOLIO)?);
+        Ok(())
+    }
+}
+
+fn name(m: Method, named: CopyStrategy) -> &'static str {
+    match m {
+        Method::Read => "read(2)",
+        Method::Memcpy => "mmap+memcpy",
+        Method::Foliokit => "foliokit",
+        Method::Named => match named {
+            CopyStrategy::Movsb => "foliokit (movsb)",
+            CopyStrategy::Avx2 => "foliokit (avx2)",
+            CopyStrategy::Nt => "foliokit (nt)",
+            _ => "foliokit (named)",
+        },
+        Method::Lazy => "lazy",
+        Method::Probe(p) => p.name(),
+    }
+}
+
+/// Runs the bench; `tick` after every timed call (progress).
+pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, RestoreError> {
+    if plan.size == 0 || plan.size % FOLIO != 0 {
+        return Err(RestoreError::Plan(format!(
+            "the guest size must be a non-zero multiple of 2 MiB, not {}",
+            plan.size
+        )));
+    }
+    let path = plan
+        .dir
+        .join(format!("foliokit-restore-{}.snap", std::process::id()));
+    let file = write_snapshot(&path, plan.size);
+    let _ = std::fs::remove_file(&path); // the descriptor keeps it
+    let file = file?;
+    let map = Source::map_file(&file, plan.size).map_err(|source| RestoreError::Io {
+        what: "map",
+        source,
+    })?;
+    let (named, _) = foliokit::mc::mc_routine(
+        CopyStrategy::Auto,
+        Shape::batch(FOLIO, plan.size / FOLIO, Reuse::Stream).on_channels(plan.channels),
+    )?;
+    let probe_len = plan.size.min(PROBE_MAX);
+    let probe_buf = Region::new(probe_len, FOLIO)?;
+    let methods = vec![
+        Method::Read,
+        Method::Memcpy,
+        Method::Foliokit,
+        Method::Named,
+        Method::Lazy,
+        Method::Probe(Probe::Read),
+        Method::Probe(Probe::WriteZero),
+        Method::Probe(Probe::Write),
+    ];
+    let order = Order::new(methods.len(), plan.loops);
+    let mut st = State {
+        samples: vec![Vec::new(); methods.len()],
+        methods: methods.clone(),
+        plan: plan.clone(),
+        file,
+        map,
+        guest: None,
+        probe_buf,
+        named,
+        seed: 0x5eed,
+    };
+    let secs = run_interleaved(&order, &mut st, State::prepare, State::body, &mut tick)?;
+    let size = plan.size;
+    let limits = Limits::from_secs(
+        LimitOp::Copy,
+        Stores::Streaming,
+        probe_len,
+        &[secs[5].clone(), secs[6].clone(), secs[7].clone()],
+    );
+    // Timed passes only: the warm-up's sample is the first.
+    let timed = |c: usize| -> Vec<Sample> { st.samples[c][1..].to_vec() };
+    let gb = |s: &Sample| crate::measure::gbps(size, s.resident);
+    let limits = limits.map(|l| {
+        [2usize, 3].iter().fold(l, |l, &c| {
+            let rates: Vec<f64> = timed(c).iter().map(gb).collect();
+            l.raise(name(methods[c], named), &rates)
+        })
+    });
+    let limit = limits.as_ref().map_or(f64::NAN, Limits::gbps);
+    let mut rows = Vec::new();
+    for (c, &m) in methods.iter().enumerate().take(5) {
+        let s = timed(c);
+        let last = s.last().cloned().unwrap_or_default();
+        let mut lat: Vec<f64> = s.iter().flat_map(|x| x.lat.iter().copied()).collect();
+        let touches = lat.len();
+        let g = Stats::of(&s.iter().map(gb).collect::<Vec<_>>());
+        let stats = |f: &dyn Fn(&Sample) -> f64| Stats::of(&s.iter().map(f).collect::<Vec<_>>());
+        let (Some(start), Some(resident), Some(gbps)) =
+            (stats(&|x| x.start), stats(&|x| x.resident), g)
+        else {
+            continue;
+        };
+        rows.push(RestoreRow {
+            function: name(m, named).into(),
+            share: gbps.median / limit,
+            start_secs: start,
+            resident_secs: resident,
+            gbps,
+            touch_p50_us: percentile(&mut lat, 0.5),
+            touch_p99_us: percentile(&mut lat, 0.99),
+            touches,
+            faulted_pages: last.faulted,
+            filled_pages: last.filled,
+            faults: last.faults,
+            thp_share: last.thp,
+            longest_batch_us: last.longest,
+        });
+    }
+    let aa = AaControl::of(
+        "foliokit",
+        &secs[2],
+        name(Method::Named, named),
+        &secs[3],
+        size,
+        true,
+    );
+    let mut notes = Vec::new();
+    if plan.cold {
+        notes.push("cold: the snapshot was dropped from the page cache before every restore (posix_fadvise DONTNEED)".into());
+    }
+    Ok(RestoreResult {
+        rows,
+        limits,
+        order,
+        aa,
+        strategy: foliokit::Strategy::name(named).into(),
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_restore_bench_runs_every_row_and_checks_bytes() {
+        let plan = RestorePlan {
+            size: 16 << 20,
+            channels: 2,
+            loops: 1,
+            cold: false,
+            budget: Duration::from_millis(1),
+            dir: std::env::temp_dir(),
+            serve_during_batches: false,
+        };
+        match run(plan, || {}) {
+            Ok(r) => {
+                assert_eq!(r.rows.len(), 5);
+                assert!(r.limits.is_some());
+                let lazy = r.rows.iter().find(|x| x.function == "lazy").unwrap();
+                assert!(lazy.touches > 0);
+            }
+            Err(RestoreError::Lazy(LazyError::Refused(why))) => {
+                eprintln!("SKIP: lazy restore unavailable here: {why}")
+            }
+            Err(RestoreError::Mem(e)) => eprintln!("SKIP: no THP guest here: {e}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}

@@ -1,0 +1,620 @@
+//! Lazy restore against the real vm-memory crate, with the guest running:
+//! vCPU-like threads reading and writing during the fill, MADV_DONTNEED
+//! during the fill, a device thread read(2)ing into guest RAM, a snapshot
+//! truncated mid-fill, cancel then wait, a fork during the fill.
+//!
+//! Each test runs in a child process with a deadline (the shared harness's
+//! `in_child`), so a hang is a failure. Where no userfaultfd that catches
+//! kernel accesses can be had (no /dev/userfaultfd access, no privilege),
+//! the tests say so and skip.
+#![cfg(target_arch = "x86_64")]
+
+#[path = "../../foliokit/tests/common/mod.rs"]
+mod common;
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{in_child, pattern, skip};
+use foliokit::lazy::{BadOutcome, LazyError};
+use foliokit_vm_memory::{
+    restore_lazy, restore_lazy_from_path, snapshot_to_file, Error, FaultKind, LazyRestore,
+    LazyRestoreOptions,
+};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+const PAGE: u64 = 4096;
+const A_LEN: u64 = 16 << 20;
+const B: u64 = 1 << 32;
+const B_LEN: u64 = 8 << 20;
+const LIMIT: Duration = Duration::from_secs(60);
+
+type Ram = GuestMemoryMmap<AtomicBitmap>;
+
+fn ranges() -> [(GuestAddress, usize); 2] {
+    [
+        (GuestAddress(0), A_LEN as usize),
+        (GuestAddress(B), B_LEN as usize),
+    ]
+}
+
+/// Fresh guest RAM, THP-eligible (what a VMM asks for its guest RAM).
+fn vm() -> Ram {
+    let m = Ram::from_ranges(&ranges()).expect("guest memory");
+    for r in m.iter() {
+        let h = m.get_host_address(r.start_addr()).unwrap();
+        // SAFETY: advice on guest RAM we own.
+        unsafe { libc::madvise(h.cast(), r.len() as usize, libc::MADV_HUGEPAGE) };
+    }
+    m
+}
+
+fn temp_path(what: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("foliokit-lazy-{what}-{}-{n}", std::process::id()))
+}
+
+/// The guest's bytes before the snapshot: a pattern per region.
+fn expected(addr: u64) -> Vec<u8> {
+    let (base, len) = if addr >= B { (B, B_LEN) } else { (0, A_LEN) };
+    pattern(len as usize, 77 ^ base)
+}
+
+/// A snapshot of a patterned guest, as a file; returns its path and the
+/// expected bytes of each region.
+fn snapshot_file(what: &str) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
+    let src = vm();
+    let (a, b) = (expected(0), expected(B));
+    src.write_slice(&a, GuestAddress(0)).unwrap();
+    src.write_slice(&b, GuestAddress(B)).unwrap();
+    let path = temp_path(what);
+    let r = snapshot_to_file(&src, &path).expect("snapshot");
+    assert!(r.bad.is_empty());
+    (path, a, b)
+}
+
+/// Starts a lazy restore, or says why it cannot run here and returns None.
+fn start<'m>(
+    mem: &'m Ram,
+    path: &std::path::Path,
+    opts: &LazyRestoreOptions,
+) -> Option<LazyRestore<'m>> {
+    match restore_lazy_from_path(mem, path, opts) {
+        Ok(h) => Some(h),
+        Err(Error::Lazy(LazyError::Refused(why))) => {
+            skip(&format!("lazy restore unavailable here: {why}"));
+            None
+        }
+        Err(e) => panic!("restore_lazy: {e}"),
+    }
+}
+
+/// Bytes of `[addr, addr + len)` (host) mapped by huge pages, from smaps.
+fn thp_bytes(addr: usize, len: usize) -> u64 {
+    let text = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    let mut total = 0;
+    for line in text.lines() {
+        if let Some((a, b)) = line
+            .split_whitespace()
+            .next()
+            .and_then(|r| r.split_once('-'))
+        {
+            if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = s < addr + len && e > addr;
+                continue;
+            }
+        }
+        if let Some(v) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
+            total += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                << 10;
+        }
+    }
+    total
+}
+
+fn paused() -> LazyRestoreOptions {
+    let mut o = LazyRestoreOptions::default();
+    o.fill.start_cancelled = true;
+    o
+}
+
+fn read(mem: &Ram, addr: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    mem.read_slice(&mut v, GuestAddress(addr)).unwrap();
+    v
+}
+
+fn host(mem: &Ram, addr: u64) -> *mut u8 {
+    mem.get_host_address(GuestAddress(addr)).unwrap()
+}
+
+#[test]
+fn vcpus_read_and_write_during_the_fill_and_nothing_is_lost() {
+    in_child(
+        "vcpus_read_and_write_during_the_fill_and_nothing_is_lost",
+        LIMIT,
+        || {
+            let (path, a, b) = snapshot_file("vcpus");
+            let mem = vm();
+            let mut o = LazyRestoreOptions::default();
+            // A small budget: many batches, so the vCPUs race the fill.
+            o.fill.latency_budget = Duration::from_micros(300);
+            // Faults beside batches in flight: the path with the most
+            // concurrency (the other tests run the default).
+            o.fill.serve_during_batches = true;
+            o.first = vec![GuestAddress(B + (4 << 20))];
+            let Some(h) = start(&mem, &path, &o) else {
+                return;
+            };
+            const VCPUS: u64 = 3;
+            let stop = AtomicBool::new(false);
+            let pages = (A_LEN + B_LEN) / PAGE;
+            let page_addr = |i: u64| {
+                if i < A_LEN / PAGE {
+                    i * PAGE
+                } else {
+                    B + (i - A_LEN / PAGE) * PAGE
+                }
+            };
+            // Each vCPU owns the pages i with i % VCPUS == k: it writes
+            // a stamp there (the last one must survive); any page it reads
+            // holds the snapshot's byte or some vCPU's stamp.
+            let written: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..VCPUS)
+                    .map(|k| {
+                        let (mem, stop, a, b) = (&mem, &stop, &a, &b);
+                        s.spawn(move || {
+                            let mut x = 0x9e37_79b9u64 ^ k;
+                            let mut mine = Vec::new();
+                            let mut n = 0;
+                            while !stop.load(Ordering::Relaxed) || n < 2000 {
+                                x ^= x << 13;
+                                x ^= x >> 7;
+                                x ^= x << 17;
+                                let i = x % pages;
+                                // Past the stamp (the page's first 8 bytes).
+                                let at = page_addr(i) + 8 + (x >> 40) % (PAGE - 16);
+                                let v: u64 = mem.read_obj(GuestAddress(at)).unwrap();
+                                let off = (if at >= B { at - B } else { at }) as usize;
+                                let snap = if at >= B { b } else { a };
+                                let want =
+                                    u64::from_le_bytes(snap[off..off + 8].try_into().unwrap());
+                                assert!(
+                                    v == want || v >> 56 == 0xAB,
+                                    "vCPU {k} read {v:#x} at {at:#x}, snapshot has {want:#x}"
+                                );
+                                if i % VCPUS == k {
+                                    let p = page_addr(i);
+                                    let stamp = 0xAB << 56 | (n as u64) << 8 | k;
+                                    mem.write_obj(stamp, GuestAddress(p)).unwrap();
+                                    mine.push((p, stamp));
+                                }
+                                n += 1;
+                            }
+                            mine
+                        })
+                    })
+                    .collect();
+                let r = h.wait();
+                stop.store(true, Ordering::Relaxed);
+                assert!(r.bad.is_empty(), "{:?}", r.bad);
+                assert!(r.fill.progress.done);
+                let p = r.fill.progress;
+                assert_eq!(
+                    p.faulted_pages + p.filled_pages + p.skipped_pages,
+                    p.total_pages,
+                    "{p:?}"
+                );
+                common::say(&format!(
+                    "NOTE: {} faults, {} pages faulted in, {} filled, {} batches, {} whole folios",
+                    p.faults, p.faulted_pages, p.filled_pages, r.fill.batches, r.fill.whole_folios
+                ));
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            // Last stamp per page wins; everything else is the snapshot.
+            let mut last = std::collections::HashMap::new();
+            for w in &written {
+                for &(p, s) in w {
+                    last.insert(p, s);
+                }
+            }
+            for i in 0..pages {
+                let p = page_addr(i);
+                let got = read(&mem, p, PAGE as usize);
+                let off = (if p >= B { p - B } else { p }) as usize;
+                let snap = if p >= B { &b } else { &a };
+                let mut want = snap[off..off + PAGE as usize].to_vec();
+                if let Some(s) = last.get(&p) {
+                    want[..8].copy_from_slice(&s.to_le_bytes());
+                }
+                assert!(got == want, "page {p:#x} differs after the fill");
+            }
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
+#[test]
+fn dontneed_during_the_fill_is_never_brought_back() {
+    in_child(
+        "dontneed_during_the_fill_is_never_brought_back",
+        LIMIT,
+        || {
+            let (path, a, _) = snapshot_file("dontneed");
+            let mem = vm();
+            let Some(h) = start(&mem, &path, &paused()) else {
+                return;
+            };
+            // One page touched (filled with its folio), then discarded; a
+            // range never touched, discarded before the fill gets there.
+            let touched = 3 * PAGE;
+            assert_eq!(read(&mem, touched, 8), a[touched as usize..][..8]);
+            let far = 6 << 20;
+            for (at, len) in [(touched, PAGE), (far, 3 << 20)] {
+                // SAFETY: discarding guest RAM we own (a balloon would).
+                let rc = unsafe {
+                    libc::madvise(host(&mem, at).cast(), len as usize, libc::MADV_DONTNEED)
+                };
+                assert_eq!(rc, 0);
+            }
+            // A discarded page touched during the fill reads zeros.
+            assert!(read(&mem, far + PAGE, PAGE as usize)
+                .iter()
+                .all(|&x| x == 0));
+            let r = h.wait();
+            assert!(
+                r.fill.progress.skipped_pages >= (3 << 20) / PAGE,
+                "{:?}",
+                r.fill.progress
+            );
+            assert!(read(&mem, touched, PAGE as usize).iter().all(|&x| x == 0));
+            assert!(read(&mem, far, 3 << 20).iter().all(|&x| x == 0));
+            // Its neighbours came from the snapshot.
+            assert_eq!(
+                read(&mem, touched + PAGE, PAGE as usize),
+                a[(touched + PAGE) as usize..][..PAGE as usize]
+            );
+            assert_eq!(
+                read(&mem, far - PAGE, PAGE as usize),
+                a[(far - PAGE) as usize..][..PAGE as usize]
+            );
+            assert_eq!(
+                read(&mem, far + (3 << 20), PAGE as usize),
+                a[(far + (3 << 20)) as usize..][..PAGE as usize]
+            );
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
+#[test]
+fn a_device_thread_reading_into_guest_ram_waits_for_the_fill() {
+    in_child(
+        "a_device_thread_reading_into_guest_ram_waits_for_the_fill",
+        LIMIT,
+        || {
+            let (path, a, b) = snapshot_file("device");
+            let mem = vm();
+            let Some(h) = start(&mem, &path, &paused()) else {
+                return;
+            };
+            // A "virtio block" read: 3 pages from a file into guest RAM
+            // nobody touched yet, in the middle of a folio. The kernel's
+            // copy_to_user waits on the userfaultfd instead of failing.
+            let data = pattern(3 * PAGE as usize, 5);
+            let dpath = temp_path("disk");
+            std::fs::File::create(&dpath)
+                .unwrap()
+                .write_all(&data)
+                .unwrap();
+            let disk = std::fs::File::open(&dpath).unwrap();
+            let at = B + (2 << 20) + 5 * PAGE;
+            let dst = host(&mem, at) as usize;
+            let n = std::thread::spawn(move || {
+                // SAFETY: reading into guest RAM we own, as a device would.
+                unsafe { libc::read(disk.as_raw_fd(), dst as *mut libc::c_void, data.len()) }
+            })
+            .join()
+            .unwrap();
+            assert_eq!(n, 3 * PAGE as isize, "read(2) into unfilled guest RAM");
+            let r = h.wait();
+            assert!(r.bad.is_empty());
+            let data = pattern(3 * PAGE as usize, 5);
+            assert_eq!(read(&mem, at, data.len()), data);
+            // Around it: the snapshot.
+            let off = (at - B) as usize;
+            assert_eq!(read(&mem, B, off), b[..off]);
+            assert_eq!(
+                read(&mem, at + 3 * PAGE, PAGE as usize),
+                b[off + 3 * PAGE as usize..][..PAGE as usize]
+            );
+            assert_eq!(read(&mem, 0, A_LEN as usize), a);
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(&dpath);
+        },
+    );
+}
+
+#[test]
+fn a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages() {
+    in_child(
+        "a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages",
+        LIMIT,
+        || {
+            let (path, a, b) = snapshot_file("truncated");
+            let mem = vm();
+            let Some(h) = start(&mem, &path, &paused()) else {
+                return;
+            };
+            // Some of region A is in before the cut.
+            let early = 2 * PAGE;
+            assert_eq!(read(&mem, early, 8), a[early as usize..][..8]);
+            // Cut the file 1 MiB + 3 pages into region B's bytes: the
+            // rest of B is gone (A lies before B in the file).
+            let size = std::fs::metadata(&path).unwrap().len();
+            // B's bytes are last, before a 16-byte trailer (no bad ranges).
+            let b_off = size - 16 - B_LEN;
+            let keep = (1 << 20) + 3 * PAGE;
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.set_len(b_off + keep).unwrap();
+            let r = h.wait();
+            assert_eq!(r.fill.bad_outcome, BadOutcome::Poisoned);
+            let lost: u64 = r.bad.iter().map(|x| x.len).sum();
+            assert_eq!(
+                r.bad.first().map(|x| x.addr),
+                Some(GuestAddress(B + keep)),
+                "{:?}",
+                r.bad
+            );
+            assert_eq!(lost, B_LEN - keep, "{:?}", r.bad);
+            assert!(r.bad.iter().all(|x| x.kind == FaultKind::Vanished));
+            // Region A and B's first part restored.
+            assert_eq!(read(&mem, 0, A_LEN as usize), a);
+            assert_eq!(read(&mem, B, keep as usize), b[..keep as usize]);
+            // A lost page holds a poison marker: a read gets SIGBUS there
+            // (BUS_MCEERR_AR as for real poison where the kernel has
+            // CONFIG_MEMORY_FAILURE; without it, x86 reports BUS_ADRERR).
+            let mut buf = vec![0u8; PAGE as usize];
+            // SAFETY: guest RAM we own, read with the mc copy.
+            let e = unsafe {
+                foliokit::copy_mc_raw(
+                    buf.as_mut_ptr(),
+                    host(&mem, B + keep + 7 * PAGE),
+                    buf.len(),
+                    foliokit::CopyStrategy::Auto,
+                )
+            };
+            match e {
+                Err(foliokit::McError::Fault(f)) => {
+                    let memory_failure =
+                        std::path::Path::new("/proc/sys/vm/memory_failure_early_kill").exists();
+                    let want = if memory_failure {
+                        FaultKind::Poison
+                    } else {
+                        FaultKind::Vanished
+                    };
+                    assert_eq!(f.kind, want, "memory failure handling: {memory_failure}");
+                }
+                other => panic!("a lost page read as {other:?}"),
+            }
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
+#[test]
+fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
+    in_child(
+        "cancel_keeps_what_was_filled_and_wait_fills_the_rest",
+        LIMIT,
+        || {
+            let (path, a, b) = snapshot_file("cancel");
+            let mem = vm();
+            let mut o = LazyRestoreOptions::default();
+            o.fill.latency_budget = Duration::from_micros(1);
+            o.fill.channels = 1;
+            let Some(h) = start(&mem, &path, &o) else {
+                return;
+            };
+            // Cancel at once: how far the fill got by then depends on
+            // scheduling (on an idle machine all 24 MiB can be in first).
+            h.cancel();
+            std::thread::sleep(Duration::from_millis(20));
+            let p1 = h.progress();
+            std::thread::sleep(Duration::from_millis(50));
+            let p2 = h.progress();
+            assert_eq!(
+                p1.filled_pages, p2.filled_pages,
+                "the fill went on after cancel"
+            );
+            if p2.done {
+                common::say("NOTE: the fill ended before the cancel was seen; only wait checked");
+            }
+            // Faults are still served while cancelled. The fill goes in
+            // address order, so the last folio is the last to come: out
+            // still unless a loaded machine let the fill reach it before
+            // the cancel was seen.
+            // (Address order is host address order: the region mapped
+            // higher comes last.)
+            let out = !p2.done && p2.filled_pages + p2.faulted_pages < p2.total_pages;
+            if host(&mem, B) > host(&mem, 0) {
+                assert_eq!(
+                    read(&mem, B + B_LEN - PAGE, PAGE as usize),
+                    b[(B_LEN - PAGE) as usize..]
+                );
+            } else {
+                assert_eq!(
+                    read(&mem, A_LEN - PAGE, PAGE as usize),
+                    a[(A_LEN - PAGE) as usize..]
+                );
+            }
+            if out {
+                // The counts follow the install (which wakes us) closely.
+                let t = std::time::Instant::now();
+                while h.progress().faulted_pages == p2.faulted_pages {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(5),
+                        "the fault was not counted: {p2:?} then {:?}",
+                        h.progress()
+                    );
+                    std::thread::yield_now();
+                }
+            } else {
+                common::say(
+                    "NOTE: the fill was done before the cancel; fault while cancelled not checked",
+                );
+            }
+            assert_eq!(h.progress().filled_pages, p2.filled_pages);
+            let r = h.wait();
+            assert!(r.fill.progress.done);
+            assert_eq!(read(&mem, 0, A_LEN as usize), a);
+            // Huge pages stayed huge: every whole 2 MiB folio of guest RAM
+            // went in as one (UFFDIO_MOVE of a staged THP).
+            let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                .unwrap_or_default();
+            let ha = host(&mem, 0) as usize;
+            if thp.contains("[never]") {
+                skip("THP disabled: huge pages not checked");
+            } else {
+                let whole =
+                    ((ha + A_LEN as usize) / (2 << 20)).saturating_sub(ha.div_ceil(2 << 20));
+                // (smaps counts whole mappings; B's may be merged with A's.)
+                assert!(thp_bytes(ha, A_LEN as usize) >= (whole as u64) << 21);
+                assert!(r.fill.whole_folios >= whole as u64);
+            }
+            assert_eq!(read(&mem, B, B_LEN as usize), b);
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
+#[test]
+fn a_child_forked_during_the_fill_sees_the_snapshot() {
+    in_child(
+        "a_child_forked_during_the_fill_sees_the_snapshot",
+        LIMIT,
+        || {
+            let (path, a, b) = snapshot_file("fork");
+            let mem = vm();
+            let Some(h) = start(&mem, &path, &paused()) else {
+                return;
+            };
+            // Part in, part discarded, most still to come.
+            assert_eq!(read(&mem, PAGE, 8), a[PAGE as usize..][..8]);
+            let gone = 8 << 20;
+            // SAFETY: discarding guest RAM we own.
+            let rc = unsafe {
+                libc::madvise(host(&mem, gone).cast(), PAGE as usize, libc::MADV_DONTNEED)
+            };
+            assert_eq!(rc, 0);
+            // SAFETY: the child only reads memory and exits.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let good = read(&mem, 0, gone as usize) == a[..gone as usize]
+                    && read(&mem, gone, PAGE as usize).iter().all(|&x| x == 0)
+                    && read(&mem, gone + PAGE, (A_LEN - gone - PAGE) as usize)
+                        == a[(gone + PAGE) as usize..]
+                    && read(&mem, B, B_LEN as usize) == b;
+                // SAFETY: leaving the forked child without running the
+                // parent's destructors.
+                unsafe { libc::_exit(if good { 0 } else { 1 }) };
+            }
+            assert!(pid > 0);
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "the forked child saw wrong bytes (status {status:#x})"
+            );
+            let r = h.wait();
+            assert!(r.fill.forks >= 1);
+            assert_eq!(read(&mem, B, B_LEN as usize), b);
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
+#[test]
+fn guest_ram_already_touched_is_refused() {
+    let (path, _, _) = snapshot_file("touched");
+    let mem = vm();
+    mem.write_obj(1u64, GuestAddress(B)).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    match restore_lazy(&mem, &f, &LazyRestoreOptions::default()) {
+        Err(Error::NotEmpty { addr, .. }) => assert_eq!(addr, GuestAddress(B)),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a touched guest was accepted"),
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// What the kernel does with each install: `UFFDIO_COPY` of a 2 MiB-aligned
+/// range into THP-eligible anonymous memory installs 512 base pages (the
+/// fill's copy path, forced here with a 4 KiB folio), while a staged THP
+/// moved in with `UFFDIO_MOVE` stays one huge page (the default).
+#[test]
+fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
+    in_child(
+        "uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp",
+        LIMIT,
+        || {
+            use foliokit::lazy::{fill_lazily, LazyOptions, Segment, Source};
+            let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                .unwrap_or_default();
+            if thp.contains("[never]") {
+                skip("THP disabled");
+                return;
+            }
+            let len = 4usize << 20;
+            let data = pattern(len, 3);
+            let path = temp_path("thp");
+            std::fs::write(&path, &data).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let _ = std::fs::remove_file(&path);
+            for (folio, want_huge) in [(4096usize, false), (2 << 20, true)] {
+                let mut r = foliokit::mem::Region::unpopulated(len, 2 << 20).unwrap();
+                let seg = Segment {
+                    addr: r.as_mut_ptr() as usize,
+                    len,
+                    offset: 0,
+                };
+                let o = LazyOptions {
+                    folio_size: folio,
+                    ..LazyOptions::default()
+                };
+                let src = Source::map_file(&file, len).unwrap();
+                // SAFETY: a fresh region of ours, untouched until the
+                // fill ends.
+                let h = match unsafe { fill_lazily(&[seg], src, &o) } {
+                    Ok(h) => h,
+                    Err(LazyError::Refused(why)) => {
+                        skip(&format!("lazy fill unavailable here: {why}"));
+                        return;
+                    }
+                    Err(e) => panic!("{e}"),
+                };
+                let rep = h.wait();
+                assert!(r.as_slice() == &data[..], "folio {folio}: wrong bytes");
+                let huge = thp_bytes(seg.addr, len);
+                if want_huge {
+                    assert_eq!(huge, len as u64, "moved-in THPs were split");
+                    assert_eq!(rep.whole_folios, 2);
+                } else {
+                    assert_eq!(huge, 0, "UFFDIO_COPY gave huge pages after all");
+                    assert_eq!(rep.whole_folios, 0);
+                }
+            }
+        },
+    );
+}

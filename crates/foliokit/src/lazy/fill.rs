@@ -1,0 +1,1086 @@
+//! The fill thread: serves faults, fills in the background, ends by
+//! unregistering. The ordering argument is in the module docs (mod.rs).
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::child::{fill_child, Piece};
+use super::park::Active;
+use super::remap::Remaps;
+use super::{
+    BadOutcome, LazyBad, LazyError, LazyFill, LazyOptions, LazyRefusal, LazyReport, Segment,
+    Shared, Source,
+};
+use crate::batch::page_size;
+use crate::channels::ChannelPool;
+use crate::copy::CopyStrategy;
+use crate::mc::{FaultKind, McCopyFn, McError};
+use crate::migrate::BatchController;
+use crate::sys::uffd::{self, Msg, Uffd};
+use crate::tune::{self, Shape};
+
+const EVENTS: u64 = uffd::FEATURE_EVENT_FORK
+    | uffd::FEATURE_EVENT_REMAP
+    | uffd::FEATURE_EVENT_REMOVE
+    | uffd::FEATURE_EVENT_UNMAP;
+
+/// How often one block's fill may be interrupted (an event to read, the
+/// kernel short of memory) before it gives up on a page.
+const MAX_RETRIES: usize = 1000;
+
+/// One segment as the fill sees it.
+#[derive(Debug)]
+struct Seg {
+    addr: usize,
+    len: usize,
+    offset: u64,
+    /// Install unit: the base page, or the huge page size on hugetlb.
+    unit: usize,
+    /// Private anonymous memory `UFFDIO_MOVE` can fill folio by folio.
+    movable: bool,
+    /// Global index of its first base page.
+    first_page: usize,
+}
+
+/// A folio-aligned window of one segment: what one fill installs.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    start: usize,
+    len: usize,
+    seg: u32,
+}
+
+/// A bit per base page.
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(n: usize) -> Bits {
+        Bits(vec![0; n.div_ceil(64)])
+    }
+    fn get(&self, i: usize) -> bool {
+        self.0[i / 64] >> (i % 64) & 1 != 0
+    }
+    fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+    fn any(&self, i: usize, n: usize) -> bool {
+        (i..i + n).any(|j| self.get(j))
+    }
+    fn all(&self, i: usize, n: usize) -> bool {
+        (i..i + n).all(|j| self.get(j))
+    }
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// An anonymous mapping we own.
+struct Map {
+    base: usize,
+    len: usize,
+}
+
+impl Map {
+    fn new(len: usize, prot: libc::c_int) -> io::Result<Map> {
+        // SAFETY: a fresh private anonymous mapping; nothing is replaced.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Map {
+            base: p as usize,
+            len,
+        })
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// The huge page size of the hugetlb mapping at `addr` (its smaps
+/// `KernelPageSize`), or the base page.
+fn kernel_page_size(addr: usize) -> usize {
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
+        return page_size();
+    };
+    let mut inside = false;
+    for line in text.lines() {
+        if let Some((a, b)) = line
+            .split_whitespace()
+            .next()
+            .and_then(|r| r.split_once('-'))
+        {
+            if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = s <= addr && addr < e;
+                continue;
+            }
+        }
+        if inside {
+            if let Some(v) = line.strip_prefix("KernelPageSize:") {
+                let kb: usize = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(4);
+                return (kb << 10).max(page_size());
+            }
+        }
+    }
+    page_size()
+}
+
+/// Whether every mapping over `[addr, addr + len)` is private anonymous
+/// (from /proc/self/maps, which walks no page tables).
+fn private_anon(addr: usize, len: usize) -> io::Result<bool> {
+    let text = std::fs::read_to_string("/proc/self/maps")?;
+    let end = addr + len;
+    Ok(text.lines().all(|line| {
+        let mut f = line.split_whitespace();
+        let Some((a, b)) = f.next().and_then(|r| r.split_once('-')) else {
+            return true;
+        };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            return true;
+        };
+        if e <= addr || s >= end {
+            return true;
+        }
+        let perms = f.next().unwrap_or_default();
+        let inode = f.nth(2).unwrap_or("0");
+        let path = f.next().unwrap_or("");
+        perms.ends_with('p') && inode == "0" && (path.is_empty() || path == "[heap]")
+    }))
+}
+
+/// Opens the descriptor: all faults, the events, and MOVE and POISON where
+/// the kernel has them. Returns it and the features granted.
+fn open_uffd() -> Result<(Uffd, u64), LazyRefusal> {
+    let supported = Uffd::supported_features().map_err(LazyRefusal::NoUffd)?;
+    for (bit, feature, since) in [
+        (
+            uffd::FEATURE_EVENT_REMOVE,
+            "userfaultfd REMOVE events",
+            "4.11",
+        ),
+        (
+            uffd::FEATURE_EVENT_UNMAP,
+            "userfaultfd UNMAP events",
+            "4.11",
+        ),
+        (
+            uffd::FEATURE_EVENT_REMAP,
+            "userfaultfd REMAP events",
+            "4.11",
+        ),
+        (uffd::FEATURE_EVENT_FORK, "userfaultfd FORK events", "4.11"),
+    ] {
+        if supported & bit == 0 {
+            return Err(LazyRefusal::KernelLacks { feature, since });
+        }
+    }
+    // Without the events first: tells a missing descriptor from a
+    // user-mode-only one from forbidden fork events.
+    if let Err(e) = Uffd::open(0, false) {
+        return Err(match Uffd::open(0, true) {
+            Ok(_) => LazyRefusal::UserModeOnly(e),
+            Err(_) => LazyRefusal::NoUffd(e),
+        });
+    }
+    let features = EVENTS | supported & (uffd::FEATURE_MOVE | uffd::FEATURE_POISON);
+    match Uffd::open(features, false) {
+        Ok((u, _)) => Ok((u, features)),
+        Err(e) if errno(&e) == libc::EPERM => Err(LazyRefusal::NoForkEvents(e)),
+        Err(e) => Err(LazyRefusal::NoUffd(e)),
+    }
+}
+
+/// Checks, registers and starts the fill thread.
+pub(super) fn start(
+    segments: &[Segment],
+    source: Source,
+    opts: &LazyOptions,
+) -> Result<LazyFill, LazyError> {
+    let t0 = Instant::now();
+    let page = page_size();
+    let folio = opts.folio_size.max(page);
+    if !folio.is_power_of_two() {
+        return Err(LazyError::BadSegment {
+            addr: 0,
+            len: folio,
+            why: "the folio size is not a power of two",
+        });
+    }
+    let mut sorted: Vec<Segment> = segments.to_vec();
+    sorted.sort_by_key(|s| s.addr);
+    for (i, s) in sorted.iter().enumerate() {
+        let bad = |why| LazyError::BadSegment {
+            addr: s.addr,
+            len: s.len,
+            why,
+        };
+        if s.len == 0 || s.addr % page != 0 || s.len % page != 0 {
+            return Err(bad("empty or not page-aligned"));
+        }
+        let end = s.addr.checked_add(s.len).ok_or_else(|| bad("wraps"))?;
+        if sorted.get(i + 1).is_some_and(|n| n.addr < end) {
+            return Err(bad("overlaps the next segment"));
+        }
+        let src_end = s.offset.checked_add(s.len as u64);
+        if src_end.is_none_or(|e| e > source.len() as u64) {
+            return Err(LazyError::SourceTooShort {
+                addr: s.addr,
+                end: src_end.unwrap_or(u64::MAX),
+                mapped: source.len(),
+            });
+        }
+    }
+    let (copy_strategy, mc) = crate::mc::mc_routine(
+        opts.strategy,
+        Shape::batch(
+            folio,
+            tune::LAZY_MAX_BATCH_BYTES / folio,
+            crate::Reuse::Stream,
+        )
+        .on_channels(opts.channels),
+    )?;
+    let pool = crate::channels::shared(opts.channels.max(1))?;
+    let (uffd, features) = open_uffd()?;
+    let mut segs = Vec::with_capacity(sorted.len());
+    let mut blocks = Vec::new();
+    let mut pages = 0;
+    let mut any_movable = false;
+    let mut unit_max = page;
+    let mut poison = features & uffd::FEATURE_POISON != 0;
+    for (i, s) in sorted.iter().enumerate() {
+        let ioctls =
+            uffd.register_missing(s.addr, s.len)
+                .map_err(|source| LazyRefusal::Register {
+                    addr: s.addr,
+                    len: s.len,
+                    source,
+                })?;
+        poison &= ioctls & uffd::IOCTL_POISON != 0;
+        if ioctls & uffd::IOCTL_COPY == 0 {
+            return Err(LazyRefusal::KernelLacks {
+                feature: "UFFDIO_COPY on this mapping",
+                since: "4.3",
+            }
+            .into());
+        }
+        // hugetlb ranges are offered the basic ioctls only (no
+        // UFFDIO_ZEROPAGE); only then is smaps read (its page-table walk
+        // over every mapping of the process costs milliseconds, while
+        // the caller waits to start its vCPUs).
+        let hugetlb = ioctls & uffd::IOCTL_ZEROPAGE == 0;
+        let unit = if hugetlb {
+            kernel_page_size(s.addr)
+        } else {
+            page
+        };
+        if s.addr % unit != 0 || s.len % unit != 0 {
+            return Err(LazyError::BadSegment {
+                addr: s.addr,
+                len: s.len,
+                why: "not aligned to its huge page size",
+            });
+        }
+        unit_max = unit_max.max(unit);
+        let movable = ioctls & uffd::IOCTL_MOVE != 0
+            && folio > page
+            && !hugetlb
+            && private_anon(s.addr, s.len).map_err(|source| LazyError::Sys {
+                what: "read /proc/self/maps",
+                source,
+            })?;
+        any_movable |= movable;
+        let block = folio.max(unit);
+        let mut at = s.addr;
+        while at < s.addr + s.len {
+            let end = ((at / block + 1) * block).min(s.addr + s.len);
+            blocks.push(Block {
+                start: at,
+                len: end - at,
+                seg: i as u32,
+            });
+            at = end;
+        }
+        segs.push(Seg {
+            addr: s.addr,
+            len: s.len,
+            offset: s.offset,
+            unit,
+            movable,
+            first_page: pages,
+        });
+        pages += s.len / page;
+    }
+    let slots = (tune::LAZY_MAX_BATCH_BYTES / folio).max(1);
+    let staging = if any_movable {
+        // The batch slots, the fault slot, and room to align them.
+        let m = Map::new((slots + 2) * folio, libc::PROT_READ | libc::PROT_WRITE).map_err(
+            |source| LazyError::Sys {
+                what: "mapping the staging area",
+                source,
+            },
+        )?;
+        // SAFETY: advice on our own mapping.
+        unsafe { libc::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_HUGEPAGE) };
+        Some(m)
+    } else {
+        None
+    };
+    let zero = Map::new(unit_max, libc::PROT_READ).map_err(|source| LazyError::Sys {
+        what: "mapping the zero source",
+        source,
+    })?;
+    let shared = Arc::new(Shared::default());
+    shared.total.store(pages as u64, Ordering::Relaxed);
+    shared
+        .cancelled
+        .store(opts.start_cancelled, Ordering::Relaxed);
+    let nb = blocks.len();
+    let mut f = Filler {
+        uffd,
+        poison,
+        source: Arc::new(source),
+        segs,
+        state: vec![false; nb],
+        pending: nb,
+        removed: Bits::new(pages),
+        bad_bits: Bits::new(pages),
+        order: Vec::new(),
+        cursor: 0,
+        remaps: Remaps::default(),
+        faults: VecDeque::new(),
+        in_batch: false,
+        serve_during: opts.serve_during_batches,
+        staging,
+        slots,
+        zero,
+        scratch: vec![0u8; unit_max],
+        folio,
+        page,
+        pool,
+        mc,
+        strategy: copy_strategy,
+        ctl: BatchController::new(
+            opts.latency_budget,
+            tune::LAZY_START_BATCH_BYTES / page,
+            folio / page,
+            slots * folio / page,
+        ),
+        shared: shared.clone(),
+        bad: Vec::new(),
+        notes: Vec::new(),
+        whole: 0,
+        batches: 0,
+        longest: Duration::ZERO,
+        forks: 0,
+        t0,
+        blocks,
+    };
+    for &(a, l) in &opts.skip {
+        f.discard(a, a.saturating_add(l), false);
+    }
+    let mut seen = vec![false; nb];
+    for &a in &opts.first {
+        if let Some(b) = f.block_of(a) {
+            if !seen[b] {
+                seen[b] = true;
+                f.order.push(b as u32);
+            }
+        }
+    }
+    f.order
+        .extend((0..nb as u32).filter(|&b| !seen[b as usize]));
+    let thread = std::thread::Builder::new()
+        .name("foliokit-lazy".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.run()));
+            if r.is_err() {
+                // Registered ranges with nobody to serve them would hang
+                // every thread that touches them; unregistering would
+                // expose zeros. Neither is acceptable.
+                eprintln!("foliokit: the lazy fill thread panicked; aborting");
+                std::process::abort();
+            }
+        })
+        .map_err(|source| LazyError::Sys {
+            what: "starting the fill thread",
+            source,
+        })?;
+    Ok(LazyFill {
+        shared,
+        thread: Some(thread),
+    })
+}
+
+struct Filler {
+    uffd: Uffd,
+    poison: bool,
+    source: Arc<Source>,
+    segs: Vec<Seg>,
+    blocks: Vec<Block>,
+    /// Per block: done (filled, or nothing left to fill).
+    state: Vec<bool>,
+    pending: usize,
+    /// Per base page: discarded, unmapped or skipped: never filled.
+    removed: Bits,
+    /// Per base page: the source could not be read.
+    bad_bits: Bits,
+    order: Vec<u32>,
+    cursor: usize,
+    remaps: Remaps,
+    faults: VecDeque<usize>,
+    /// A background batch is in flight (its slots and the channels busy).
+    in_batch: bool,
+    /// Serve faults outside a batch while it is in flight.
+    serve_during: bool,
+    staging: Option<Map>,
+    slots: usize,
+    zero: Map,
+    scratch: Vec<u8>,
+    folio: usize,
+    page: usize,
+    pool: Arc<ChannelPool>,
+    mc: McCopyFn,
+    strategy: CopyStrategy,
+    ctl: BatchController,
+    shared: Arc<Shared>,
+    bad: Vec<LazyBad>,
+    notes: Vec<String>,
+    whole: u64,
+    batches: u64,
+    longest: Duration,
+    forks: u64,
+    t0: Instant,
+}
+
+impl Filler {
+    fn seg_of(&self, addr: usize) -> Option<usize> {
+        let i = self.segs.partition_point(|s| s.addr <= addr);
+        let s = self.segs.get(i.checked_sub(1)?)?;
+        (addr < s.addr + s.len).then_some(i - 1)
+    }
+
+    fn block_of(&self, addr: usize) -> Option<usize> {
+        self.seg_of(addr)?;
+        let i = self.blocks.partition_point(|b| b.start <= addr);
+        Some(i - 1)
+    }
+
+    /// Global base-page index of an original address inside a segment.
+    fn page_index(&self, seg: usize, addr: usize) -> usize {
+        let s = &self.segs[seg];
+        s.first_page + (addr - s.addr) / self.page
+    }
+
+    fn src(&self, seg: usize, addr: usize) -> usize {
+        let s = &self.segs[seg];
+        self.source.as_ptr() as usize + s.offset as usize + (addr - s.addr)
+    }
+
+    fn mark_done(&mut self, b: usize) {
+        if !self.state[b] {
+            self.state[b] = true;
+            self.pending -= 1;
+        }
+    }
+
+    /// Marks the original range `[start, end)` never to be filled (counted
+    /// as skipped where it was still to fill).
+    fn discard(&mut self, start: usize, end: usize, now_addresses: bool) {
+        let page = self.page;
+        let mut a = start / page * page;
+        while a < end {
+            let orig = if now_addresses {
+                self.remaps.original(a)
+            } else {
+                a
+            };
+            if let Some(seg) = self.seg_of(orig) {
+                let i = self.page_index(seg, orig);
+                let b = self.block_of(orig).expect("inside a segment");
+                if !self.removed.get(i) {
+                    self.removed.set(i);
+                    if !self.state[b] {
+                        self.shared.skipped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let blk = self.blocks[b];
+                let first = self.page_index(seg, blk.start);
+                if !self.state[b] && self.removed.all(first, blk.len / page) {
+                    self.mark_done(b);
+                }
+            }
+            a += page;
+        }
+    }
+
+    /// Applies one message; faults are queued.
+    fn apply(&mut self, m: Msg) {
+        match m {
+            Msg::Fault { addr } => self.faults.push_back(addr),
+            Msg::Remove { start, end } | Msg::Unmap { start, end } => {
+                self.discard(start, end, true)
+            }
+            Msg::Remap { from, to, len } => self.remaps.push(from, to, len),
+            Msg::Fork(child) => self.fork(child),
+        }
+    }
+
+    /// Reads and applies every waiting message.
+    fn drain(&mut self) {
+        match self.uffd.read_all() {
+            Ok(msgs) => msgs.into_iter().for_each(|m| self.apply(m)),
+            Err(e) => self.notes.push(format!("reading the userfaultfd: {e}")),
+        }
+    }
+
+    /// A fork: fill the child's empty pages from the source.
+    fn fork(&mut self, child: Uffd) {
+        self.forks += 1;
+        let page = self.page;
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut unit = page;
+        // A wipe-on-fork child must see zeros there.
+        let wipe: Vec<bool> = self
+            .segs
+            .iter()
+            .map(|s| {
+                crate::migrate::vma::overlapping(self.remaps.now(s.addr), s.len)
+                    .map(|vs| vs.iter().any(|v| v.has("wf")))
+                    .unwrap_or(true)
+            })
+            .collect();
+        for b in 0..self.blocks.len() {
+            if self.state[b] {
+                continue;
+            }
+            let blk = self.blocks[b];
+            let seg = blk.seg as usize;
+            if wipe[seg] {
+                continue;
+            }
+            unit = unit.max(self.segs[seg].unit);
+            let mut a = blk.start;
+            while a < blk.start + blk.len {
+                let i = self.page_index(seg, a);
+                if !self.removed.get(i) && !self.bad_bits.get(i) {
+                    let now = self.remaps.now(a);
+                    let src = self.src(seg, a);
+                    match pieces.last_mut() {
+                        Some((d, s, l)) if *d + *l == now && *s + *l == src => *l += page,
+                        _ => pieces.push((now, src, page)),
+                    }
+                }
+                a += page;
+            }
+        }
+        let poison = self.poison;
+        let keep = self.source.clone();
+        let spawned = std::thread::Builder::new()
+            .name("foliokit-lazy-child".into())
+            .spawn(move || {
+                fill_child(child, pieces, unit, poison);
+                drop(keep);
+            });
+        if let Err(e) = spawned {
+            self.notes.push(format!(
+                "could not fill a forked child ({e}); its unfilled pages read zeros"
+            ));
+        }
+    }
+
+    fn run(mut self) {
+        let active = Active::enter();
+        let mut parked: Vec<Msg> = Vec::with_capacity(tune::LAZY_PARKED_MESSAGES);
+        loop {
+            if active.fork_pending() {
+                let u = &self.uffd;
+                active.park(|| {
+                    // No allocation here: a fork holds the allocator's
+                    // locks until we read its event.
+                    let _ = u.read_into(&mut parked);
+                    u.poll(1);
+                });
+                // Drained, not taken: the room must stay reserved for the
+                // next fork (with none, its event could not be read).
+                for m in parked.drain(..) {
+                    self.apply(m);
+                }
+            }
+            self.drain();
+            while let Some(addr) = self.faults.pop_front() {
+                self.serve(addr);
+            }
+            if self.pending == 0 {
+                break;
+            }
+            let cancelled = self.shared.cancelled.load(Ordering::Acquire)
+                && !self.shared.finish.load(Ordering::Acquire);
+            if cancelled {
+                self.uffd.poll(10);
+                continue;
+            }
+            self.batch();
+        }
+        self.finish();
+        drop(active);
+    }
+
+    /// Serves a fault at (current) address `addr`.
+    fn serve(&mut self, addr: usize) {
+        self.shared.faults.fetch_add(1, Ordering::Relaxed);
+        let orig = self.remaps.original(addr);
+        let Some(b) = self.block_of(orig) else {
+            let _ = self.uffd.wake(addr / self.page * self.page, self.page);
+            return;
+        };
+        let seg = self.blocks[b].seg as usize;
+        let installed = if self.state[b] {
+            0
+        } else {
+            let n = self.fill_block(b, None);
+            self.shared.faulted.fetch_add(n as u64, Ordering::Relaxed);
+            n
+        };
+        let unit = self.segs[seg].unit;
+        let p = orig / unit * unit;
+        let i = self.page_index(seg, p);
+        if self.removed.get(i) && !self.bad_bits.get(i) {
+            // Discarded: the guest expects zeros there.
+            self.install_zeros(self.remaps.now(p), unit);
+        } else if installed == 0 {
+            let _ = self.uffd.wake(self.remaps.now(p), unit);
+        }
+    }
+
+    fn install_zeros(&mut self, at: usize, unit: usize) {
+        for _ in 0..MAX_RETRIES {
+            match self.uffd.copy(at, self.zero.base, unit) {
+                Ok(_) => return,
+                Err(p) if errno(&p.error) == libc::EAGAIN => self.drain(),
+                Err(p) if errno(&p.error) == libc::EEXIST => {
+                    let _ = self.uffd.wake(at, unit);
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Whether block `b` can go in whole with `UFFDIO_MOVE`.
+    fn movable(&self, b: usize) -> bool {
+        let blk = self.blocks[b];
+        let seg = blk.seg as usize;
+        if !self.segs[seg].movable || blk.len != self.folio || self.staging.is_none() {
+            return false;
+        }
+        let i = self.page_index(seg, blk.start);
+        let n = blk.len / self.page;
+        if self.removed.any(i, n) || self.bad_bits.any(i, n) {
+            return false;
+        }
+        let now = self.remaps.now(blk.start);
+        now % self.folio == 0 && self.remaps.now(blk.start + blk.len - 1) == now + blk.len - 1
+    }
+
+    fn slot(&self, k: usize) -> usize {
+        let base = self.staging.as_ref().expect("staging area").base;
+        base.next_multiple_of(self.folio) + k * self.folio
+    }
+
+    /// Fills block `b` now; with `staged`, its bytes are already in that
+    /// staging slot. Returns the base pages installed.
+    fn fill_block(&mut self, b: usize, staged: Option<usize>) -> usize {
+        if self.state[b] {
+            return 0;
+        }
+        let n = if self.movable(b) {
+            let blk = self.blocks[b];
+            let slot = match staged {
+                Some(s) => Some(s),
+                None if self.in_batch => {
+                    // The channels are busy with the batch: copy on this
+                    // thread into the fault slot (the batch's are in use).
+                    let s = self.slot(self.slots);
+                    let src = self.src(blk.seg as usize, blk.start);
+                    // SAFETY: the fault slot is our private staging folio,
+                    // used by no batch; the source is mapped for the
+                    // segment's bytes (checked at start) and may fault,
+                    // which the mc copy reports.
+                    let r = unsafe {
+                        crate::mc::copy_mc_raw(
+                            s as *mut u8,
+                            src as *const u8,
+                            blk.len,
+                            self.strategy,
+                        )
+                    };
+                    r.is_ok().then_some(s)
+                }
+                None => {
+                    // A faulting thread waits for this copy: the channels
+                    // split the one folio between them.
+                    let s = self.slot(0);
+                    let src = self.src(blk.seg as usize, blk.start);
+                    // SAFETY: the slot is our private staging mapping
+                    // (blk.len == folio bytes from a folio-aligned slot),
+                    // untouched by anyone else until the batch ends; the
+                    // source is mapped for the segment's bytes (checked at
+                    // start) and may fault, which the mc copy reports.
+                    let r = unsafe {
+                        self.pool.submit_copy_mc(
+                            &[s as *mut u8],
+                            &[src as *const u8],
+                            blk.len,
+                            self.mc,
+                        )
+                    };
+                    r.ok()
+                        .map(|b| b.wait())
+                        .filter(|o| o.failed.is_empty())
+                        .map(|_| s)
+                }
+            };
+            match slot {
+                Some(s) => self.move_in(b, s),
+                None => self.copy_block(b),
+            }
+        } else {
+            self.copy_block(b)
+        };
+        self.mark_done(b);
+        n
+    }
+
+    /// Moves the staged folio into block `b`; what the move could not do
+    /// is copied from the source.
+    fn move_in(&mut self, b: usize, slot: usize) -> usize {
+        let blk = self.blocks[b];
+        let dst = self.remaps.now(blk.start);
+        match self.uffd.move_pages(dst, slot, blk.len) {
+            Ok(_) => {
+                self.whole += 1;
+                blk.len / self.page
+            }
+            Err(p) => {
+                if errno(&p.error) == libc::EAGAIN {
+                    self.drain();
+                }
+                // Moved pages are there: the copy skips them (EEXIST).
+                p.done / self.page + self.copy_block(b)
+            }
+        }
+    }
+
+    /// Copies block `b` from the source with `UFFDIO_COPY`, unit by unit
+    /// where needed, skipping discarded and bad pages and pages already
+    /// there. Returns the base pages installed.
+    fn copy_block(&mut self, b: usize) -> usize {
+        let blk = self.blocks[b];
+        let seg = blk.seg as usize;
+        let unit = self.segs[seg].unit;
+        let upages = unit / self.page;
+        let end = blk.start + blk.len;
+        let mut at = blk.start;
+        let mut installed = 0;
+        let mut retries = 0;
+        while at < end {
+            let i = self.page_index(seg, at);
+            if self.removed.any(i, upages) || self.bad_bits.any(i, upages) {
+                at += unit;
+                continue;
+            }
+            let mut run_end = at + unit;
+            if self.remaps.is_empty() {
+                while run_end < end {
+                    let j = self.page_index(seg, run_end);
+                    if self.removed.any(j, upages) || self.bad_bits.any(j, upages) {
+                        break;
+                    }
+                    run_end += unit;
+                }
+            }
+            let dst = self.remaps.now(at);
+            let src = self.src(seg, at);
+            let Err(p) = self.uffd.copy(dst, src, run_end - at) else {
+                installed += (run_end - at) / self.page;
+                at = run_end;
+                continue;
+            };
+            let done = p.done / unit * unit;
+            installed += done / self.page;
+            at += done;
+            match errno(&p.error) {
+                libc::EEXIST => {
+                    let _ = self.uffd.wake(self.remaps.now(at), unit);
+                    at += unit;
+                }
+                libc::EFAULT => {
+                    installed += self.bad_unit(seg, at, unit);
+                    at += unit;
+                }
+                libc::EAGAIN | libc::ENOMEM if retries < MAX_RETRIES => {
+                    retries += 1;
+                    if errno(&p.error) == libc::ENOMEM {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    self.drain();
+                }
+                libc::ENOENT | libc::EINVAL | libc::ESRCH => {
+                    // Nothing of ours is mapped there any more.
+                    self.notes.push(format!(
+                        "{:#x}..{end:#x}: the mapping went away during the fill ({})",
+                        self.remaps.now(at),
+                        p.error
+                    ));
+                    self.discard(at, end, false);
+                    at = end;
+                }
+                _ => {
+                    self.notes.push(format!(
+                        "{:#x}: could not be filled ({}); it reads zeros",
+                        self.remaps.now(at),
+                        p.error
+                    ));
+                    self.discard(at, at + unit, false);
+                    at += unit;
+                }
+            }
+        }
+        installed
+    }
+
+    /// The kernel could not read the source for the unit at `at`: find out
+    /// why, then poison it (or fill zeros where poison is unavailable).
+    /// Returns the base pages installed (a retry that worked).
+    fn bad_unit(&mut self, seg: usize, at: usize, unit: usize) -> usize {
+        let src = self.src(seg, at);
+        // SAFETY: `scratch` is ours and `unit` bytes long; the source is
+        // mapped there and may fault, which the mc copy reports.
+        let r = unsafe {
+            crate::mc::copy_mc_raw(
+                self.scratch.as_mut_ptr(),
+                src as *const u8,
+                unit,
+                self.strategy,
+            )
+        };
+        let kind = match r {
+            Err(McError::Fault(f)) => f.kind,
+            Ok(_) => {
+                // Readable now: install what we read.
+                let dst = self.remaps.now(at);
+                if self
+                    .uffd
+                    .copy(dst, self.scratch.as_ptr() as usize, unit)
+                    .is_ok()
+                {
+                    return unit / self.page;
+                }
+                FaultKind::Other(libc::EFAULT)
+            }
+            Err(_) => FaultKind::Other(libc::EFAULT),
+        };
+        let i = self.page_index(seg, at);
+        for j in i..i + unit / self.page {
+            self.bad_bits.set(j);
+        }
+        self.shared
+            .bad
+            .fetch_add((unit / self.page) as u64, Ordering::Relaxed);
+        match self.bad.last_mut() {
+            Some(l) if l.kind == kind && l.addr + l.len == at => l.len += unit,
+            _ => self.bad.push(LazyBad {
+                addr: at,
+                len: unit,
+                kind,
+            }),
+        }
+        let dst = self.remaps.now(at);
+        for _ in 0..MAX_RETRIES {
+            let r = if self.poison {
+                self.uffd.poison(dst, unit)
+            } else {
+                self.uffd.copy(dst, self.zero.base, unit)
+            };
+            match r {
+                Err(p) if errno(&p.error) == libc::EAGAIN => self.drain(),
+                _ => break,
+            }
+        }
+        0
+    }
+
+    /// One background batch: the next pending blocks in order, as many as
+    /// the budget allows.
+    fn batch(&mut self) {
+        let want = self.ctl.pages() * self.page;
+        let t = Instant::now();
+        let mut take: Vec<usize> = Vec::new();
+        let mut bytes = 0;
+        let mut moving = 0;
+        while bytes < want && self.cursor < self.order.len() {
+            let b = self.order[self.cursor] as usize;
+            if self.state[b] {
+                self.cursor += 1;
+                continue;
+            }
+            if self.movable(b) {
+                if moving == self.slots {
+                    break;
+                }
+                moving += 1;
+            }
+            take.push(b);
+            bytes += self.blocks[b].len;
+            self.cursor += 1;
+        }
+        if take.is_empty() {
+            // Only blocks done out of order are left: the cursor passed
+            // them all; pending must be 0 then, or a fault holds one.
+            self.cursor = 0;
+            return;
+        }
+        let movers: Vec<usize> = take.iter().copied().filter(|&b| self.movable(b)).collect();
+        let mut failed = vec![false; movers.len()];
+        if !movers.is_empty() {
+            let dsts: Vec<*mut u8> = (0..movers.len()).map(|k| self.slot(k) as *mut u8).collect();
+            let srcs: Vec<*const u8> = movers
+                .iter()
+                .map(|&b| {
+                    let blk = self.blocks[b];
+                    self.src(blk.seg as usize, blk.start) as *const u8
+                })
+                .collect();
+            let pool = self.pool.clone();
+            // SAFETY: the slots are distinct folios of our private staging
+            // mapping, touched by nobody else until the batch ends (faults
+            // served meanwhile use the fault slot); the sources are mapped
+            // (checked at start) and only read, and a source page that
+            // faults ends its piece short (mc copy).
+            let r = unsafe { pool.submit_copy_mc(&dsts, &srcs, self.folio, self.mc) };
+            match r {
+                Ok(mut batch) => {
+                    // While the channels copy, faults on folios outside
+                    // the batch are served on this thread: a vCPU then
+                    // waits for its own folio, not for the batch. Faults
+                    // inside it wait for the batch, which installs them.
+                    let outcome = loop {
+                        if let Some(o) = batch.try_wait() {
+                            break o;
+                        }
+                        if !self.serve_during {
+                            break batch.wait();
+                        }
+                        if self.uffd.poll_for(tune::LAZY_BATCH_POLL) {
+                            self.in_batch = true;
+                            self.drain();
+                            let mut later = VecDeque::new();
+                            while let Some(addr) = self.faults.pop_front() {
+                                let orig = self.remaps.original(addr);
+                                match self.block_of(orig) {
+                                    Some(b) if take.contains(&b) => later.push_back(addr),
+                                    _ => self.serve(addr),
+                                }
+                            }
+                            self.faults = later;
+                            self.in_batch = false;
+                        }
+                    };
+                    for f in outcome.failed {
+                        for j in f.folio..(f.folio + f.folios).min(failed.len()) {
+                            failed[j] = true;
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.notes.push(format!("copy channels: {e}"));
+                    failed.iter_mut().for_each(|f| *f = true);
+                }
+            }
+        }
+        let mut n = 0;
+        for (k, &b) in movers.iter().enumerate() {
+            // An event read meanwhile may have made it unmovable (a
+            // discard): then it is copied page by page instead.
+            let staged = (!failed[k]).then(|| self.slot(k));
+            let staged = staged.filter(|_| self.movable(b));
+            n += if let Some(s) = staged {
+                let got = self.move_in(b, s);
+                self.mark_done(b);
+                got
+            } else {
+                let got = self.copy_block(b);
+                self.mark_done(b);
+                got
+            };
+        }
+        for &b in take.iter().filter(|b| !movers.contains(b)) {
+            n += self.fill_block(b, None);
+        }
+        self.shared.filled.fetch_add(n as u64, Ordering::Relaxed);
+        let took = t.elapsed();
+        self.batches += 1;
+        self.longest = self.longest.max(took);
+        self.ctl.observe(took);
+    }
+
+    /// Unregisters everything (where it is now), reads what is left, and
+    /// publishes the report.
+    fn finish(mut self) {
+        for i in 0..self.segs.len() {
+            let (a, l) = (self.segs[i].addr, self.segs[i].len);
+            for (s, n) in self.remaps.image(a, l) {
+                if let Err(e) = self.uffd.unregister(s, n) {
+                    self.notes.push(format!(
+                        "unregistering {s:#x} + {n:#x}: {e} (closing does it)"
+                    ));
+                }
+            }
+        }
+        // Events raised before the unregistration: read them so their
+        // threads go on (faults were woken by the unregistration).
+        for _ in 0..3 {
+            self.drain();
+            self.faults.clear();
+        }
+        let report = LazyReport {
+            progress: super::LazyProgress {
+                done: true,
+                ..self.shared.progress()
+            },
+            bad: self.bad.clone(),
+            bad_outcome: if self.poison {
+                BadOutcome::Poisoned
+            } else {
+                BadOutcome::Zeroed
+            },
+            whole_folios: self.whole,
+            batches: self.batches,
+            longest_batch_us: self.longest.as_secs_f64() * 1e6,
+            secs: self.t0.elapsed().as_secs_f64(),
+            forks: self.forks,
+            strategy: Some(self.strategy),
+            notes: std::mem::take(&mut self.notes),
+        };
+        *self.shared.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+        self.shared.done.store(true, Ordering::Release);
+        drop(self);
+    }
+}

@@ -1,0 +1,437 @@
+//! A lazily filled range: memory whose bytes come from a source (a mapped
+//! snapshot file) on first touch, and in the background until all are in.
+//!
+//! [`fill_lazily`] registers the ranges with a userfaultfd in missing mode
+//! (with the REMOVE, UNMAP, REMAP and FORK events) and returns at once; one
+//! fill thread then serves every fault from the source — the whole folio
+//! around it where the range is THP-eligible anonymous memory — and fills
+//! the rest in the background in batches copied by the copy channels with
+//! machine-check-safe copies. Between two batches the fill thread serves
+//! the faults that arrived meanwhile, so a faulting thread waits at most
+//! one batch plus its own folio; the batch size is chosen from the
+//! measured batch time so that one batch stays within the latency budget
+//! (seed 001's batch size vs first-folio latency trade-off, applied to a
+//! restore). When every page is in, the ranges are unregistered: plain
+//! memory again.
+//!
+//! # How a page gets in
+//!
+//! - THP-eligible private anonymous memory (and `UFFDIO_MOVE`, Linux 6.8):
+//!   the folio's bytes are copied from the source into a private staging
+//!   THP, then `UFFDIO_MOVE` moves that whole PMD into the empty guest
+//!   PMD, so huge pages stay huge. (`UFFDIO_COPY` into anonymous memory
+//!   allocates and installs base pages one by one: a 2 MiB `UFFDIO_COPY`
+//!   gives 512 small pages, which only khugepaged or `MADV_COLLAPSE` could
+//!   make huge again, by copying them a second time.)
+//! - Otherwise (shared memory, hugetlb, older kernels, a folio partly
+//!   discarded, a source page that faults): `UFFDIO_COPY` from the source
+//!   mapping, a hugetlb page or a base page at a time.
+//!
+//! # Why no byte is lost, resurrected or exposed
+//!
+//! - In a range registered in missing mode, an empty entry can only be
+//!   filled by this fill thread: every other access to it (user or kernel
+//!   mode, see below) waits on the userfaultfd. `UFFDIO_COPY`,
+//!   `UFFDIO_MOVE` and `UFFDIO_POISON` only install into an empty entry
+//!   (`-EEXIST` otherwise: someone got there first). So a page is filled
+//!   at most once, before anyone could read or write it, and a write the
+//!   guest made after its first touch can never be overwritten: the fill
+//!   skips a page on `-EEXIST` and never retries it.
+//! - A page discarded with `MADV_DONTNEED`/`MADV_REMOVE` (a balloon) is
+//!   never brought back. madvise raises the userfaultfd's
+//!   `mmap_changing` before it zaps and waits until its REMOVE event is
+//!   read; meanwhile `UFFDIO_COPY`/`MOVE` fail with `-EAGAIN`, and the fill
+//!   reads the events and marks those pages discarded before it retries.
+//!   So a fill either completed before the discard began (and the zap
+//!   then removes it), or the pages are known discarded before it is
+//!   tried. A later touch of a discarded page faults (the range is still
+//!   registered) and is answered with zeros, which is what the guest
+//!   expects after `MADV_DONTNEED`; after the fill ends such pages fault
+//!   in as zeros normally. The same holds for unmapped pages (UNMAP: never
+//!   filled; the kernel refuses to fill where nothing of ours is mapped)
+//!   and for ranges the caller asks to skip.
+//! - A faulting thread is woken by the fill that installs its page (or,
+//!   for a page already there, by `UFFDIO_WAKE`), once, and retries its
+//!   access, which then finds the page.
+//! - Kernel-mode accesses (a device thread's `read(2)` into the range, a
+//!   futex, GUP) wait like user faults: the descriptor is opened without
+//!   `UFFD_USER_MODE_ONLY` (through `/dev/userfaultfd` or with
+//!   privilege), else [`fill_lazily`] refuses.
+//! - A source page that cannot be read (a snapshot file truncated under
+//!   the mapping, page-cache poison) is never installed: the mc copy or
+//!   the kernel's `UFFDIO_COPY` (`-EFAULT`) stops there, the page is
+//!   reported in [`LazyReport::bad`] with its kind, and a poison marker is
+//!   installed with `UFFDIO_POISON` (Linux 6.6): a thread touching it gets
+//!   SIGBUS with `BUS_MCEERR_AR` at that address, as real poison would, so
+//!   a VMM injects a memory error into its guest. Without
+//!   `UFFDIO_POISON` the page is filled with zeros instead and the report
+//!   says so ([`BadOutcome::Zeroed`]); the VMM must then act on the report.
+//! - fork(): the child's copy of the range has empty entries where the
+//!   fill had not got yet. With the FORK event the child's copy is
+//!   registered with a new userfaultfd handed to us, and fork does not
+//!   return until we read it; a thread then fills the child's empty pages
+//!   from the source (not the discarded ones) and closes that descriptor.
+//!   glibc's fork() takes the allocator's locks before the kernel waits
+//!   for the event to be read, so the fill thread must read it without
+//!   allocating: a `pthread_atfork` prepare handler (it runs before glibc
+//!   takes those locks) parks every fill thread in a loop that only reads
+//!   messages into room reserved beforehand, until fork() returns.
+//!   Wipe-on-fork ranges are left empty in the child (it must see zeros).
+//!
+//! What a page being out means for code that cannot wait (the kernel does
+//! not wait on a userfaultfd for an exiting task's `clear_child_tid`, for
+//! robust or PI futexes, or remote GUP without `FOLL_UNLOCKABLE`): such
+//! accesses to a page not yet in fail (`-EFAULT`) rather than wait. Guest
+//! RAM holds none of these for the VMM; memory that does must not be
+//! filled lazily. The fill thread never touches the range itself.
+//!
+//! The handle is not usable in a forked child (it has no fill thread
+//! there); a child should only exec or exit.
+
+mod child;
+mod fill;
+mod park;
+mod remap;
+mod source;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::channels::ChannelError;
+use crate::copy::CopyStrategy;
+use crate::mc::{FaultKind, McError};
+
+pub use source::Source;
+
+/// One range to fill: `len` bytes at host address `addr`, whose contents
+/// are at `offset` in the source. Page-aligned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// First host address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Where its bytes start in the source.
+    pub offset: u64,
+}
+
+/// How to fill.
+#[derive(Debug, Clone)]
+pub struct LazyOptions {
+    /// The longest a faulting thread may wait behind a background batch;
+    /// the batch size is chosen to keep each batch within it.
+    pub latency_budget: Duration,
+    /// Copy channels for the background batches.
+    pub channels: usize,
+    /// The folio size of THP-eligible anonymous ranges (filled a folio at
+    /// a time); base pages elsewhere, the huge page size on hugetlb.
+    pub folio_size: usize,
+    /// mc copy strategy (`auto` picks).
+    pub strategy: CopyStrategy,
+    /// Host addresses whose folios are filled first, in this order (pages
+    /// touched right after the last restore, or chosen by the VMM); the
+    /// rest follows in address order.
+    pub first: Vec<usize>,
+    /// Host ranges `(addr, len)` never filled: they read as zeros (pages
+    /// known unreadable when the snapshot was saved).
+    pub skip: Vec<(usize, usize)>,
+    /// Start with the background fill cancelled: only faults are served
+    /// until [`LazyFill::wait`].
+    pub start_cancelled: bool,
+    /// Serve faults on folios outside a background batch while it is in
+    /// flight (on the fill thread, one folio at a time): a faulting thread
+    /// then waits for its own folio only, at the cost of a copy competing
+    /// with the channels for CPUs; worth it with CPUs to spare beyond the
+    /// channels. Off (the default): faults wait for the batch to end (at
+    /// most the latency budget) and every copy runs on the channels. On the
+    /// 2-vCPU dev machine, at 1 GiB: off, first-touch p99 2.0 ms and all
+    /// resident in 1.28x the eager time; on, 5.6 ms and 1.45x.
+    pub serve_during_batches: bool,
+}
+
+impl Default for LazyOptions {
+    fn default() -> Self {
+        LazyOptions {
+            latency_budget: crate::tune::LAZY_LATENCY_BUDGET,
+            channels: crate::tune::LAZY_CHANNELS,
+            folio_size: 2 << 20,
+            strategy: CopyStrategy::Auto,
+            first: Vec::new(),
+            skip: Vec::new(),
+            start_cancelled: false,
+            serve_during_batches: false,
+        }
+    }
+}
+
+/// A source range that could not be read, in host addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LazyBad {
+    /// First host address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Why: poison, vanished (truncated file), another SIGBUS code.
+    pub kind: FaultKind,
+}
+
+/// What a thread touching a bad page gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadOutcome {
+    /// SIGBUS `BUS_MCEERR_AR` at the address, as real poison
+    /// (`UFFDIO_POISON`, Linux 6.6+).
+    Poisoned,
+    /// Zeros: this kernel cannot install poison; act on the report.
+    Zeroed,
+}
+
+/// Counts so far, in base pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LazyProgress {
+    /// Pages in all segments.
+    pub total_pages: u64,
+    /// Pages installed to serve a fault (the whole folio around it).
+    pub faulted_pages: u64,
+    /// Pages installed by the background fill.
+    pub filled_pages: u64,
+    /// Pages never filled: discarded, unmapped or skipped.
+    pub skipped_pages: u64,
+    /// Pages whose source could not be read.
+    pub bad_pages: u64,
+    /// Faults served.
+    pub faults: u64,
+    /// The fill has ended and the ranges are unregistered.
+    pub done: bool,
+}
+
+/// What a whole fill did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LazyReport {
+    /// The final counts.
+    pub progress: LazyProgress,
+    /// Source ranges that could not be read.
+    pub bad: Vec<LazyBad>,
+    /// What touching them gives.
+    pub bad_outcome: BadOutcome,
+    /// Folios moved in whole with `UFFDIO_MOVE` (huge pages kept huge).
+    pub whole_folios: u64,
+    /// Background batches.
+    pub batches: u64,
+    /// The longest background batch, in microseconds: how long a fault
+    /// could wait behind one.
+    pub longest_batch_us: f64,
+    /// Seconds from [`fill_lazily`] until the fill ended.
+    pub secs: f64,
+    /// Forks during the fill whose child was filled.
+    pub forks: u64,
+    /// The mc strategy that copied.
+    pub strategy: Option<CopyStrategy>,
+    /// Anything unusual.
+    pub notes: Vec<String>,
+}
+
+/// Why the lazy fill cannot run here: the caller should restore eagerly.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum LazyRefusal {
+    /// No userfaultfd at all (not built in, or forbidden).
+    #[error("no userfaultfd: {0}")]
+    NoUffd(io::Error),
+    /// Only a user-mode-only userfaultfd could be had: kernel accesses
+    /// (read(2) into the range) would fail instead of waiting. Needs
+    /// /dev/userfaultfd access, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1.
+    #[error("only a user-mode-only userfaultfd is available (needs /dev/userfaultfd, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1): {0}")]
+    UserModeOnly(io::Error),
+    /// The FORK event needs CAP_SYS_PTRACE; without it a forked child would
+    /// read zeros where the fill had not got yet.
+    #[error("userfaultfd fork events need CAP_SYS_PTRACE: {0}")]
+    NoForkEvents(io::Error),
+    /// The kernel lacks an event or feature the fill depends on.
+    #[error("the kernel lacks {feature} (Linux {since})")]
+    KernelLacks {
+        /// What is missing.
+        feature: &'static str,
+        /// The first Linux version with it.
+        since: &'static str,
+    },
+    /// A range could not be registered (already registered with another
+    /// userfaultfd, not memory a userfaultfd can serve, not mapped).
+    #[error("registering {addr:#x} + {len:#x}: {source}")]
+    Register {
+        /// Start of the range.
+        addr: usize,
+        /// Its length.
+        len: usize,
+        /// The kernel's answer.
+        source: io::Error,
+    },
+}
+
+/// Errors of [`fill_lazily`]. Nothing is registered when one is returned.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum LazyError {
+    /// The kernel or the process cannot do this; restore eagerly.
+    #[error("lazy fill unavailable: {0}")]
+    Refused(#[from] LazyRefusal),
+    /// A segment is not page-aligned, is empty, wraps or overlaps another.
+    #[error("segment {addr:#x} + {len:#x}: {why}")]
+    BadSegment {
+        /// Its start.
+        addr: usize,
+        /// Its length.
+        len: usize,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// A segment's bytes lie beyond the source's mapping.
+    #[error("segment {addr:#x} wants source bytes up to {end:#x}, the source maps {mapped:#x}")]
+    SourceTooShort {
+        /// The segment's start.
+        addr: usize,
+        /// The end of its bytes in the source.
+        end: u64,
+        /// The source's mapped length.
+        mapped: usize,
+    },
+    /// The mc copy cannot run (see [`McError`]).
+    #[error("poison-safe copy unavailable: {0}")]
+    Copy(#[from] McError),
+    /// The copy channels could not start.
+    #[error("copy channels: {0}")]
+    Channel(#[from] ChannelError),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// State shared between the handle and the fill thread.
+#[derive(Debug, Default)]
+struct Shared {
+    faulted: AtomicU64,
+    filled: AtomicU64,
+    skipped: AtomicU64,
+    bad: AtomicU64,
+    faults: AtomicU64,
+    total: AtomicU64,
+    done: AtomicBool,
+    /// Background fill paused (cancel).
+    cancelled: AtomicBool,
+    /// wait(): fill everything, then end.
+    finish: AtomicBool,
+    /// Set once the fill thread has stopped (its report is ready).
+    report: Mutex<Option<LazyReport>>,
+}
+
+impl Shared {
+    fn progress(&self) -> LazyProgress {
+        LazyProgress {
+            total_pages: self.total.load(Ordering::Relaxed),
+            faulted_pages: self.faulted.load(Ordering::Relaxed),
+            filled_pages: self.filled.load(Ordering::Relaxed),
+            skipped_pages: self.skipped.load(Ordering::Relaxed),
+            bad_pages: self.bad.load(Ordering::Relaxed),
+            faults: self.faults.load(Ordering::Relaxed),
+            done: self.done.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// A fill in progress. Dropping it waits for the fill to end ([`wait`]):
+/// the ranges must never stay registered with nobody serving them.
+///
+/// [`wait`]: LazyFill::wait
+#[derive(Debug)]
+pub struct LazyFill {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LazyFill {
+    /// Counts so far.
+    pub fn progress(&self) -> LazyProgress {
+        self.shared.progress()
+    }
+
+    /// Stops the background fill: what was filled stays, the rest is
+    /// filled on touch (faults are still served) or by [`LazyFill::wait`].
+    pub fn cancel(&self) {
+        self.shared.cancelled.store(true, Ordering::Release);
+    }
+
+    /// Fills whatever is left (after a cancel too), unregisters the ranges
+    /// and returns the report.
+    pub fn wait(mut self) -> LazyReport {
+        self.join()
+    }
+
+    fn join(&mut self) -> LazyReport {
+        self.shared.finish.store(true, Ordering::Release);
+        self.shared.cancelled.store(false, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            // A panic in the fill thread was caught there (see fill.rs);
+            // join only fails if it could not be.
+            let _ = t.join();
+        }
+        self.shared
+            .report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| LazyReport {
+                progress: self.shared.progress(),
+                bad: Vec::new(),
+                bad_outcome: BadOutcome::Zeroed,
+                whole_folios: 0,
+                batches: 0,
+                longest_batch_us: 0.0,
+                secs: 0.0,
+                forks: 0,
+                strategy: None,
+                notes: vec!["the fill thread ended without a report".into()],
+            })
+    }
+}
+
+impl Drop for LazyFill {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.join();
+        }
+    }
+}
+
+/// Registers `segments` for a lazy fill from `source` and returns at once.
+///
+/// Checks everything before registering anything; a [`LazyError`] means
+/// nothing changed. [`LazyRefusal`] says what this kernel or process lacks
+/// (no userfaultfd, a user-mode-only one, no fork events, no REMOVE
+/// events): restore eagerly then.
+///
+/// # Safety
+/// - Each segment is page-aligned private anonymous, shared memory or
+///   hugetlb memory of the caller's whose pages are all empty (never
+///   touched, or discarded): pages already there are kept, not filled.
+/// - Until the fill ends the segments stay mapped (an unmap is seen and
+///   its pages are never filled, but a new mapping the caller puts there
+///   is not ours to fill), no code that cannot wait on a userfaultfd
+///   (see the module docs) uses them, and no other userfaultfd registers
+///   them.
+/// - `source` stays as the caller promised when it was made.
+pub unsafe fn fill_lazily(
+    segments: &[Segment],
+    source: Source,
+    opts: &LazyOptions,
+) -> Result<LazyFill, LazyError> {
+    fill::start(segments, source, opts)
+}

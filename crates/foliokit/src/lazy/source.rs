@@ -1,0 +1,93 @@
+//! Where a lazy fill's bytes come from.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// The bytes a lazy fill copies from: a read-only mapping it owns (of a
+/// snapshot file) or memory the caller vouches for.
+///
+/// Its pages may raise SIGBUS (a file truncated under the mapping,
+/// page-cache poison): the fill reads it only with machine-check-safe
+/// copies or the kernel's `UFFDIO_COPY`, which both report that instead
+/// of dying.
+#[derive(Debug)]
+pub struct Source {
+    ptr: *const u8,
+    len: usize,
+    owned: bool,
+}
+
+// SAFETY: the source is only read (through mc copies and the kernel), and
+// the mapping it may own is freed once, on drop.
+unsafe impl Send for Source {}
+// SAFETY: as above; reads from several threads do not conflict.
+unsafe impl Sync for Source {}
+
+impl Source {
+    /// Maps `len` bytes of `file` read-only (shared). `len` may exceed the
+    /// file's size: pages past its end raise SIGBUS, reported as vanished.
+    pub fn map_file(file: &File, len: usize) -> io::Result<Source> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty source"));
+        }
+        // SAFETY: a fresh read-only shared mapping of our own descriptor;
+        // nothing else is mapped or replaced.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Source {
+            ptr: p.cast(),
+            len,
+            owned: true,
+        })
+    }
+
+    /// Memory the caller mapped (a memfd, pmem, a buffer).
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` stays mapped readable until the fill ends (the
+    /// handle is waited for or dropped) and does not overlap the ranges
+    /// filled. Its pages may raise SIGBUS; no other fault is caught.
+    pub unsafe fn from_raw(ptr: *const u8, len: usize) -> Source {
+        Source {
+            ptr,
+            len,
+            owned: false,
+        }
+    }
+
+    /// First byte.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is mapped.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: our own mapping; the fill that read it has ended.
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        }
+    }
+}
