@@ -257,6 +257,12 @@ pub(super) fn start(
         .on_channels(opts.channels),
     )?;
     let pool = crate::channels::shared(opts.channels.max(1))?;
+    // Counted as a fill thread before the first registration: a fork from
+    // now on raises an event only the fill thread can read, so it must
+    // wait in its prepare handler (before glibc takes the allocator's
+    // locks) until that thread has started and parked; handed over to the
+    // thread below, dropped on every error path.
+    let active = Active::enter();
     let (uffd, features) = open_uffd()?;
     let mut segs = Vec::with_capacity(sorted.len());
     let mut blocks = Vec::new();
@@ -409,7 +415,7 @@ pub(super) fn start(
     let thread = std::thread::Builder::new()
         .name("foliokit-lazy".into())
         .spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.run()));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.run(active)));
             if r.is_err() {
                 // Registered ranges with nobody to serve them would hang
                 // every thread that touches them; unregistering would
@@ -605,8 +611,7 @@ impl Filler {
         }
     }
 
-    fn run(mut self) {
-        let active = Active::enter();
+    fn run(mut self, active: Active) {
         let mut parked: Vec<Msg> = Vec::with_capacity(tune::LAZY_PARKED_MESSAGES);
         loop {
             if active.fork_pending() {
@@ -651,22 +656,23 @@ impl Filler {
             return;
         };
         let seg = self.blocks[b].seg as usize;
-        let installed = if self.state[b] {
-            0
-        } else {
+        if !self.state[b] {
             let n = self.fill_block(b, None);
             self.shared.faulted.fetch_add(n as u64, Ordering::Relaxed);
-            n
-        };
+        }
         let unit = self.segs[seg].unit;
         let p = orig / unit * unit;
         let i = self.page_index(seg, p);
         if self.removed.get(i) && !self.bad_bits.get(i) {
             // Discarded: the guest expects zeros there.
             self.install_zeros(self.remaps.now(p), unit);
-        } else if installed == 0 {
-            let _ = self.uffd.wake(self.remaps.now(p), unit);
         }
+        // Whatever happened above (installed, found installed, an install
+        // that failed for this very unit), the faulting thread is woken:
+        // cheap, and harmless where the page is present. Without it a
+        // thread whose unit could not be installed slept until the fill
+        // ended.
+        let _ = self.uffd.wake(self.remaps.now(p), unit);
     }
 
     fn install_zeros(&mut self, at: usize, unit: usize) {
@@ -799,7 +805,6 @@ impl Filler {
         let end = blk.start + blk.len;
         let mut at = blk.start;
         let mut installed = 0;
-        let mut retries = 0;
         while at < end {
             let i = self.page_index(seg, at);
             if self.removed.any(i, upages) || self.bad_bits.any(i, upages) {
@@ -835,8 +840,11 @@ impl Filler {
                     installed += self.bad_unit(seg, at, unit);
                     at += unit;
                 }
-                libc::EAGAIN | libc::ENOMEM if retries < MAX_RETRIES => {
-                    retries += 1;
+                // Transient: events were waiting (now read) or the kernel
+                // was short of memory. Never given up on, as a fault would
+                // not: giving up made the page read zeros instead of its
+                // snapshot bytes.
+                libc::EAGAIN | libc::ENOMEM => {
                     if errno(&p.error) == libc::ENOMEM {
                         std::thread::sleep(Duration::from_millis(1));
                     }

@@ -87,6 +87,20 @@
 //!
 //! The handle is not usable in a forked child (it has no fill thread
 //! there); a child should only exec or exit.
+//!
+//! # What the caller must not do while a fill runs
+//!
+//! - Map shared guest memory (a memfd) a second time or hand it to another
+//!   process (a vhost-user backend) before the fill ends: accesses through
+//!   another mapping do not wait on this userfaultfd, so a page created
+//!   there first would keep the snapshot's bytes out of it. On shared
+//!   memory `MADV_DONTNEED` only drops the mapping, yet it raises the same
+//!   REMOVE event as a discard, so such pages would read zeros: use
+//!   `MADV_REMOVE` (a real discard) there, or restore shared memory
+//!   eagerly.
+//! - Copy from or into the range through foliokit's shared copy channels
+//!   on another thread: the fill's own copies may queue behind that copy,
+//!   which waits for a page only the fill can install.
 
 mod child;
 mod fill;
