@@ -104,6 +104,32 @@ unsafe impl Send for Call {}
 unsafe impl Sync for Call {}
 
 impl Call {
+    /// An open offer of `job` to the helpers, run under the caller's
+    /// `attrs`.
+    ///
+    /// # Safety
+    /// The caller must not return (so `job` must outlive every run) until
+    /// it has closed the offer and seen `state.running` back at 0 (see
+    /// `job`): only the lifetime is erased here.
+    unsafe fn offer(job: &(dyn Fn() + Sync + '_), attrs: Attrs) -> Arc<Call> {
+        let erased: *const (dyn Fn() + Sync + '_) = job;
+        // SAFETY: only the lifetime changes; the caller's contract keeps
+        // the closure alive for every run.
+        let job: *const (dyn Fn() + Sync + 'static) = unsafe { std::mem::transmute(erased) };
+        Arc::new(Call {
+            job,
+            attrs,
+            state: Mutex::new(CallState {
+                open: true,
+                running: 0,
+                joined: 0,
+                panic: None,
+                declined: false,
+            }),
+            finished: Condvar::new(),
+        })
+    }
+
     fn state(&self) -> MutexGuard<'_, CallState> {
         // A run's panic is caught outside the lock: nothing poisons it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -354,22 +380,9 @@ pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
         job();
         return 0;
     }
-    let erased: *const (dyn Fn() + Sync + '_) = job;
-    // SAFETY: only the lifetime is changed; see `Call::job` for why no
-    // helper runs the closure after this call returns.
-    let erased: *const (dyn Fn() + Sync + 'static) = unsafe { std::mem::transmute(erased) };
-    let call = Arc::new(Call {
-        job: erased,
-        attrs,
-        state: Mutex::new(CallState {
-            open: true,
-            running: 0,
-            joined: 0,
-            panic: None,
-            declined: false,
-        }),
-        finished: Condvar::new(),
-    });
+    // SAFETY: this function closes the offer and waits until no helper
+    // runs `job` before it returns, by return or unwind (`Closer` below).
+    let call = unsafe { Call::offer(job, attrs) };
     {
         let mut o = q.offers();
         // An offer per helper at most: more would only be discarded.
@@ -423,24 +436,9 @@ pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
             *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         }
     };
-    let run: &(dyn Fn() + Sync + '_) = &run;
-    let erased: *const (dyn Fn() + Sync + '_) = run;
-    // SAFETY: only the lifetime is changed; this function does not return
-    // until the offer is closed and no helper runs the closure (see
-    // `Call::job`).
-    let erased: *const (dyn Fn() + Sync + 'static) = unsafe { std::mem::transmute(erased) };
-    let call = Arc::new(Call {
-        job: erased,
-        attrs,
-        state: Mutex::new(CallState {
-            open: true,
-            running: 0,
-            joined: 0,
-            panic: None,
-            declined: false,
-        }),
-        finished: Condvar::new(),
-    });
+    // SAFETY: this function does not return until the offer is closed and
+    // no helper runs the closure (the wait below).
+    let call = unsafe { Call::offer(&run, attrs) };
     {
         // Under the queue's lock: a release that drained the queue before
         // this push would leave the offer where no helper will look.
