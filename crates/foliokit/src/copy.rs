@@ -155,7 +155,7 @@ impl CopyStrategy {
 /// the per-page strategies pay a real call per page, as the kernel loop did.
 #[inline(never)]
 pub(crate) fn yield_point() {
-    if tune::YIELD_REQUESTED.load(std::sync::atomic::Ordering::Relaxed) {
+    if crate::params::YIELD_REQUESTED.load(std::sync::atomic::Ordering::Relaxed) {
         std::thread::yield_now();
     }
 }

@@ -3,11 +3,11 @@
 //! Feature bits come from CPUID (and the OS's XSAVE state for the vector
 //! extensions, via `is_x86_feature_detected!`). Cache sizes come from sysfs
 //! first, because CPUID cache leaves are often zero or invented inside VMs,
-//! and fall back to the defaults in [`crate::tune`] when neither answers.
+//! and fall back to the defaults in `tune` (`DEFAULT_LLC` and kin) when neither answers.
 
 use std::sync::OnceLock;
 
-use crate::tune;
+use crate::params;
 
 /// CPU vendor, as far as the strategy rules care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,9 +100,9 @@ fn detect() -> CpuInfo {
         model: proc_cpuinfo_field("model name").unwrap_or_else(|| "unknown".into()),
         features,
         caches: sysfs_caches().unwrap_or(Caches {
-            l1d: tune::DEFAULT_L1D,
-            l2: tune::DEFAULT_L2,
-            llc: tune::DEFAULT_LLC,
+            l1d: params::DEFAULT_L1D,
+            l2: params::DEFAULT_L2,
+            llc: params::DEFAULT_LLC,
             source: "default",
         }),
         logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -195,8 +195,8 @@ fn sysfs_caches() -> Option<Caches> {
     let llc = if l3 > 0 { l3 } else { l2 };
     // A VM that reports nothing (or zeros) gets the defaults, not a zero LLC.
     (llc > 0).then_some(Caches {
-        l1d: if l1d > 0 { l1d } else { tune::DEFAULT_L1D },
-        l2: if l2 > 0 { l2 } else { tune::DEFAULT_L2 },
+        l1d: if l1d > 0 { l1d } else { params::DEFAULT_L1D },
+        l2: if l2 > 0 { l2 } else { params::DEFAULT_L2 },
         llc,
         source: "sysfs",
     })

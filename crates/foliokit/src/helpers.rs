@@ -28,9 +28,9 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use crate::params::MAX_HELPERS;
 use crate::pidlock::PidLock;
 use crate::sys::numa::{self, NodeMask};
-use crate::tune::MAX_HELPERS;
 
 /// What a helper takes over from the caller's thread for the time it runs
 /// the caller's loop.
@@ -455,7 +455,7 @@ pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
         while !done(&s) {
             let (g, t) = call
                 .finished
-                .wait_timeout(s, crate::tune::HELPER_OFFER_POLL)
+                .wait_timeout(s, crate::params::HELPER_OFFER_POLL)
                 .unwrap_or_else(|p| p.into_inner());
             s = g;
             if t.timed_out() && s.joined == 0 && !done(&s) {

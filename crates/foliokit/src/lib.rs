@@ -274,6 +274,8 @@ pub mod mc;
 pub mod mem;
 pub mod migrate;
 pub mod nt;
+// Every tuning number, read by mechanism and policy alike.
+mod params;
 mod pidlock;
 pub mod runtime;
 pub mod strategy;

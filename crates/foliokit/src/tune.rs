@@ -10,7 +10,6 @@
 //!    `foliokit calibrate` measured on this machine when one exists.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::RwLock;
 use thiserror::Error;
 
@@ -20,137 +19,14 @@ use crate::copy::CopyStrategy;
 use crate::cpu::{cpu, Vendor};
 use crate::strategy::Strategy;
 
-/// L1 data cache size in bytes assumed when sysfs does not tell (VMs can
-/// report 0): a typical 32 KiB.
-pub const DEFAULT_L1D: usize = 32 << 10;
-/// L2 size in bytes assumed when sysfs does not tell.
-pub const DEFAULT_L2: usize = 1 << 20;
-/// Last-level cache size in bytes assumed when sysfs does not tell; it sets
-/// where `auto` switches to streaming stores, and calibration corrects it.
-pub const DEFAULT_LLC: usize = 8 << 20;
-
-/// A working set above `STREAM_NUM/STREAM_DEN` of the LLC will not survive
-/// in cache, so temporal stores only add write-allocate traffic (glibc uses
-/// 3/4 of the shared cache for the same decision).
-pub const STREAM_NUM: usize = 3;
-/// Denominator of the LLC fraction; see [`STREAM_NUM`].
-pub const STREAM_DEN: usize = 4;
-
-/// Write-once requests smaller than this use temporal stores anyway: the
-/// fence costs more than the pollution saved.
-pub const STREAM_MIN_BYTES: usize = 4096;
-
-/// Folio-size class bounds used by the profile: small ≤ 16 KiB < medium ≤
-/// 1 MiB < large.
-pub const SMALL_FOLIO_MAX: usize = 16 << 10;
-/// Upper bound (inclusive, bytes) of the medium folio class; see
-/// [`SMALL_FOLIO_MAX`].
-pub const MEDIUM_FOLIO_MAX: usize = 1 << 20;
-
-/// `populate` faults memory in chunks of this size, aligned to it, so each
-/// chunk is one PMD and THP stays THP.
-pub const POPULATE_CHUNK: usize = 2 << 20;
-
-/// Copy channels take a batch in pieces of about this many bytes (adjacent
-/// folios merged up to it; a bigger folio stays whole). Each channel starts
-/// on its own contiguous share, then takes the pieces others have not
-/// started: a channel whose CPU is busy with something else then holds up
-/// the batch by at most one piece, instead of by its whole share.
-pub const CHANNEL_PIECE_BYTES: usize = 4 << 20;
-
-/// A blocking batch on a pool of CPU channels smaller than this runs on the
-/// calling thread: waking the workers costs more than they save. Measured
-/// on a 2-vCPU AMD EPYC guest, 4 KiB folios, 2 channels over 1: 0.29x
-/// (hot) and 0.60x (evicted) at 256 KiB, 0.88-1.05x at 1 MiB, 1.06-1.13x
-/// at 4 MiB. Kept below one 2 MiB folio, whose copy split over channels
-/// still halves its latency.
-pub const CHANNEL_MIN_BATCH_BYTES: usize = 1 << 20;
-
-/// Most helper threads ([`crate::mem::populate`], the kernel migration
-/// path) a process keeps: more channels than this are served by these.
-/// Their work is syscalls that fault or move pages, which scale to a
-/// socket's cores at most; the cap keeps a huge `channels` argument from
-/// making a thread per unit of it.
-pub const MAX_HELPERS: usize = 64;
-
-/// Bytes either side of a thread's pointer that relocation treats as its
-/// descriptor and leaves in place (migrate/threads.rs): glibc's `struct
-/// pthread` (2304 bytes on x86_64 in 2.35-2.41) with the `tid` word the
-/// kernel clears at exit and the robust list head, with room to spare.
-/// The rseq area is added exactly from `__rseq_offset`/`__rseq_size`.
-pub const THREAD_DESCRIPTOR_SPAN: usize = 4096;
-
-/// How long relocation keeps asking for the robust list head of a thread
-/// that has none (a glibc thread sets it in its first instructions, once
-/// first scheduled; an exiting one drops it just before it goes) before
-/// treating the thread as one it cannot place. 1000 polls without sleeping
-/// were seen to fall short on a busy 2-vCPU machine.
-pub const THREAD_HEAD_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// Set to make per-page loops yield at their yield points (the analogue of
-/// the kernel's need_resched flag). Nothing in foliokit sets it.
-pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);
-
-/// Calibration replaces the built-in choice for a cell only when another
-/// strategy's median beats it by more than this fraction: differences
-/// smaller than run-to-run noise on a shared machine must not flip `auto`.
-pub const CALIBRATION_MARGIN: f64 = 0.03;
-
-/// Times calibration measures a cell whose verdict is unclear (its A/A
-/// control disagreed, or the best strategy's lead over the built-in choice
-/// is inside the noise) before it leaves the cell to the built-in rules.
-pub const CALIBRATION_ROUNDS: usize = 3;
-
-/// Default per-call latency budget when moving another process's pages
-/// (`migrate::process`): the target's threads wait on pages under
-/// migration and on its mmap lock while a `move_pages` call runs, so calls
-/// are kept short; katalyst-core chunks its calls to about 20 ms after
-/// stalls of minutes.
-pub const PROCESS_MOVE_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// Pages in the first `move_pages` call of such a move; the budget grows or
-/// shrinks it from there.
-pub const PROCESS_MOVE_START_PAGES: usize = 512;
-
-/// How often a caller waiting for a helper to take its offer checks that
-/// some helper can still take it (one another caller was starting may have
-/// failed to start): the offer is then withdrawn instead of waited on.
-pub const HELPER_OFFER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// How long relocation waits before trying again to put a page back when
-/// the kernel is short of memory for it (ENOMEM): it waits as a fault
-/// would, however long that takes, since giving up would lose the page's
-/// bytes.
-pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// The default latency budget of a lazy fill: the longest one background
-/// batch may take, i.e. how long a faulting thread may wait behind it. At
-/// the ~10 GB/s a 2-channel mc copy reaches on the dev machine, 2 ms is
-/// about 10 folios of 2 MiB, enough to keep the channels streaming.
-pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// Copy channels of a lazy fill's background batches by default.
-pub const LAZY_CHANNELS: usize = 2;
-
-/// Bytes in a lazy fill's first background batch; the budget grows or
-/// shrinks it from there.
-pub const LAZY_START_BATCH_BYTES: usize = 4 << 20;
-
-/// The largest background batch of a lazy fill (its staging area, mapped
-/// once per fill).
-pub const LAZY_MAX_BATCH_BYTES: usize = 64 << 20;
-
-/// How long a lazy fill thread waits for a fault at a time while a
-/// background batch is in flight, before it looks whether the batch ended:
-/// a batch's end is seen at most this late.
-pub const LAZY_BATCH_POLL: std::time::Duration = std::time::Duration::from_micros(50);
-
-/// Messages a lazy fill thread can hold while parked for a fork (read
-/// without allocating); faults beyond it wait until the fork returns.
-pub const LAZY_PARKED_MESSAGES: usize = 4096;
-
-/// Bump when the profile format or the meaning of its cells changes.
-pub const PROFILE_VERSION: u32 = 1;
+// The numbers the rules use live in `params` (a leaf every layer can
+// read); those adopters see are re-exported here, where they always were.
+pub use crate::params::{
+    CALIBRATION_MARGIN, CALIBRATION_ROUNDS, CHANNEL_MIN_BATCH_BYTES, DEFAULT_LLC, LAZY_CHANNELS,
+    LAZY_LATENCY_BUDGET, MEDIUM_FOLIO_MAX, POPULATE_CHUNK, PROCESS_MOVE_BUDGET, PROFILE_VERSION,
+    SMALL_FOLIO_MAX, YIELD_REQUESTED,
+};
+use crate::params::{STREAM_DEN, STREAM_MIN_BYTES, STREAM_NUM};
 
 /// The shape of a request, which is what `auto` decides on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -549,7 +549,7 @@ pub fn hold_shared_lock<R>(f: impl FnOnce() -> R) -> R {
 pub struct ChannelPool {
     channels: Vec<Box<dyn Channel>>,
     /// Blocking batches below this many bytes run on the calling thread
-    /// ([`crate::tune::CHANNEL_MIN_BATCH_BYTES`] for CPU pools; 0, never,
+    /// ([`crate::params::CHANNEL_MIN_BATCH_BYTES`] for CPU pools; 0, never,
     /// for pools of other engines, whose owners decide).
     inline_below: usize,
 }
@@ -584,7 +584,7 @@ impl ChannelPool {
             channels: (0..n)
                 .map(|i| Box::new(CpuChannel::new(i)) as Box<dyn Channel>)
                 .collect(),
-            inline_below: crate::tune::CHANNEL_MIN_BATCH_BYTES,
+            inline_below: crate::params::CHANNEL_MIN_BATCH_BYTES,
         })
     }
 
@@ -619,7 +619,7 @@ impl ChannelPool {
     /// every byte is copied and visible; pieces a channel refuses are copied
     /// on the calling thread. On a pool of CPU channels ([`ChannelPool::cpu`],
     /// [`shared`]) a batch smaller than
-    /// [`crate::tune::CHANNEL_MIN_BATCH_BYTES`] is copied on the calling
+    /// [`crate::params::CHANNEL_MIN_BATCH_BYTES`] is copied on the calling
     /// thread outright: waking the workers would cost more than they save.
     ///
     /// A zero `folio_size` ([`ChannelError::ZeroFolio`]) or lists of
@@ -851,7 +851,7 @@ impl ChannelPool {
             // Channels that claim pieces are offered the others' shares too,
             // after their own (from the far end), so one whose CPU is busy
             // elsewhere holds the batch up by one piece at most.
-            let most = (crate::tune::CHANNEL_PIECE_BYTES / folio_size).max(1);
+            let most = (crate::params::CHANNEL_PIECE_BYTES / folio_size).max(1);
             let mut pieces = Vec::new();
             for c in 0..ch {
                 let (lo, hi) = (c * n / ch, (c + 1) * n / ch);

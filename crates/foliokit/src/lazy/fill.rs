@@ -20,7 +20,7 @@ use crate::copy::CopyStrategy;
 use crate::mc::{FaultKind, McCopyFn, McError};
 use crate::migrate::BatchController;
 use crate::sys::uffd::{self, Msg, Uffd};
-use crate::tune::{self, Shape};
+use crate::tune::Shape;
 
 const EVENTS: u64 = uffd::FEATURE_EVENT_FORK
     | uffd::FEATURE_EVENT_REMAP
@@ -251,7 +251,7 @@ pub(super) fn start(
         opts.strategy,
         Shape::batch(
             folio,
-            tune::LAZY_MAX_BATCH_BYTES / folio,
+            crate::params::LAZY_MAX_BATCH_BYTES / folio,
             crate::Reuse::Stream,
         )
         .on_channels(opts.channels),
@@ -333,7 +333,7 @@ pub(super) fn start(
         });
         pages += s.len / page;
     }
-    let slots = (tune::LAZY_MAX_BATCH_BYTES / folio).max(1);
+    let slots = (crate::params::LAZY_MAX_BATCH_BYTES / folio).max(1);
     let staging = if any_movable {
         // The batch slots, the fault slot, and room to align them.
         let m = Map::new((slots + 2) * folio, libc::PROT_READ | libc::PROT_WRITE).map_err(
@@ -384,7 +384,7 @@ pub(super) fn start(
         strategy: copy_strategy,
         ctl: BatchController::new(
             opts.latency_budget,
-            tune::LAZY_START_BATCH_BYTES / page,
+            crate::params::LAZY_START_BATCH_BYTES / page,
             folio / page,
             slots * folio / page,
         ),
@@ -612,7 +612,7 @@ impl Filler {
     }
 
     fn run(mut self, active: Active) {
-        let mut parked: Vec<Msg> = Vec::with_capacity(tune::LAZY_PARKED_MESSAGES);
+        let mut parked: Vec<Msg> = Vec::with_capacity(crate::params::LAZY_PARKED_MESSAGES);
         loop {
             if active.fork_pending() {
                 let u = &self.uffd;
@@ -996,7 +996,7 @@ impl Filler {
                         if !self.serve_during {
                             break batch.wait();
                         }
-                        if self.uffd.poll_for(tune::LAZY_BATCH_POLL) {
+                        if self.uffd.poll_for(crate::params::LAZY_BATCH_POLL) {
                             self.in_batch = true;
                             self.drain();
                             let mut later = VecDeque::new();

@@ -171,8 +171,8 @@ pub struct LazyOptions {
 impl Default for LazyOptions {
     fn default() -> Self {
         LazyOptions {
-            latency_budget: crate::tune::LAZY_LATENCY_BUDGET,
-            channels: crate::tune::LAZY_CHANNELS,
+            latency_budget: crate::params::LAZY_LATENCY_BUDGET,
+            channels: crate::params::LAZY_CHANNELS,
             folio_size: 2 << 20,
             strategy: CopyStrategy::Auto,
             first: Vec::new(),

@@ -14,7 +14,7 @@ use std::time::Instant;
 use thiserror::Error;
 
 use crate::batch::page_size;
-use crate::tune::POPULATE_CHUNK;
+use crate::params::POPULATE_CHUNK;
 
 /// Why a populate failed. The argument errors come before any page is
 /// touched; [`PopulateError::Fault`] stops all threads at their next chunk,

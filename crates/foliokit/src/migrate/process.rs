@@ -153,7 +153,7 @@ impl Default for ProcessOptions {
     fn default() -> Self {
         ProcessOptions {
             threads: 1,
-            budget: crate::tune::PROCESS_MOVE_BUDGET,
+            budget: crate::params::PROCESS_MOVE_BUDGET,
             dry_run: false,
         }
     }
@@ -399,7 +399,7 @@ pub fn migrate_process(
     };
     let mo = MigrateOptions::default()
         .channels(o.threads.max(1))
-        .batch_pages(crate::tune::PROCESS_MOVE_START_PAGES)
+        .batch_pages(crate::params::PROCESS_MOVE_START_PAGES)
         .latency_budget(Some(o.budget));
     let t0 = Instant::now();
     let mut batch_sizes = Vec::new();

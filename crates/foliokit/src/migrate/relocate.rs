@@ -787,7 +787,7 @@ fn move_back(
         };
         match errno(&p.error) {
             libc::EAGAIN => drain(run, b, parking, out),
-            libc::ENOMEM => std::thread::sleep(crate::tune::RELOCATE_ENOMEM_WAIT),
+            libc::ENOMEM => std::thread::sleep(crate::params::RELOCATE_ENOMEM_WAIT),
             _ => return Err(p.error),
         }
     }
@@ -856,7 +856,7 @@ fn install(
                     // and try again, as a fault would; dropping it would
                     // lose its bytes.
                     libc::ENOMEM => {
-                        std::thread::sleep(crate::tune::RELOCATE_ENOMEM_WAIT);
+                        std::thread::sleep(crate::params::RELOCATE_ENOMEM_WAIT);
                         break;
                     }
                     _ => {

@@ -24,7 +24,7 @@
 
 use std::io;
 
-use crate::tune::{THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_WAIT};
+use crate::params::{THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_WAIT};
 
 /// A thread whose exit-time words cannot be located.
 #[derive(Debug, Clone, Copy)]
@@ -188,7 +188,7 @@ fn tid_word(tp: usize) -> Option<usize> {
     let mut addr: usize = 0;
     // SAFETY: the kernel writes one pointer into `addr`, ours.
     let rc = unsafe { libc::prctl(PR_GET_TID_ADDRESS, &mut addr as *mut usize) };
-    if rc != 0 || addr == 0 || addr < tp || addr >= tp + crate::tune::THREAD_DESCRIPTOR_SPAN {
+    if rc != 0 || addr == 0 || addr < tp || addr >= tp + crate::params::THREAD_DESCRIPTOR_SPAN {
         return None;
     }
     // SAFETY: this thread's own TCB, mapped for its life; read only.
