@@ -1,95 +1,9 @@
-//! Named copy strategies, `auto`, and the batched folio copy.
+//! The copy operations: one range, or a batch of folios, with any
+//! strategy of the table in [`crate::strategy`] or `auto`.
 
-use std::sync::OnceLock;
-
-use crate::arch::{self, CopyFn};
-use crate::batch::{self, page_size, BatchError, BatchReport, Reuse};
-use crate::cpu::cpu;
-use crate::strategy::{require, Strategy, StrategyError};
+use crate::batch::{self, BatchError, BatchReport, Reuse};
+pub use crate::strategy::copy::CopyStrategy;
 use crate::tune::{self, Shape};
-
-/// A way of copying memory. Every variant is callable by name; `Auto` picks
-/// one of the others for the shape of the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
-pub enum CopyStrategy {
-    /// 4 KiB at a time with a yield point between pages: the kernel's old
-    /// per-page folio copy loop, kept as the baseline.
-    PerPage,
-    /// `rep movsq` over the whole extent (the kernel's `copy_page` on
-    /// REP_GOOD CPUs). x86_64 only.
-    Movsq,
-    /// `rep movsb` over the whole extent; fast with ERMS/FSRM, slow on
-    /// some AMD parts with a misaligned destination. x86_64 only.
-    Movsb,
-    /// Unrolled 64-bit register moves, 64 bytes per iteration (the kernel's
-    /// `memcpy_orig`, used when FSRM is absent). x86_64 only.
-    Unrolled,
-    /// 32-byte AVX2 loads and stores. x86_64 with AVX2.
-    Avx2,
-    /// 64-byte AVX-512 loads and stores. x86_64 with AVX-512F.
-    Avx512,
-    /// Streaming (non-temporal) stores that bypass the cache, fenced before
-    /// returning: for write-once data larger than the cache. x86_64 only.
-    Nt,
-    /// The platform `memcpy`.
-    Libc,
-    /// Chosen per batch from the CPU, its cache sizes, the batch's total size,
-    /// the reuse hint and the calibration profile; reports say what it ran.
-    #[default]
-    Auto,
-}
-
-impl Strategy for CopyStrategy {
-    const OP: &'static str = "copy";
-    const ALL: &'static [Self] = &[
-        Self::PerPage,
-        Self::Movsq,
-        Self::Movsb,
-        Self::Unrolled,
-        Self::Avx2,
-        Self::Avx512,
-        Self::Nt,
-        Self::Libc,
-        Self::Auto,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::PerPage => "per-page",
-            Self::Movsq => "movsq",
-            Self::Movsb => "movsb",
-            Self::Unrolled => "unrolled",
-            Self::Avx2 => "avx2",
-            Self::Avx512 => "avx512",
-            Self::Nt => "nt",
-            Self::Libc => "libc",
-            Self::Auto => "auto",
-        }
-    }
-
-    fn description(self) -> &'static str {
-        match self {
-            Self::PerPage => "one copy_page per 4 KiB with a yield point between pages (the kernel's old folio_copy loop)",
-            Self::Movsq => "rep movsq over the whole extent (the kernel's copy_page on REP_GOOD CPUs)",
-            Self::Movsb => "rep movsb over the whole extent (fast with ERMS/FSRM)",
-            Self::Unrolled => "unrolled 64-bit register moves, 64 B per iteration (the kernel's memcpy_orig)",
-            Self::Avx2 => "32-byte AVX2 loads and stores, 128 B per iteration",
-            Self::Avx512 => "64-byte AVX-512 loads and stores, 256 B per iteration",
-            Self::Nt => "streaming movntdq stores of whole lines, sfence before returning",
-            Self::Libc => "the platform memcpy",
-            Self::Auto => "picks per batch from CPU flags, cache sizes, batch size, reuse and the calibration profile",
-        }
-    }
-
-    fn unavailable(self) -> Option<&'static str> {
-        match self {
-            Self::PerPage | Self::Libc | Self::Auto => None,
-            s => arch::copy_primitive(s, &cpu().features).err(),
-        }
-    }
-}
 
 /// Options for a batched copy: `CopyOptions::default().strategy(..)`.
 /// Fields are added in minor versions, so build it with the setters.
@@ -116,12 +30,6 @@ impl CopyOptions {
     }
 }
 
-impl std::fmt::Display for CopyStrategy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 impl CopyStrategy {
     /// The concrete strategy for a request of this shape (`Auto` asks the
     /// tuning rules; every other strategy is itself).
@@ -131,58 +39,6 @@ impl CopyStrategy {
             s => s,
         }
     }
-
-    /// The function a concrete strategy runs. `Auto` has none of its own:
-    /// it is [`StrategyError::Unresolved`] until [`CopyStrategy::resolve`]
-    /// picks a concrete strategy for the request's shape.
-    pub fn function(self) -> Result<CopyFn, StrategyError> {
-        let f = &cpu().features;
-        match require(self)? {
-            Self::PerPage => Ok(per_page),
-            Self::Libc => Ok(libc_memcpy),
-            Self::Auto => Err(StrategyError::Unresolved { op: Self::OP }),
-            s => arch::copy_primitive(s, f).map_err(|reason| StrategyError::Unavailable {
-                op: Self::OP,
-                name: s.name(),
-                reason,
-            }),
-        }
-    }
-}
-
-/// The kernel's `cond_resched()` stand-in between per-page copies: a cheap
-/// check that lets a long per-page loop be interrupted. Kept out of line so
-/// the per-page strategies pay a real call per page, as the kernel loop did.
-#[inline(never)]
-pub(crate) fn yield_point() {
-    if crate::params::YIELD_REQUESTED.load(std::sync::atomic::Ordering::Relaxed) {
-        std::thread::yield_now();
-    }
-}
-
-/// # Safety
-/// Both ranges valid for `len` bytes and disjoint.
-unsafe fn per_page(dst: *mut u8, src: *const u8, len: usize) {
-    static PAGE_COPY: OnceLock<CopyFn> = OnceLock::new();
-    let page_copy = *PAGE_COPY.get_or_init(|| arch::page_copy(&cpu().features));
-    let page = page_size();
-    let mut off = 0;
-    while off < len {
-        let n = page.min(len - off);
-        // SAFETY: off + n <= len, inside both ranges (caller's contract).
-        unsafe { page_copy(dst.add(off), src.add(off), n) };
-        off += n;
-        if off < len {
-            yield_point();
-        }
-    }
-}
-
-/// # Safety
-/// Both ranges valid for `len` bytes and disjoint.
-unsafe fn libc_memcpy(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: forwarded caller contract.
-    unsafe { libc::memcpy(dst.cast(), src.cast(), len) };
 }
 
 /// Copies `src` into `dst` (any length and alignment) with `strategy`.
@@ -304,22 +160,18 @@ unsafe fn run(
     opts: CopyOptions,
     folio: impl Fn(usize) -> (*mut u8, *const u8),
 ) -> Result<BatchReport<CopyStrategy>, BatchError> {
-    let shape = Shape::batch(folio_size, n, opts.reuse);
-    let s = opts.strategy.resolve(shape);
+    let s = opts
+        .strategy
+        .resolve(Shape::batch(folio_size, n, opts.reuse));
     let f = s.function()?;
-    // A streaming batch fences once, after its last folio: a fence per
-    // folio waits for each folio's stores to drain before the next starts,
-    // which at 4 KiB folios costs more than the stores.
-    let undrained = if n > 1 { arch::copy_nodrain(s) } else { None };
-    for i in 0..n {
-        let (d, src) = folio(i);
-        // SAFETY: forwarded from this function's contract; an undrained
-        // primitive is fenced below before the batch is reported done.
-        unsafe { undrained.unwrap_or(f)(d, src, folio_size) };
-    }
-    if undrained.is_some() {
-        arch::sfence();
-    }
+    // SAFETY: folio `i < n` is valid and disjoint (this function's
+    // contract), and `drive` fences an undrained `f` before it returns.
+    unsafe {
+        batch::drive(n, f, s.row().undrained, |i, f| {
+            let (d, src) = folio(i);
+            f(d, src, folio_size)
+        })
+    };
     Ok(BatchReport {
         strategy: s,
         folios: n,

@@ -6,9 +6,9 @@
 mod common;
 
 use common::{filled_region, in_forked_child, pattern};
-use foliokit::arch::CopyFn;
 use foliokit::channels::{shared, Channel, ChannelError, ChannelPool, Completion, Op, Piece};
 use foliokit::mem::Region;
+use foliokit::strategy::CopyFn;
 use foliokit::tune::Shape;
 use foliokit::{ClearStrategy, CopyStrategy, Reuse, StrategyError};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,8 +76,7 @@ fn check_clear(pool: &ChannelPool, folios: usize, folio: usize) {
     let d = r.as_mut_ptr();
     let dsts: Vec<*mut u8> = (0..folios).map(|i| d.wrapping_add(i * folio)).collect();
     let clear = foliokit::ClearStrategy::Nt;
-    let f = foliokit::arch::clear_primitive(clear, &foliokit::cpu::cpu().features)
-        .unwrap_or(unsafe_zero);
+    let f = clear.function().unwrap_or(unsafe_zero);
     // SAFETY: every folio is inside the live region; nothing else touches it.
     let t = unsafe { pool.clear_folios(&dsts, folio, f) }.expect("clear batch");
     assert!(t.first_folio <= t.done);
@@ -335,7 +334,7 @@ fn bad_batches_are_refused_before_any_work() {
     let dsts = [d, d.wrapping_add(folio)];
     let srcs = [src.as_ptr(), src.as_ptr().wrapping_add(folio)];
     let copy = copy_fn(CopyStrategy::Libc);
-    let clear = foliokit::ClearStrategy::Libc.range_function().unwrap();
+    let clear = foliokit::ClearStrategy::Libc.function().unwrap();
     for pool in [&spy, &cpu] {
         // SAFETY: every range named is inside a live region that nothing
         // else touches; the calls must refuse before touching any of it.
@@ -387,18 +386,19 @@ fn auto_has_no_function_until_resolved() {
         Some(StrategyError::Unresolved { op: "copy" })
     );
     assert_eq!(
-        ClearStrategy::Auto.range_function().err(),
+        ClearStrategy::Auto.function().err(),
         Some(StrategyError::Unresolved { op: "clear" })
     );
     let e = CopyStrategy::Auto.function().unwrap_err().to_string();
     assert!(e.contains("resolve()"), "{e}");
     let shape = Shape::batch(2 << 20, 4, Reuse::Reread);
     assert!(CopyStrategy::Auto.resolve(shape).function().is_ok());
-    assert!(ClearStrategy::Auto.resolve(shape).range_function().is_ok());
-    // The architecture table refuses composites instead of panicking.
-    let f = &foliokit::cpu::cpu().features;
-    assert!(foliokit::arch::copy_primitive(CopyStrategy::Auto, f).is_err());
-    assert!(foliokit::arch::clear_primitive(ClearStrategy::Auto, f).is_err());
+    assert!(ClearStrategy::Auto.resolve(shape).function().is_ok());
+    // Butterfly has no range function: refused, never replaced.
+    assert!(matches!(
+        ClearStrategy::Butterfly.function(),
+        Err(StrategyError::Unavailable { .. })
+    ));
 }
 
 /// What a channel's `piece_done` calls returned, in order.

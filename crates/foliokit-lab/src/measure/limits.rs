@@ -26,9 +26,9 @@ use serde::Serialize;
 
 use super::{gbps, Stats};
 use crate::probe;
-use foliokit::arch::ClearFn;
 use foliokit::batch::folio_starts;
 use foliokit::channels::{ChannelError, ChannelPool};
+use foliokit::strategy::ClearFn;
 
 /// One probe of what memory can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -469,7 +469,7 @@ pub fn measure_clear(
     let run_once = |dst: &mut Region, c: usize| -> Result<String, MeasureError> {
         if let Some(pool) = &pool {
             let resolved = strategies[c].resolve(shape);
-            let f = resolved.range_function().map_err(BatchError::from)?;
+            let f = resolved.function().map_err(BatchError::from)?;
             // SAFETY: the folios lie inside the live region, which nothing
             // else touches until the pool returns.
             unsafe { pool.clear_folios(&dsts, plan.folio_size, f) }?;

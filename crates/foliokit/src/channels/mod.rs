@@ -76,9 +76,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
-use crate::arch::{ClearFn, CopyFn};
 use crate::batch::page_size;
 use crate::pidlock::PidLock;
+use crate::strategy::{ClearFn, CopyFn};
 
 /// Why a channel pool or batch could not start.
 #[derive(Debug, Error, PartialEq, Eq)]

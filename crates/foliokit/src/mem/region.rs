@@ -364,7 +364,7 @@ impl Region {
             return Err(MemError::NoFlush);
         }
         // SAFETY: the region is mapped for its whole length.
-        unsafe { arch::flush_range(self.data, self.len, &cpu().features) };
+        unsafe { arch::flush_range(self.data, self.len, cpu().features.clflushopt) };
         Ok(())
     }
 }

@@ -69,9 +69,9 @@ use super::{
     kernel, sys, BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath,
     MigrateReport, Refusal,
 };
-use crate::arch::CopyFn;
 use crate::batch::page_size;
 use crate::channels::ChannelPool;
+use crate::strategy::CopyFn;
 use crate::sys::pagemap::{page_states, PageState};
 use crate::sys::uffd::{self, Msg, Reach, Uffd};
 

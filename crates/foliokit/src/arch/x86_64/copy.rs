@@ -144,87 +144,71 @@ pub unsafe fn copy_unrolled(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
 }
 
-/// AVX2: four unaligned 32-byte loads and stores per 128-byte iteration.
-///
-/// # Safety
-/// As [`copy_tail`], and the CPU must support AVX2.
-#[target_feature(enable = "avx2")]
-pub unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
-    let blocks = len / 128;
-    if blocks > 0 {
-        // SAFETY: AVX2 is enabled for this function (caller checked the
-        // CPU); the loop moves blocks*128 <= len bytes of valid ranges.
-        // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
-        //           clobbers ymm0-3, flags; vzeroupper avoids SSE penalties.
-        unsafe {
-            asm!(
-                "2:",
-                "vmovdqu ymm0, ymmword ptr [rsi]",
-                "vmovdqu ymm1, ymmword ptr [rsi + 32]",
-                "vmovdqu ymm2, ymmword ptr [rsi + 64]",
-                "vmovdqu ymm3, ymmword ptr [rsi + 96]",
-                "vmovdqu ymmword ptr [rdi],      ymm0",
-                "vmovdqu ymmword ptr [rdi + 32], ymm1",
-                "vmovdqu ymmword ptr [rdi + 64], ymm2",
-                "vmovdqu ymmword ptr [rdi + 96], ymm3",
-                "add rsi, 128",
-                "add rdi, 128",
-                "dec rcx",
-                "jnz 2b",
-                "vzeroupper",
-                inout("rcx") blocks => _,
-                inout("rdi") dst => _,
-                inout("rsi") src => _,
-                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                options(nostack),
-            );
+/// A vector copy loop: four unaligned loads then four stores of one
+/// register width per iteration, `vzeroupper` after the loop (no SSE
+/// penalties for the caller), the remainder by [`copy_tail`]. The AVX2 and
+/// AVX-512 copies differ only in the width, the move and the registers.
+macro_rules! vector_copy {
+    ($(#[$doc:meta])* $name:ident, $feature:literal, $width:literal, $mov:literal, $word:literal,
+     [$r0:tt, $r1:tt, $r2:tt, $r3:tt]) => {
+        $(#[$doc])*
+        #[target_feature(enable = $feature)]
+        pub unsafe fn $name(dst: *mut u8, src: *const u8, len: usize) {
+            let step = 4 * $width;
+            let blocks = len / step;
+            if blocks > 0 {
+                // SAFETY: the feature is enabled for this function (the
+                // caller checked the CPU); the loop moves blocks*step <=
+                // len bytes from the start of both valid, disjoint ranges.
+                // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
+                //           clobbers the four vector registers, flags.
+                unsafe {
+                    asm!(
+                        "2:",
+                        concat!($mov, " ", $r0, ", ", $word, " ptr [rsi]"),
+                        concat!($mov, " ", $r1, ", ", $word, " ptr [rsi + ", $width, "]"),
+                        concat!($mov, " ", $r2, ", ", $word, " ptr [rsi + 2*", $width, "]"),
+                        concat!($mov, " ", $r3, ", ", $word, " ptr [rsi + 3*", $width, "]"),
+                        concat!($mov, " ", $word, " ptr [rdi], ", $r0),
+                        concat!($mov, " ", $word, " ptr [rdi + ", $width, "], ", $r1),
+                        concat!($mov, " ", $word, " ptr [rdi + 2*", $width, "], ", $r2),
+                        concat!($mov, " ", $word, " ptr [rdi + 3*", $width, "], ", $r3),
+                        concat!("add rsi, 4*", $width),
+                        concat!("add rdi, 4*", $width),
+                        "dec rcx",
+                        "jnz 2b",
+                        "vzeroupper",
+                        inout("rcx") blocks => _,
+                        inout("rdi") dst => _,
+                        inout("rsi") src => _,
+                        out($r0) _, out($r1) _, out($r2) _, out($r3) _,
+                        options(nostack),
+                    );
+                }
+            }
+            let done = blocks * step;
+            // SAFETY: `done <= len`, so the remainder lies inside both ranges.
+            unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
         }
-    }
-    let done = blocks * 128;
-    // SAFETY: `done <= len`, so the remainder lies inside both ranges.
-    unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
+    };
 }
 
-/// AVX-512: four unaligned 64-byte loads and stores per 256-byte iteration.
-///
-/// # Safety
-/// As [`copy_tail`], and the CPU must support AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn copy_avx512(dst: *mut u8, src: *const u8, len: usize) {
-    let blocks = len / 256;
-    if blocks > 0 {
-        // SAFETY: AVX-512F is enabled for this function (caller checked the
-        // CPU); the loop moves blocks*256 <= len bytes of valid ranges.
-        // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
-        //           clobbers zmm0-3, flags.
-        unsafe {
-            asm!(
-                "2:",
-                "vmovdqu64 zmm0, zmmword ptr [rsi]",
-                "vmovdqu64 zmm1, zmmword ptr [rsi + 64]",
-                "vmovdqu64 zmm2, zmmword ptr [rsi + 128]",
-                "vmovdqu64 zmm3, zmmword ptr [rsi + 192]",
-                "vmovdqu64 zmmword ptr [rdi],       zmm0",
-                "vmovdqu64 zmmword ptr [rdi + 64],  zmm1",
-                "vmovdqu64 zmmword ptr [rdi + 128], zmm2",
-                "vmovdqu64 zmmword ptr [rdi + 192], zmm3",
-                "add rsi, 256",
-                "add rdi, 256",
-                "dec rcx",
-                "jnz 2b",
-                "vzeroupper",
-                inout("rcx") blocks => _,
-                inout("rdi") dst => _,
-                inout("rsi") src => _,
-                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
-                options(nostack),
-            );
-        }
-    }
-    let done = blocks * 256;
-    // SAFETY: `done <= len`, so the remainder lies inside both ranges.
-    unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
-}
+vector_copy!(
+    /// AVX2: four unaligned 32-byte loads and stores per 128-byte iteration.
+    ///
+    /// # Safety
+    /// As [`copy_tail`], and the CPU must support AVX2.
+    copy_avx2, "avx2", 32, "vmovdqu", "ymmword", ["ymm0", "ymm1", "ymm2", "ymm3"]
+);
+
+vector_copy!(
+    /// AVX-512: four unaligned 64-byte loads and stores per 256-byte
+    /// iteration.
+    ///
+    /// # Safety
+    /// As [`copy_tail`], and the CPU must support AVX-512F.
+    copy_avx512, "avx512f", 64, "vmovdqu64", "zmmword", ["zmm0", "zmm1", "zmm2", "zmm3"]
+);
 
 /// Streaming copy: temporal loads, `movntdq` stores of whole 64-byte lines,
 /// then `sfence` so the data is globally visible before we return.
