@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use thiserror::Error;
 
+pub use crate::channels::ChannelCpus;
 use crate::channels::{self, ChannelError};
 use crate::tune::{self, Profile, ProfileError, ProfileStatus};
 
@@ -40,21 +41,6 @@ pub enum ProfileChoice {
     ///
     /// Needs the `serde` feature, as [`ProfileChoice::File`] does.
     DefaultFile,
-}
-
-/// Where copy channel workers run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ChannelCpus {
-    /// Not pinned: the scheduler places them (the default; nothing collides
-    /// with threads the application pinned).
-    #[default]
-    Unpinned,
-    /// Channel `i` pinned to the `i`-th CPU of the process's affinity mask
-    /// (wrapping): steady placement for measurements.
-    Spread,
-    /// Channel `i` pinned to `cpus[i % len]`.
-    Cpus(Vec<usize>),
 }
 
 /// How [`init`] sets foliokit up. Build with [`Config::new`] and the
@@ -155,12 +141,6 @@ pub struct Started {
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
-/// The configuration in force: [`init`]'s, or the defaults from the first
-/// call that needed one.
-pub(crate) fn config() -> &'static Config {
-    CONFIG.get_or_init(Config::default)
-}
-
 /// Sets foliokit up for this process; call it once, before any other
 /// foliokit call (plain copies and clears before it are harmless; a channel
 /// pool or an mc copy fixes the defaults). See the [module docs](self).
@@ -169,7 +149,12 @@ pub fn init(mut config: Config) -> Result<Started, InitError> {
     // configuration is taken, so a refused init changes nothing and may be
     // called again with other choices. (A second init after a successful
     // one is AlreadyInitialized, whatever it asks for.)
-    if CONFIG.get().is_some() {
+    // The layers below hold their own part of the configuration (channel
+    // placement, the SIGBUS policy); a pool or an mc copy that ran before
+    // `init` fixed theirs to the defaults. (A thread starting the first
+    // pool while another runs `init` can still fix one of them in between:
+    // init then reports AlreadyInitialized with the other one set.)
+    if CONFIG.get().is_some() || channels::placement_fixed() || crate::mc::handler_policy_fixed() {
         return Err(InitError::AlreadyInitialized);
     }
     if config.start_channels.contains(&0) {
@@ -211,7 +196,13 @@ pub fn init(mut config: Config) -> Result<Started, InitError> {
     CONFIG
         .set(config)
         .map_err(|_| InitError::AlreadyInitialized)?;
-    let c = self::config();
+    let c = CONFIG.get().expect("set above");
+    // Passed down once: nothing below this module reads the configuration.
+    if !channels::fix_placement(c.channel_cpus.clone())
+        || !crate::mc::fix_handler_policy(c.sigbus_handler)
+    {
+        return Err(InitError::AlreadyInitialized);
+    }
     match profile {
         Some((p, from)) => {
             tune::use_profile(Some(p), &from)?;

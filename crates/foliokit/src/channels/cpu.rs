@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 
 use super::{Channel, ChannelError, Completion, Op, Piece};
 use crate::arch::sfence;
-use crate::runtime::ChannelCpus;
+use std::sync::OnceLock;
 
 struct Work {
     pieces: Vec<Piece>,
@@ -27,12 +27,40 @@ pub struct CpuChannel {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The CPU channel `index` runs on, as [`crate::runtime::ChannelCpus`]
-/// says: none, or the `index`-th of the list (wrapping). Read on the
-/// thread that makes the pool, so the configuration is fixed before any
-/// worker starts.
+/// Where copy channel workers run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChannelCpus {
+    /// Not pinned: the scheduler places them (the default; nothing collides
+    /// with threads the application pinned).
+    #[default]
+    Unpinned,
+    /// Channel `i` pinned to the `i`-th CPU of the process's affinity mask
+    /// (wrapping): steady placement for measurements.
+    Spread,
+    /// Channel `i` pinned to `cpus[i % len]`.
+    Cpus(Vec<usize>),
+}
+
+/// Where channel workers run: what [`crate::init`] passed down, or the
+/// default (unpinned) once the first pool asked before any `init`.
+static PLACEMENT: OnceLock<ChannelCpus> = OnceLock::new();
+
+/// Sets the placement; false when a pool (or an earlier `init`) fixed it.
+pub(crate) fn fix_placement(cpus: ChannelCpus) -> bool {
+    PLACEMENT.set(cpus).is_ok()
+}
+
+/// Whether the placement is fixed (a pool was made, or `init` ran).
+pub(crate) fn placement_fixed() -> bool {
+    PLACEMENT.get().is_some()
+}
+
+/// The CPU channel `index` runs on, as [`ChannelCpus`] says: none, or the
+/// `index`-th of the list (wrapping). Read on the thread that makes the
+/// pool, so the placement is fixed before any worker starts.
 fn target(index: usize) -> Option<usize> {
-    let cpu = match &crate::runtime::config().channel_cpus {
+    let cpu = match PLACEMENT.get_or_init(ChannelCpus::default) {
         // `init` turns Spread into the list of CPUs allowed when it ran,
         // and the defaults are Unpinned: Spread never reaches here.
         ChannelCpus::Unpinned | ChannelCpus::Spread => return None,

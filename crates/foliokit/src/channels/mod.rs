@@ -68,8 +68,8 @@
 
 mod cpu;
 
-pub(crate) use cpu::allowed_cpus;
-pub use cpu::CpuChannel;
+pub(crate) use cpu::{allowed_cpus, fix_placement, placement_fixed};
+pub use cpu::{ChannelCpus, CpuChannel};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

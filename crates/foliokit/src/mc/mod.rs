@@ -162,6 +162,22 @@ pub enum HandlerState {
     Replaced,
 }
 
+/// Whether mc copies may install the SIGBUS handler: what [`crate::init`]
+/// passed down (`Config::sigbus_handler`), or yes once the first mc copy
+/// asked before any `init`.
+static HANDLER_POLICY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Sets the handler policy; false when an mc copy (or an earlier `init`)
+/// fixed it.
+pub(crate) fn fix_handler_policy(allowed: bool) -> bool {
+    HANDLER_POLICY.set(allowed).is_ok()
+}
+
+/// Whether the handler policy is fixed.
+pub(crate) fn handler_policy_fixed() -> bool {
+    HANDLER_POLICY.get().is_some()
+}
+
 /// Installs the SIGBUS handler (once per process); the errno on failure.
 pub(crate) fn install_handler() -> Result<(), i32> {
     #[cfg(target_arch = "x86_64")]
@@ -189,7 +205,7 @@ pub fn handler_state() -> HandlerState {
 
 #[cfg(target_arch = "x86_64")]
 fn mc_fn(s: CopyStrategy) -> Result<McFn, McError> {
-    if !crate::runtime::config().sigbus_handler && handler::state() == HandlerState::NotInstalled {
+    if !*HANDLER_POLICY.get_or_init(|| true) && handler::state() == HandlerState::NotInstalled {
         return Err(McError::Unavailable(
             "the application refused the SIGBUS handler (Config::sigbus_handler(false))",
         ));
