@@ -3,7 +3,6 @@
 //! A batch is a list of equal-size folios. Every check happens before the
 //! first byte is written, so a rejected batch leaves memory untouched.
 
-use std::sync::OnceLock;
 use thiserror::Error;
 
 use crate::strategy::StrategyError;
@@ -126,15 +125,7 @@ pub struct BatchReport<S> {
     pub bytes: usize,
 }
 
-/// The base page size, asked of the OS once.
-pub fn page_size() -> usize {
-    static PAGE: OnceLock<usize> = OnceLock::new();
-    *PAGE.get_or_init(|| {
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
-    })
-}
+pub use crate::sys::page_size;
 
 pub(crate) fn check_folio_size(folio_size: usize) -> Result<(), BatchError> {
     let page = page_size();

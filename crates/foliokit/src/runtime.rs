@@ -186,7 +186,7 @@ pub fn init(mut config: Config) -> Result<Started, InitError> {
     // that starts foliokit: fixed here, not on whichever (perhaps pinned)
     // thread later makes a pool.
     if config.channel_cpus == ChannelCpus::Spread {
-        let allowed = channels::allowed_cpus();
+        let allowed = crate::sys::allowed_cpus();
         config.channel_cpus = if allowed.is_empty() {
             ChannelCpus::Unpinned
         } else {

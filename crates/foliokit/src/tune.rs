@@ -14,9 +14,9 @@ use std::sync::RwLock;
 use thiserror::Error;
 
 use crate::batch::Reuse;
-use crate::clear::ClearStrategy;
-use crate::copy::CopyStrategy;
 use crate::cpu::{cpu, Vendor};
+use crate::strategy::clear::ClearStrategy;
+use crate::strategy::copy::CopyStrategy;
 use crate::strategy::Strategy;
 
 // The numbers the rules use live in `params` (a leaf every layer can

@@ -70,22 +70,6 @@ fn target(index: usize) -> Option<usize> {
     (cpu < libc::CPU_SETSIZE as usize).then_some(cpu)
 }
 
-/// The CPUs the calling thread may run on, in order.
-pub(crate) fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; the call writes only `set`.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
-            return Vec::new();
-        }
-        set
-    };
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE, the set's size.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
-}
-
 /// Pins the calling thread to `cpu`.
 fn pin(cpu: usize) {
     // SAFETY: cpu_set_t is plain data; `cpu` is below CPU_SETSIZE; the

@@ -68,7 +68,7 @@
 
 mod cpu;
 
-pub(crate) use cpu::{allowed_cpus, fix_placement, placement_fixed};
+pub(crate) use cpu::{fix_placement, placement_fixed};
 pub use cpu::{ChannelCpus, CpuChannel};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

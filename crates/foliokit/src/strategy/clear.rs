@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 
 use super::copy::yield_point;
 use super::{on_x86, strategies, Body, ClearFn, Need, Row, StrategyError};
-use crate::batch::page_size;
 use crate::cpu::cpu;
+use crate::sys::page_size;
 
 #[cfg(target_arch = "x86_64")]
 use crate::arch::x86_64::clear as asm;

@@ -4,8 +4,8 @@
 use std::sync::OnceLock;
 
 use super::{on_x86, strategies, Body, CopyFn, Need, Row, StrategyError};
-use crate::batch::page_size;
 use crate::cpu::cpu;
+use crate::sys::page_size;
 
 #[cfg(target_arch = "x86_64")]
 use crate::arch::x86_64::copy as asm;
