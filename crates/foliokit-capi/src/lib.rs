@@ -1,11 +1,11 @@
 //! The C ABI of foliokit: `include/foliokit.h` documents every function,
 //! and `tests/header_agrees.rs` holds the header and these sources to the
 //! same functions, structs and constants. Each entry point validates its
-//! arguments, maps typed errors to negative errno-style codes ([`error`])
+//! arguments, maps typed errors to negative errno-style codes (`error`)
 //! and catches panics so none crosses into C.
 //!
 //! One module per area of the library, named like it; the pieces every
-//! area shares are [`error`], [`args`] and [`ext`] (extensible structs).
+//! area shares are `error`, `args` and `ext` (extensible structs).
 
 mod args;
 mod batch;
