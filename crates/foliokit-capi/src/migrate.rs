@@ -1,0 +1,156 @@
+//! `fk_migrate`: a range of this process to a NUMA node, by the kernel's
+//! path or by relocation.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::time::Duration;
+
+use fk::migrate::{MigrateError, MigrateOptions, Path};
+
+use crate::error::{guard, os_code, strategy_err, INTERNAL};
+use crate::ext::{extensible, out_size, read_ext, write_ext};
+
+/// `enum fk_path` values.
+pub(crate) const FK_PATH_KERNEL: c_int = 0;
+pub(crate) const FK_PATH_AUTO: c_int = 1;
+pub(crate) const FK_PATH_RELOCATE: c_int = 2;
+
+extensible! {
+    /// Mirrors `struct fk_migrate_opts`.
+    pub struct FkMigrateOpts {
+        /// `enum fk_path`, read as an int: C may pass any value.
+        pub path: c_int,
+        pub channels: c_uint,
+        pub batch_pages: usize,
+        pub latency_budget_us: u64,
+    }
+}
+
+extensible! {
+    /// Mirrors `struct fk_migrate_result`.
+    pub struct FkMigrateResult {
+        pub gbps: f64,
+        pub first_folio_us: f64,
+        pub pages_to_move: usize,
+        pub relocated: c_int,
+        pub batches: c_uint,
+    }
+}
+
+fn migrate_options(c: Option<FkMigrateOpts>) -> Result<MigrateOptions, c_int> {
+    let mut o = MigrateOptions::default();
+    let Some(c) = c else { return Ok(o) };
+    o.path = match c.path {
+        FK_PATH_KERNEL => Path::Kernel,
+        FK_PATH_AUTO => Path::Auto,
+        FK_PATH_RELOCATE => Path::Relocate,
+        _ => return Err(-libc::EINVAL),
+    };
+    if c.batch_pages > 0 {
+        o.batch_pages = c.batch_pages;
+    }
+    if c.channels > 0 {
+        o.channels = c.channels as usize;
+    }
+    if c.latency_budget_us > 0 {
+        o.latency_budget = Some(Duration::from_micros(c.latency_budget_us));
+    }
+    Ok(o)
+}
+
+fn migrate_err(e: MigrateError) -> c_int {
+    match e {
+        MigrateError::Misaligned { .. }
+        | MigrateError::Empty
+        | MigrateError::Wraps { .. }
+        | MigrateError::ZeroBatch => -libc::EINVAL,
+        MigrateError::Unmapped { .. } => -libc::EFAULT,
+        MigrateError::NoSuchNode { .. } => -libc::ENODEV,
+        MigrateError::Refused { .. } => -libc::EPERM,
+        MigrateError::Sys { source, .. } => os_code(&source, libc::EIO),
+        MigrateError::Strategy(s) => strategy_err(&s),
+        _ => INTERNAL,
+    }
+}
+
+/// # Safety
+/// See `fk_migrate` in foliokit.h.
+#[no_mangle]
+pub unsafe extern "C" fn fk_migrate(
+    addr: *mut c_void,
+    len: usize,
+    node: c_uint,
+    opts: *const FkMigrateOpts,
+    out: *mut FkMigrateResult,
+) -> c_int {
+    guard(|| {
+        // SAFETY: opts is NULL or a valid struct of its `size` (contract).
+        let o = migrate_options(unsafe { read_ext(opts) }?)?;
+        // SAFETY: out is NULL or a valid struct of its `size` (contract).
+        let n = unsafe { out_size(out) }?;
+        // SAFETY: the caller's contract (see the header).
+        let r = unsafe { fk::migrate::migrate(addr.cast(), len, node, &o) }.map_err(migrate_err)?;
+        let result = FkMigrateResult {
+            size: n,
+            gbps: r.gbps(),
+            first_folio_us: r.first_folio_us().unwrap_or(0.0),
+            pages_to_move: r.pages_to_move,
+            relocated: c_int::from(r.path == fk::migrate::MigratePath::Relocate),
+            batches: c_uint::try_from(r.batches.len()).unwrap_or(c_uint::MAX),
+        };
+        // SAFETY: out is NULL or has `n` writable bytes (checked by out_size).
+        unsafe { write_ext(out, result, n) };
+        Ok(0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::msg;
+    use crate::test_util::Map;
+    use std::mem::size_of;
+
+    #[test]
+    fn migrate_checks_its_structs_before_moving_anything() {
+        let m = Map::new(1 << 21);
+        // SAFETY: m is 2 MiB of mapped memory of ours.
+        unsafe { m.0.write_bytes(0x5a, m.1) };
+        let opts = |path| FkMigrateOpts {
+            size: size_of::<FkMigrateOpts>(),
+            path,
+            ..Default::default()
+        };
+        let mut out = FkMigrateResult {
+            size: size_of::<FkMigrateResult>(),
+            ..Default::default()
+        };
+        // SAFETY: for all calls, valid memory and structs.
+        unsafe {
+            assert_eq!(
+                fk_migrate(m.0.cast(), m.1, 0, &opts(7), &mut out),
+                -libc::EINVAL
+            );
+            assert_eq!(
+                fk_migrate(m.0.cast(), m.1, 0, &opts(-1), &mut out),
+                -libc::EINVAL
+            );
+            let mut small = FkMigrateResult { size: 8, ..out };
+            let rc = fk_migrate(m.0.cast(), m.1, 0, &opts(FK_PATH_KERNEL), &mut small);
+            assert_eq!(rc, -libc::EINVAL);
+            assert_eq!(small.size, 8, "nothing written on error");
+            // Node 0 always exists: the kernel path succeeds and fills `out`.
+            let rc = fk_migrate(m.0.cast(), m.1, 0, &opts(FK_PATH_KERNEL), &mut out);
+            assert_eq!(rc, 0, "{}", msg(rc));
+            assert_eq!(out.size, size_of::<FkMigrateResult>());
+            assert_eq!(out.relocated, 0);
+            assert!(out.batches >= 1);
+            assert_eq!(
+                fk_migrate(m.0.cast(), m.1, 0, std::ptr::null(), std::ptr::null_mut()),
+                0
+            );
+            assert!(std::slice::from_raw_parts(m.0, m.1)
+                .iter()
+                .all(|&x| x == 0x5a));
+        }
+    }
+}
