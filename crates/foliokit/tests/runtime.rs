@@ -68,6 +68,50 @@ fn a_profile_for_another_cpu_is_refused() {
     });
 }
 
+/// `auto` reads a table resolved when a profile is put in force: a cell
+/// steers the matching shape (and only it), and putting the built-in rules
+/// back in force restores their choice.
+#[test]
+fn a_profile_put_in_force_steers_auto_and_can_be_taken_back() {
+    in_child(
+        "a_profile_put_in_force_steers_auto_and_can_be_taken_back",
+        T,
+        || {
+            use foliokit::tune::{choose_copy, use_profile, Choice, FolioClass, Regime, Shape};
+            let shape = Shape::batch(2 << 20, 2, foliokit::Reuse::Reread);
+            let builtin = choose_copy(shape);
+            // A strategy every CPU has, and not the rules' choice here.
+            let other = if builtin == CopyStrategy::Libc {
+                CopyStrategy::PerPage
+            } else {
+                CopyStrategy::Libc
+            };
+            let p = Profile {
+                version: foliokit::tune::PROFILE_VERSION,
+                cpu_model: foliokit::cpu::cpu().model.clone(),
+                choices: vec![Choice {
+                    op: "copy".into(),
+                    regime: Regime::Resident,
+                    class: FolioClass::Large,
+                    channels: 1,
+                    strategy: other.to_string(),
+                    gbps: 1.0,
+                }],
+                unsettled: vec![],
+            };
+            assert!(use_profile(Some(p), "test").unwrap().loaded);
+            assert_eq!(choose_copy(shape), other);
+            assert_eq!(
+                choose_copy(shape.on_channels(2)),
+                builtin,
+                "an unmeasured channel count follows the rules"
+            );
+            assert!(!use_profile(None, "test").unwrap().loaded);
+            assert_eq!(choose_copy(shape), builtin);
+        },
+    );
+}
+
 #[cfg(feature = "serde")]
 #[test]
 fn a_missing_profile_file_is_an_error_when_asked_for_by_name() {
