@@ -1,6 +1,10 @@
 //! `cargo xtask install-capi --prefix DIR`: installs the C library (header,
 //! versioned shared library and links, static library, foliokit.pc).
 //!
+//! `cargo xtask public-api` and `cargo xtask layers`: the checks that keep
+//! the public surface deliberate and the modules layered (see api.rs,
+//! layers.rs).
+//!
 //! `cargo xtask vm-test`: foliokit's tests inside guest kernels, for what
 //! this host cannot show (several NUMA nodes, a memory-only tier, real
 //! hardware poison, an older kernel). QEMU's software emulation boots each
@@ -8,8 +12,10 @@
 //! it, so the test binaries built here run there unchanged. Timings in a
 //! guest mean nothing: the guests are for correctness only.
 
+mod api;
 mod guest;
 mod install;
+mod layers;
 mod setup;
 
 use clap::{Parser, Subcommand};
@@ -64,6 +70,15 @@ enum Cmd {
         #[arg(long)]
         no_strip: bool,
     },
+    /// Compare the foliokit crate's public items (rustdoc's list) with the
+    /// committed crates/foliokit/public-api.txt; fails on any difference.
+    PublicApi {
+        /// Rewrite the list to what the code exports now.
+        #[arg(long)]
+        bless: bool,
+    },
+    /// Check that no two top-level modules of a crate import each other.
+    Layers,
 }
 
 /// Runs `c`, failing with its command line when it does not succeed.
@@ -101,6 +116,8 @@ fn main() {
             };
             install::install_capi(&workspace(), &dirs, !no_strip).map(|()| true)
         }
+        Cmd::PublicApi { bless } => api::public_api(&workspace(), bless),
+        Cmd::Layers => layers::layers(&workspace()),
     };
     match result {
         Ok(true) => {}

@@ -61,7 +61,29 @@ pub unsafe extern "C" fn fk_copy_mc(
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+    use crate::error::{msg, INTERNAL};
     use crate::test_util::Map;
+    use fk::mc::FaultKind;
+    use std::ffi::c_int;
+
+    #[test]
+    fn fault_kinds_have_distinct_codes_and_messages() {
+        let codes = [
+            fault_code(FaultKind::Poison),
+            fault_code(FaultKind::Vanished),
+            fault_code(FaultKind::Other(libc::BUS_OBJERR)),
+        ];
+        assert_eq!(codes, [-libc::EHWPOISON, -libc::EFAULT, -libc::EIO]);
+        let mut all: Vec<&str> = codes.iter().map(|&c| msg(c)).collect();
+        all.push(msg(INTERNAL));
+        all.push(msg(-libc::E2BIG));
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 5, "{all:?}");
+        assert!(!all.contains(&"unknown error"));
+        assert_eq!(msg(c_int::MIN), "unknown error");
+        assert_eq!(msg(12345), "unknown error");
+    }
 
     #[test]
     fn copy_mc_reports_a_vanished_page_as_efault() {

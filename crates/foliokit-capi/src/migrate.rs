@@ -154,3 +154,108 @@ mod tests {
         }
     }
 }
+
+// The extensible-struct rules, shown on the migrate structs (here, so
+// ext.rs needs nothing of the areas that use it).
+#[cfg(test)]
+mod ext_rules {
+    use super::{FkMigrateOpts, FkMigrateResult, FK_PATH_AUTO};
+    use crate::ext::*;
+    use std::mem::offset_of;
+
+    /// An aligned buffer standing in for a caller's struct of any size.
+    #[repr(C, align(8))]
+    struct Buf([u8; 64]);
+
+    impl Buf {
+        fn new(fill: u8, size: usize) -> Buf {
+            let mut b = Buf([fill; 64]);
+            b.0[..size_of::<usize>()].copy_from_slice(&size.to_ne_bytes());
+            b
+        }
+        fn opts(&self) -> *const FkMigrateOpts {
+            self.0.as_ptr().cast()
+        }
+    }
+
+    #[test]
+    fn extensible_input_struct_rules() {
+        let ours = size_of::<FkMigrateOpts>();
+        // SAFETY: for all calls below, each pointer is NULL or a 64-byte,
+        // 8-aligned buffer, and every size used is at most 64 or refused
+        // before reading.
+        unsafe {
+            assert_eq!(read_ext::<FkMigrateOpts>(std::ptr::null()), Ok(None));
+            // Too small for the first version.
+            let b = Buf::new(0, ours - 1);
+            assert_eq!(read_ext(b.opts()), Err(-libc::EINVAL));
+            // Exactly ours: every field read.
+            let want = FkMigrateOpts {
+                size: ours,
+                path: FK_PATH_AUTO,
+                channels: 3,
+                batch_pages: 64,
+                latency_budget_us: 1000,
+            };
+            let mut b = Buf::new(0xaa, 0);
+            std::ptr::copy_nonoverlapping((&raw const want).cast::<u8>(), b.0.as_mut_ptr(), ours);
+            assert_eq!(read_ext(b.opts()), Ok(Some(want)));
+            // A newer caller: larger size, unknown bytes zero -> accepted.
+            let mut b2 = Buf::new(0, 0);
+            b2.0[..ours].copy_from_slice(&b.0[..ours]);
+            b2.0[..size_of::<usize>()].copy_from_slice(&64usize.to_ne_bytes());
+            let got = read_ext(b2.opts()).unwrap().unwrap();
+            assert_eq!(
+                (got.path, got.channels, got.batch_pages),
+                (FK_PATH_AUTO, 3, 64)
+            );
+            // ... an unknown byte set -> E2BIG, wherever it is.
+            for i in [ours, 40, 63] {
+                let mut b3 = Buf::new(0, 64);
+                b3.0[i] = 1;
+                assert_eq!(read_ext(b3.opts()), Err(-libc::E2BIG), "byte {i}");
+            }
+            // Garbage sizes are refused without being read.
+            let b = Buf::new(0, STRUCT_SIZE_MAX + 1);
+            assert_eq!(read_ext(b.opts()), Err(-libc::E2BIG));
+        }
+    }
+
+    #[test]
+    fn extensible_output_struct_rules() {
+        let ours = size_of::<FkMigrateResult>();
+        let v = FkMigrateResult {
+            size: 0,
+            gbps: 1.5,
+            first_folio_us: 2.5,
+            pages_to_move: 7,
+            relocated: 1,
+            batches: 9,
+        };
+        // SAFETY: for all calls below, 64-byte, 8-aligned buffers, sizes <= 64.
+        unsafe {
+            let mut b = Buf::new(0xaa, ours - 1);
+            assert_eq!(
+                out_size(b.0.as_mut_ptr().cast::<FkMigrateResult>()),
+                Err(-libc::EINVAL)
+            );
+            // A newer caller's larger struct: ours filled, the rest untouched.
+            let mut b = Buf::new(0xaa, 64);
+            let p = b.0.as_mut_ptr().cast::<FkMigrateResult>();
+            let n = out_size(p).unwrap();
+            assert_eq!(n, ours);
+            write_ext(p, v, n);
+            assert_eq!(p.read(), FkMigrateResult { size: ours, ..v });
+            assert!(b.0[ours..].iter().all(|&x| x == 0xaa));
+            // An older caller (fewer fields): only what fits is written.
+            let mut b = Buf::new(0xaa, 64);
+            let p = b.0.as_mut_ptr().cast::<FkMigrateResult>();
+            write_ext(p, v, offset_of!(FkMigrateResult, pages_to_move));
+            assert_eq!((*p).gbps, 1.5);
+            assert_eq!((*p).size, offset_of!(FkMigrateResult, pages_to_move));
+            assert!(b.0[offset_of!(FkMigrateResult, pages_to_move)..]
+                .iter()
+                .all(|&x| x == 0xaa));
+        }
+    }
+}

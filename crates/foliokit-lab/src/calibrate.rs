@@ -18,10 +18,19 @@ use foliokit::cpu::cpu;
 use foliokit::mem::Region;
 use foliokit::strategy::Strategy;
 use foliokit::tune::{
-    builtin_clear, builtin_copy, Choice, FolioClass, Profile, Regime, Unsettled,
-    CALIBRATION_MARGIN, CALIBRATION_ROUNDS, PROFILE_VERSION,
+    builtin_clear, builtin_copy, Choice, FolioClass, Profile, Regime, Unsettled, PROFILE_VERSION,
 };
 use foliokit::{ClearStrategy, CopyStrategy};
+
+/// Calibration replaces the built-in choice for a cell only when another
+/// strategy's median beats it by more than this fraction: differences
+/// smaller than run-to-run noise on a shared machine must not flip `auto`.
+pub const CALIBRATION_MARGIN: f64 = 0.03;
+
+/// Times calibration measures a cell whose verdict is unclear (its A/A
+/// control disagreed, or the best strategy's lead over the built-in choice
+/// is inside the noise) before it leaves the cell to the built-in rules.
+pub const CALIBRATION_ROUNDS: usize = 3;
 
 /// Batch bytes and loops per regime.
 #[derive(Debug, Clone)]

@@ -10,7 +10,8 @@
 use std::ops::{Deref, DerefMut};
 
 use foliokit::batch::page_size;
-use foliokit::mem::system::{hugetlb_dir, hugetlb_pool, is_root};
+use foliokit::internals::hugetlb_dir;
+use foliokit::mem::system::{hugetlb_pool, is_root};
 use foliokit::mem::{size_name, Backing, MemError, Region};
 
 const GIB: usize = 1 << 30;

@@ -6,7 +6,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-use foliokit::mem::system::{read_mthp, THP_DIR};
+use foliokit::internals::THP_DIR;
+use foliokit::mem::system::read_mthp;
 
 #[derive(Debug, Error)]
 pub enum MthpError {

@@ -262,7 +262,9 @@
 
 #![deny(missing_docs)]
 
-pub mod arch;
+// The instructions themselves: reached through the strategy tables, and
+// by foliokit-lab's probes through `internals`.
+mod arch;
 pub mod batch;
 pub mod channels;
 pub mod clear;
@@ -285,6 +287,10 @@ pub mod strategy;
 // `migrate::page_nodes`.
 pub(crate) mod sys;
 pub mod tune;
+
+#[cfg(feature = "unstable-internals")]
+#[doc(hidden)]
+pub mod internals;
 
 pub use batch::{BatchError, BatchReport, Reuse};
 pub use clear::{clear, clear_folios, clear_folios_raw, clear_raw, ClearOptions, ClearStrategy};

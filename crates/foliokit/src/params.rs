@@ -76,16 +76,6 @@ pub const THREAD_HEAD_WAIT: std::time::Duration = std::time::Duration::from_mill
 /// the kernel's need_resched flag). Nothing in foliokit sets it.
 pub static YIELD_REQUESTED: AtomicBool = AtomicBool::new(false);
 
-/// Calibration replaces the built-in choice for a cell only when another
-/// strategy's median beats it by more than this fraction: differences
-/// smaller than run-to-run noise on a shared machine must not flip `auto`.
-pub const CALIBRATION_MARGIN: f64 = 0.03;
-
-/// Times calibration measures a cell whose verdict is unclear (its A/A
-/// control disagreed, or the best strategy's lead over the built-in choice
-/// is inside the noise) before it leaves the cell to the built-in rules.
-pub const CALIBRATION_ROUNDS: usize = 3;
-
 /// Default per-call latency budget when moving another process's pages
 /// (`migrate::process`): the target's threads wait on pages under
 /// migration and on its mmap lock while a `move_pages` call runs, so calls

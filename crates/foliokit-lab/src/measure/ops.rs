@@ -641,7 +641,7 @@ mod tests {
             folio_size: 4096,
             loops: 2,
             // Without a cache flush (other architectures) Evict is refused.
-            cache: if foliokit::arch::CAN_FLUSH {
+            cache: if foliokit::internals::CAN_FLUSH {
                 CacheMode::Evict
             } else {
                 CacheMode::Hot
@@ -767,7 +767,7 @@ mod tests {
         assert_eq!(m.reps, HOT_SAMPLE_BYTES / len);
         assert_eq!(m.limits.unwrap().stores, Stores::Cached);
         // A run that is not hot calls once per loop and probes memory.
-        if foliokit::arch::CAN_FLUSH {
+        if foliokit::internals::CAN_FLUSH {
             let m = measure_copy(&src, &mut dst, &cands, &plan(1, true), || {}).unwrap();
             assert_eq!(m.reps, 1);
             assert_eq!(m.limits.unwrap().stores, Stores::Streaming);

@@ -7,7 +7,7 @@
 
 use core::arch::asm;
 
-use foliokit::arch::x86_64::clear;
+use foliokit::internals::x86_clear as clear;
 
 /// The non-zero byte the write probe stores (some CPUs stream zeros faster).
 pub const PATTERN: u8 = 0x5A;
@@ -62,7 +62,7 @@ pub unsafe fn read_probe(ptr: *mut u8, len: usize) {
 pub unsafe fn write_probe(dst: *mut u8, len: usize) {
     // SAFETY: forwarded contract; drained right after.
     unsafe { clear::fill_nt_nodrain(dst, len, PATTERN) };
-    foliokit::arch::sfence();
+    foliokit::internals::sfence();
 }
 
 /// Stores [`PATTERN`] over `[dst, dst + len)` with ordinary stores: the

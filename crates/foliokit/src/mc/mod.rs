@@ -69,7 +69,7 @@ pub enum McError {
     #[error("{} bytes not copied: source page {} faulted ({})", .0.not_copied, .0.bad_page, .0.kind)]
     Fault(McFault),
     /// The named strategy has no machine-check-safe variant (only those in
-    /// [`MC_STRATEGIES`] and `auto` do).
+    /// `movsb`, `avx2`, `nt` and `auto` do).
     #[error("{0} has no machine-check-safe variant (have: movsb, avx2, nt, auto)")]
     NoVariant(&'static str),
     /// No mc copy can run: not x86_64, the application refused the SIGBUS
@@ -98,7 +98,8 @@ type McFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
 /// the two disjoint.
 pub type McCopyFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
 
-/// The mc routine for `strategy` at `shape` (see [`resolve_mc`]), with the
+/// The mc routine for `strategy` at `shape` (itself, or for `auto` the mc
+/// twin of the strategy `auto` picks for that shape), with the
 /// SIGBUS handler installed: for handing to the copy channels
 /// ([`crate::channels::ChannelPool::submit_copy_mc`]).
 pub fn mc_routine(
@@ -110,7 +111,7 @@ pub fn mc_routine(
 }
 
 /// The strategies with an mc variant.
-pub const MC_STRATEGIES: &[CopyStrategy] =
+pub(crate) const MC_STRATEGIES: &[CopyStrategy] =
     &[CopyStrategy::Movsb, CopyStrategy::Avx2, CopyStrategy::Nt];
 
 impl CopyStrategy {
@@ -124,7 +125,7 @@ impl CopyStrategy {
 
 /// The mc strategy for `strategy` at this shape: itself when it has an mc
 /// variant; for `auto`, the plain choice's mc counterpart.
-pub fn resolve_mc(strategy: CopyStrategy, shape: Shape) -> Result<CopyStrategy, McError> {
+pub(crate) fn resolve_mc(strategy: CopyStrategy, shape: Shape) -> Result<CopyStrategy, McError> {
     if strategy != CopyStrategy::Auto {
         require(strategy).map_err(BatchError::from)?;
         return if strategy.has_mc() {

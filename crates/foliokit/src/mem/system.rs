@@ -4,7 +4,7 @@
 use super::sysfs;
 
 /// Where the kernel keeps the THP and mTHP knobs.
-pub const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
+pub(crate) const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
 const HUGETLB: &str = "/sys/kernel/mm/hugepages";
 
 /// One multi-size THP (mTHP) size and its sysfs setting.
@@ -17,7 +17,7 @@ pub struct MthpSize {
     pub enabled: String,
 }
 
-/// Transparent huge page settings, as read from [`THP_DIR`]. Every field is
+/// Transparent huge page settings, as read from `/sys/kernel/mm/transparent_hugepage`. Every field is
 /// `None`/empty when the kernel lacks THP or sysfs is not mounted.
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -114,7 +114,7 @@ fn size_dirs(dir: &std::path::Path) -> Vec<(usize, std::path::PathBuf)> {
     v
 }
 
-/// Every mTHP `enabled` knob under `dir` ([`THP_DIR`], or a directory laid
+/// Every mTHP `enabled` knob under `dir` (`/sys/kernel/mm/transparent_hugepage`, or a directory laid
 /// out like it), smallest first, with its setting (the bracketed word, or
 /// the whole text of a knob that has no brackets, as a fake sysfs in tests
 /// holds it). Reads only.
@@ -159,12 +159,12 @@ pub fn hugetlb_pool(size: usize) -> Option<HugetlbPool> {
 /// `free_hugepages`, ...). foliokit only reads it; growing a pool is a
 /// system setting left to the administrator (or an explicit guard such as
 /// `foliokit_lab::hugetlb::HugetlbGrant`).
-pub fn hugetlb_dir(size: usize) -> String {
+pub(crate) fn hugetlb_dir(size: usize) -> String {
     format!("{HUGETLB}/hugepages-{}kB", size >> 10)
 }
 
 /// Parses a sysfs CPU/node list such as "0", "0-1,3".
-pub fn parse_list(text: &str) -> Vec<u32> {
+pub(crate) fn parse_list(text: &str) -> Vec<u32> {
     let mut out = Vec::new();
     for part in text.trim().split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {

@@ -27,12 +27,10 @@ pub use profile::{Choice, Profile, ProfileError, ProfileStatus, Unsettled};
 
 // The numbers the rules use live in `params` (a leaf every layer can
 // read); those adopters see are re-exported here, where they always were.
-use crate::params::STREAM_MIN_BYTES;
 pub use crate::params::{
-    CALIBRATION_MARGIN, CALIBRATION_ROUNDS, CHANNEL_MIN_BATCH_BYTES, DEFAULT_LLC, LAZY_CHANNELS,
-    LAZY_LATENCY_BUDGET, MEDIUM_FOLIO_MAX, POPULATE_CHUNK, PROCESS_MOVE_BUDGET, PROFILE_VERSION,
-    SMALL_FOLIO_MAX, YIELD_REQUESTED,
+    CHANNEL_MIN_BATCH_BYTES, LAZY_LATENCY_BUDGET, PROCESS_MOVE_BUDGET, PROFILE_VERSION,
 };
+use crate::params::{MEDIUM_FOLIO_MAX, SMALL_FOLIO_MAX, STREAM_MIN_BYTES};
 
 /// The shape of a request, which is what `auto` decides on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,9 +100,9 @@ pub enum Regime {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum FolioClass {
-    /// Up to [`SMALL_FOLIO_MAX`] (4 KiB and 16 KiB folios).
+    /// Up to 16 KiB (4 KiB and 16 KiB folios).
     Small,
-    /// Up to [`MEDIUM_FOLIO_MAX`] (mTHP sizes).
+    /// Up to 1 MiB (mTHP sizes).
     Medium,
     /// Larger: PMD-size THP and hugetlb pages.
     Large,

@@ -1,0 +1,19 @@
+//! UNSTABLE: the pieces of foliokit's inside that `foliokit-lab` measures
+//! with (its bandwidth probes run the bare instructions; its guards change
+//! the sysfs settings foliokit only reads). Behind the non-default
+//! `unstable-internals` feature and hidden from the docs: anything here
+//! may change or go in any release, minor ones included. Adopters use the
+//! documented modules.
+
+#[cfg(target_arch = "x86_64")]
+pub use crate::arch::x86_64::{clear as x86_clear, copy as x86_copy};
+pub use crate::arch::{sfence, CAN_FLUSH};
+
+/// The THP sysfs directory (`mem::system` reads it; the lab's mTHP guard
+/// writes it).
+pub const THP_DIR: &str = crate::mem::system::THP_DIR;
+
+/// The sysfs directory of the hugetlb pool of `size`-byte pages.
+pub fn hugetlb_dir(size: usize) -> String {
+    crate::mem::system::hugetlb_dir(size)
+}
