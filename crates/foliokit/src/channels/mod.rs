@@ -574,6 +574,26 @@ impl Drop for AbortOnUnwind {
     }
 }
 
+/// Folio `f`'s (destination, source) of a copy batch, once the two lists
+/// are known to be equally long.
+fn copy_pairs<'a>(
+    dsts: &'a [*mut u8],
+    srcs: &'a [*const u8],
+) -> Result<impl Fn(usize) -> (*mut u8, *const u8) + 'a, ChannelError> {
+    if dsts.len() != srcs.len() {
+        return Err(ChannelError::LengthMismatch {
+            dsts: dsts.len(),
+            srcs: srcs.len(),
+        });
+    }
+    Ok(move |f| (dsts[f], srcs[f]))
+}
+
+/// Folio `f`'s destination of a clear batch (clears never read a source).
+fn clear_pairs(dsts: &[*mut u8]) -> impl Fn(usize) -> (*mut u8, *const u8) + '_ {
+    move |f| (dsts[f], std::ptr::null())
+}
+
 impl ChannelPool {
     /// `n` CPU channels, pinned as [`crate::Config::channel_cpus`] says.
     pub fn cpu(n: usize) -> Result<Self, ChannelError> {
@@ -638,18 +658,9 @@ impl ChannelPool {
         folio_size: usize,
         copy: CopyFn,
     ) -> Result<BatchTiming, ChannelError> {
-        if dsts.len() != srcs.len() {
-            return Err(ChannelError::LengthMismatch {
-                dsts: dsts.len(),
-                srcs: srcs.len(),
-            });
-        }
-        // SAFETY: forwarded contract; the lists have equal lengths.
-        unsafe {
-            self.run(dsts.len(), folio_size, Op::Copy(copy), |f| {
-                (dsts[f], srcs[f])
-            })
-        }
+        let folio = copy_pairs(dsts, srcs)?;
+        // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
+        unsafe { self.run(dsts.len(), folio_size, Op::Copy(copy), folio) }
     }
 
     /// Zeroes folio `i` at `dsts[i]` for every `i`, spread as
@@ -667,11 +678,7 @@ impl ChannelPool {
         clear: ClearFn,
     ) -> Result<BatchTiming, ChannelError> {
         // SAFETY: forwarded contract; clears never read `src`.
-        unsafe {
-            self.run(dsts.len(), folio_size, Op::Clear(clear), |f| {
-                (dsts[f], std::ptr::null())
-            })
-        }
+        unsafe { self.run(dsts.len(), folio_size, Op::Clear(clear), clear_pairs(dsts)) }
     }
 
     /// Starts copying folio `i` from `srcs[i]` to `dsts[i]` for every `i`,
@@ -693,18 +700,9 @@ impl ChannelPool {
         folio_size: usize,
         copy: CopyFn,
     ) -> Result<Batch<'_>, ChannelError> {
-        if dsts.len() != srcs.len() {
-            return Err(ChannelError::LengthMismatch {
-                dsts: dsts.len(),
-                srcs: srcs.len(),
-            });
-        }
-        // SAFETY: forwarded contract; the lists have equal lengths.
-        unsafe {
-            self.start(dsts.len(), folio_size, Op::Copy(copy), |f| {
-                (dsts[f], srcs[f])
-            })
-        }
+        let folio = copy_pairs(dsts, srcs)?;
+        // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
+        unsafe { self.start(dsts.len(), folio_size, Op::Copy(copy), folio) }
     }
 
     /// Starts copying folio `i` from `srcs[i]` to `dsts[i]` for every `i`
@@ -724,18 +722,9 @@ impl ChannelPool {
         folio_size: usize,
         copy: crate::mc::McCopyFn,
     ) -> Result<Batch<'_>, ChannelError> {
-        if dsts.len() != srcs.len() {
-            return Err(ChannelError::LengthMismatch {
-                dsts: dsts.len(),
-                srcs: srcs.len(),
-            });
-        }
-        // SAFETY: forwarded contract; the lists have equal lengths.
-        unsafe {
-            self.start(dsts.len(), folio_size, Op::CopyMc(copy), |f| {
-                (dsts[f], srcs[f])
-            })
-        }
+        let folio = copy_pairs(dsts, srcs)?;
+        // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
+        unsafe { self.start(dsts.len(), folio_size, Op::CopyMc(copy), folio) }
     }
 
     /// Starts zeroing folio `i` at `dsts[i]` for every `i`; see
@@ -751,11 +740,7 @@ impl ChannelPool {
         clear: ClearFn,
     ) -> Result<Batch<'_>, ChannelError> {
         // SAFETY: forwarded contract; clears never read `src`.
-        unsafe {
-            self.start(dsts.len(), folio_size, Op::Clear(clear), |f| {
-                (dsts[f], std::ptr::null())
-            })
-        }
+        unsafe { self.start(dsts.len(), folio_size, Op::Clear(clear), clear_pairs(dsts)) }
     }
 
     /// Runs a batch to the end: pieces a channel failed are finished on the

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use super::copy::yield_point;
-use super::{on_x86, strategies, Body, ClearFn, Need, Row, StrategyError};
+use super::{auto_row, on_x86, strategies, Body, ClearFn, Need, Row, StrategyError};
 use crate::cpu::cpu;
 use crate::sys::page_size;
 
@@ -80,13 +80,7 @@ strategies! {
         /// size, the reuse hint and the calibration profile; reports say
         /// what it ran.
         #[default]
-        Auto => Row {
-            name: "auto",
-            description: "picks per batch from CPU flags, cache sizes, batch size, reuse and the calibration profile",
-            needs: Need::Nothing,
-            body: Body::Auto,
-            undrained: None,
-        },
+        Auto => auto_row(),
     }
 }
 

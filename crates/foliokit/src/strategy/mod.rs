@@ -66,6 +66,17 @@ pub(crate) struct Row<F: 'static> {
     pub undrained: Option<F>,
 }
 
+/// The `auto` row, the same for every operation: chosen per request.
+pub(crate) const fn auto_row<F>() -> Row<F> {
+    Row {
+        name: "auto",
+        description: "picks per batch from CPU flags, cache sizes, batch size, reuse and the calibration profile",
+        needs: Need::Nothing,
+        body: Body::Auto,
+        undrained: None,
+    }
+}
+
 const NOT_HERE: &str = "x86_64 instruction; not available on this architecture";
 
 impl<F: Copy> Row<F> {

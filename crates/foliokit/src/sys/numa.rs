@@ -41,17 +41,33 @@ pub fn move_pages_of(
 ) -> io::Result<()> {
     assert_eq!(pages.len(), status.len());
     let nodes = vec![node as libc::c_int; pages.len()];
-    // SAFETY: three arrays of `pages.len()` entries each, as the syscall
-    // expects; pid 0 is this process.
+    // SAFETY: three arrays of `pages.len()` entries each.
+    unsafe { move_pages_raw(pid, pages, nodes.as_ptr(), status, MPOL_MF_MOVE) }
+}
+
+/// The `move_pages(2)` call itself.
+///
+/// # Safety
+/// `nodes` is null (a query) or points to `pages.len()` node numbers;
+/// `pages.len() == status.len()`.
+unsafe fn move_pages_raw(
+    pid: libc::pid_t,
+    pages: &[usize],
+    nodes: *const libc::c_int,
+    status: &mut [i32],
+    flags: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: pages and status hold `pages.len()` entries, nodes is null or
+    // as many (caller's contract); pid 0 is this process.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_move_pages,
             pid,
             pages.len(),
             pages.as_ptr(),
-            nodes.as_ptr(),
+            nodes,
             status.as_mut_ptr(),
-            MPOL_MF_MOVE,
+            flags,
         )
     };
     if rc < 0 {
@@ -88,23 +104,9 @@ pub fn page_nodes(pages: &[usize], status: &mut [i32]) -> io::Result<()> {
 /// errno (`-ENOENT`: not present, `-EFAULT`: not mapped).
 pub fn page_nodes_of(pid: libc::pid_t, pages: &[usize], status: &mut [i32]) -> io::Result<()> {
     assert_eq!(pages.len(), status.len());
-    // SAFETY: as in move_pages; a null node array asks for the current node.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_pages,
-            pid,
-            pages.len(),
-            pages.as_ptr(),
-            std::ptr::null::<libc::c_int>(),
-            status.as_mut_ptr(),
-            0,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    // SAFETY: equal lengths (asserted); a null node array asks for the
+    // current node of each page.
+    unsafe { move_pages_raw(pid, pages, std::ptr::null(), status, 0) }
 }
 
 /// Nodes a [`NodeMask`] can name: the kernel's largest `MAX_NUMNODES`.

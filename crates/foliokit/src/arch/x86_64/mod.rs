@@ -26,38 +26,34 @@ pub unsafe fn flush_range(ptr: *const u8, len: usize, clflushopt: bool) {
     if lines == 0 {
         return;
     }
+    // The two loops differ only in the instruction.
+    macro_rules! flush_lines {
+        ($insn:literal) => {
+            // SAFETY: every address flushed is inside a line that overlaps
+            // the mapped range (caller's precondition); flushing only evicts.
+            // Contract: in rax=first line, rcx=lines (>0, consumed); flags
+            // clobbered.
+            unsafe {
+                asm!(
+                    "2:",
+                    concat!($insn, " byte ptr [rax]"),
+                    "add rax, 64",
+                    "dec rcx",
+                    "jnz 2b",
+                    inout("rax") start => _,
+                    inout("rcx") lines => _,
+                    options(nostack),
+                )
+            }
+        };
+    }
     if clflushopt {
-        // SAFETY: every address flushed is inside a line that overlaps the
-        // mapped range (caller's precondition); clflushopt only evicts.
-        // Contract: in rax=first line, rcx=lines (>0, consumed); flags clobbered.
-        unsafe {
-            asm!(
-                "2:",
-                "clflushopt byte ptr [rax]",
-                "add rax, 64",
-                "dec rcx",
-                "jnz 2b",
-                inout("rax") start => _,
-                inout("rcx") lines => _,
-                options(nostack),
-            );
-        }
+        flush_lines!("clflushopt");
         // clflushopt is only ordered by a fence.
         sfence();
     } else {
-        // SAFETY: as above; clflush is ordered with respect to stores.
-        unsafe {
-            asm!(
-                "2:",
-                "clflush byte ptr [rax]",
-                "add rax, 64",
-                "dec rcx",
-                "jnz 2b",
-                inout("rax") start => _,
-                inout("rcx") lines => _,
-                options(nostack),
-            );
-        }
+        // clflush is ordered with respect to stores.
+        flush_lines!("clflush");
     }
 }
 
