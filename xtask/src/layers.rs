@@ -1,9 +1,9 @@
-//! `cargo xtask layers`: no two top-level modules of a crate import each
-//! other. A module is a file or directory directly under `src/`; it
-//! imports another when its code (comments left out) names
-//! `crate::other`, directly or inside `crate::{...}`. A pair that names
-//! each other is a cycle: one of them belongs lower, or the piece they
-//! share belongs in a third module both can use.
+//! `cargo xtask layers`: the top-level modules of a crate import each
+//! other in no loop. A module is a file or directory directly under
+//! `src/`; it imports another when its code (comments left out) names
+//! `crate::other`, directly or inside `crate::{...}`. A loop (a pair that
+//! names each other, or a longer ring) means one of them belongs lower, or
+//! the piece they share belongs in a module all of them can use.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -69,8 +69,8 @@ pub fn referenced(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// Pairs of modules of the crate at `dir` that import each other.
-pub fn cycles(dir: &Path) -> Result<Vec<(String, String)>, Error> {
+/// The import graph of the crate at `dir`: module -> the modules it names.
+fn imports(dir: &Path) -> Result<BTreeMap<String, BTreeSet<String>>, Error> {
     let src = dir.join("src");
     let mut modules: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     for e in std::fs::read_dir(&src)? {
@@ -88,36 +88,77 @@ pub fn cycles(dir: &Path) -> Result<Vec<(String, String)>, Error> {
             modules.entry(stem).or_default().push(p);
         }
     }
-    let mut edges = BTreeSet::new();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (m, files) in &modules {
+        let out = graph.entry(m.clone()).or_default();
         for f in files {
             let text = code(&std::fs::read_to_string(f)?);
             for r in referenced(&text) {
                 if &r != m && modules.contains_key(&r) {
-                    edges.insert((m.clone(), r));
+                    out.insert(r);
                 }
             }
         }
     }
-    Ok(edges
-        .iter()
-        .filter(|(a, b)| a < b && edges.contains(&(b.clone(), a.clone())))
-        .cloned()
-        .collect())
+    Ok(graph)
+}
+
+/// Every loop of imports in `graph`, as the sorted modules of each
+/// strongly connected component with more than one module: a pair that
+/// names each other, or a longer ring (a -> b -> c -> a), which layers
+/// no better than a pair does.
+pub fn loops(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    let reach = |from: &String| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(m) = todo.pop() {
+            for n in graph.get(&m).into_iter().flatten() {
+                if seen.insert(n.clone()) {
+                    todo.push(n.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|m| (m, reach(m))).collect();
+    let mut done = BTreeSet::new();
+    let mut out = Vec::new();
+    for m in graph.keys() {
+        if done.contains(m) {
+            continue;
+        }
+        // m's component: m and every module that m reaches and that reaches m.
+        let ring: Vec<String> = std::iter::once(m.clone())
+            .chain(
+                reached[m]
+                    .iter()
+                    .filter(|n| *n != m && reached[n].contains(m))
+                    .cloned(),
+            )
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        done.extend(ring.iter().cloned());
+        if ring.len() > 1 {
+            out.push(ring);
+        }
+    }
+    out
 }
 
 pub fn layers(root: &Path) -> Result<bool, Error> {
     let mut ok = true;
     for c in CRATES {
-        let pairs = cycles(&root.join(c))?;
-        for (a, b) in &pairs {
-            println!("{c}: `{a}` and `{b}` import each other");
+        let rings = loops(&imports(&root.join(c))?);
+        for ring in &rings {
+            println!("{c}: a loop of imports among {}", ring.join(", "));
         }
-        ok &= pairs.is_empty();
+        ok &= rings.is_empty();
     }
     if ok {
         println!(
-            "layers: no two modules of a crate import each other ({} crates)",
+            "layers: no loop of imports among the modules of a crate ({} crates)",
             CRATES.len()
         );
     }
@@ -135,5 +176,26 @@ mod tests {
         );
         let r: Vec<String> = referenced(&t).into_iter().collect();
         assert_eq!(r, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn finds_pairs_and_longer_rings_but_not_layers() {
+        let g = |edges: &[(&str, &str)]| {
+            let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            for (a, b) in edges {
+                g.entry(a.to_string()).or_default().insert(b.to_string());
+                g.entry(b.to_string()).or_default();
+            }
+            g
+        };
+        assert!(loops(&g(&[("a", "b"), ("b", "c"), ("a", "c")])).is_empty());
+        assert_eq!(
+            loops(&g(&[("a", "b"), ("b", "a"), ("c", "a")])),
+            [["a", "b"]]
+        );
+        assert_eq!(
+            loops(&g(&[("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")])),
+            [["a", "b", "c"]]
+        );
     }
 }

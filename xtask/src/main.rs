@@ -77,7 +77,8 @@ enum Cmd {
         #[arg(long)]
         bless: bool,
     },
-    /// Check that no two top-level modules of a crate import each other.
+    /// Check that the top-level modules of each crate import each other in
+    /// no loop (neither a pair nor a longer ring).
     Layers,
 }
 
