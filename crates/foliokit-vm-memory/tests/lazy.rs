@@ -412,6 +412,70 @@ fn a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages() {
     );
 }
 
+/// Reads one page of guest RAM with the mc copy: its bytes, or the fault.
+fn read_mc(mem: &Ram, addr: u64) -> Result<Vec<u8>, foliokit::McError> {
+    let mut buf = vec![0u8; PAGE as usize];
+    // SAFETY: guest RAM we own, read with the mc copy (a poisoned page
+    // is reported, not fatal).
+    unsafe {
+        foliokit::copy_mc_raw(
+            buf.as_mut_ptr(),
+            host(mem, addr),
+            buf.len(),
+            foliokit::CopyStrategy::Auto,
+        )
+    }
+    .map(|_| buf)
+}
+
+#[test]
+fn a_lost_page_the_guest_discards_reads_zeros_not_sigbus() {
+    in_child(
+        "a_lost_page_the_guest_discards_reads_zeros_not_sigbus",
+        LIMIT,
+        || {
+            let (path, _a, b) = snapshot_file("discard-lost");
+            let mem = vm();
+            // Paused: only faults are served, so every step below is the
+            // fault path's, and a touch that is never answered hangs until
+            // the deadline.
+            let Some(h) = start(&mem, &path, &paused()) else {
+                return;
+            };
+            let size = std::fs::metadata(&path).unwrap().len();
+            let b_off = size - 16 - B_LEN;
+            let keep = 4 << 20;
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.set_len(b_off + keep).unwrap();
+            let lost = B + keep + 5 * PAGE;
+            // The first touch finds the snapshot page gone: poisoned.
+            assert!(
+                matches!(read_mc(&mem, lost), Err(foliokit::McError::Fault(_))),
+                "a lost snapshot page must not read as bytes"
+            );
+            // The guest discards it (a balloon): from now on it expects
+            // zeros there, during the fill and after it.
+            // SAFETY: discarding guest RAM we own.
+            let rc = unsafe {
+                libc::madvise(host(&mem, lost).cast(), PAGE as usize, libc::MADV_DONTNEED)
+            };
+            assert_eq!(rc, 0);
+            assert_eq!(read_mc(&mem, lost).ok(), Some(vec![0; PAGE as usize]));
+            assert_eq!(read(&mem, B, 8), b[..8]);
+            let r = h.wait();
+            assert_eq!(read(&mem, lost, PAGE as usize), vec![0; PAGE as usize]);
+            assert!(
+                r.bad
+                    .iter()
+                    .any(|x| x.addr.0 <= lost && lost < x.addr.0 + x.len),
+                "the lost page stays in the report: {:?}",
+                r.bad
+            );
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
 #[test]
 fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
     in_child(

@@ -27,10 +27,6 @@ const EVENTS: u64 = uffd::FEATURE_EVENT_FORK
     | uffd::FEATURE_EVENT_REMOVE
     | uffd::FEATURE_EVENT_UNMAP;
 
-/// How often one block's fill may be interrupted (an event to read, the
-/// kernel short of memory) before it gives up on a page.
-const MAX_RETRIES: usize = 1000;
-
 /// One segment as the fill sees it.
 #[derive(Debug)]
 struct Seg {
@@ -342,8 +338,14 @@ pub(super) fn start(
                 source,
             },
         )?;
-        // SAFETY: advice on our own mapping.
-        unsafe { libc::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_HUGEPAGE) };
+        // SAFETY: advice on our own mapping. DONTFORK: a forked child
+        // needs none of it, and sharing its folios with a child would make
+        // every later UFFDIO_MOVE out of it fail (-EBUSY: not exclusive),
+        // sending the rest of the fill down the slower copy path.
+        unsafe {
+            libc::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_HUGEPAGE);
+            libc::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_DONTFORK);
+        }
         Some(m)
     } else {
         None
@@ -585,12 +587,19 @@ impl Filler {
             let mut a = blk.start;
             while a < blk.start + blk.len {
                 let i = self.page_index(seg, a);
-                if !self.removed.get(i) && !self.bad_bits.get(i) {
-                    let now = self.remaps.now(a);
-                    let src = self.src(seg, a);
+                if !self.removed.get(i) {
+                    let (dst, src, bad) =
+                        (self.remaps.now(a), self.src(seg, a), self.bad_bits.get(i));
                     match pieces.last_mut() {
-                        Some((d, s, l)) if *d + *l == now && *s + *l == src => *l += page,
-                        _ => pieces.push((now, src, page)),
+                        Some(p) if p.dst + p.len == dst && p.src + p.len == src && p.bad == bad => {
+                            p.len += page
+                        }
+                        _ => pieces.push(Piece {
+                            dst,
+                            src,
+                            len: page,
+                            bad,
+                        }),
                     }
                 }
                 a += page;
@@ -663,9 +672,11 @@ impl Filler {
         let unit = self.segs[seg].unit;
         let p = orig / unit * unit;
         let i = self.page_index(seg, p);
-        if self.removed.get(i) && !self.bad_bits.get(i) {
-            // Discarded: the guest expects zeros there.
-            self.install_zeros(self.remaps.now(p), unit);
+        if self.removed.get(i) {
+            // Discarded: the guest expects zeros there, also where the
+            // snapshot's page was bad (the discard dropped its marker; a
+            // touch of a marker raises SIGBUS and never gets here).
+            self.install_zeros(p, unit);
         }
         // Whatever happened above (installed, found installed, an install
         // that failed for this very unit), the faulting thread is woken:
@@ -675,16 +686,51 @@ impl Filler {
         let _ = self.uffd.wake(self.remaps.now(p), unit);
     }
 
-    fn install_zeros(&mut self, at: usize, unit: usize) {
-        for _ in 0..MAX_RETRIES {
-            match self.uffd.copy(at, self.zero.base, unit) {
-                Ok(_) => return,
-                Err(p) if errno(&p.error) == libc::EAGAIN => self.drain(),
-                Err(p) if errno(&p.error) == libc::EEXIST => {
-                    let _ = self.uffd.wake(at, unit);
-                    return;
-                }
-                Err(_) => return,
+    /// Installs zeros for the discarded unit at original address `orig`.
+    fn install_zeros(&mut self, orig: usize, unit: usize) {
+        let zero = self.zero.base;
+        self.install(orig, unit, false, |uffd, dst| uffd.copy(dst, zero, unit));
+    }
+
+    /// Runs `op` (an install of `unit` bytes at the unit's current
+    /// address) until it is done or cannot be: `-EAGAIN` (events waiting;
+    /// read them: the address may have moved, the unit been discarded)
+    /// and `-ENOMEM` are retried without limit, as a fault would be,
+    /// since giving up would leave the page to read zeros. With
+    /// `unless_discarded`, a unit found discarded once the events are read
+    /// is left alone: installing there after its zap would bring back
+    /// bytes the guest dropped. Returns whether `op` installed it;
+    /// `-EEXIST` (someone got there first) wakes the waiters and returns
+    /// false.
+    fn install(
+        &mut self,
+        orig: usize,
+        unit: usize,
+        unless_discarded: bool,
+        op: impl Fn(&Uffd, usize) -> Result<usize, uffd::Partial>,
+    ) -> bool {
+        let seg = self.seg_of(orig).expect("inside a segment");
+        let (i, n) = (self.page_index(seg, orig), unit / self.page);
+        loop {
+            if unless_discarded && self.removed.any(i, n) {
+                return false;
+            }
+            let dst = self.remaps.now(orig);
+            match op(&self.uffd, dst) {
+                Ok(_) => return true,
+                Err(p) => match errno(&p.error) {
+                    libc::EAGAIN | libc::ENOMEM => {
+                        if errno(&p.error) == libc::ENOMEM {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        self.drain();
+                    }
+                    libc::EEXIST => {
+                        let _ = self.uffd.wake(dst, unit);
+                        return false;
+                    }
+                    _ => return false,
+                },
             }
         }
     }
@@ -892,16 +938,19 @@ impl Filler {
         let kind = match r {
             Err(McError::Fault(f)) => f.kind,
             Ok(_) => {
-                // Readable now: install what we read.
-                let dst = self.remaps.now(at);
-                if self
-                    .uffd
-                    .copy(dst, self.scratch.as_ptr() as usize, unit)
-                    .is_ok()
-                {
+                // Readable now (the file grew back, a transient error):
+                // install what we read. An install that is interrupted
+                // is retried, never taken for a bad page: an EAGAIN here
+                // means a discard or a move is being reported, and
+                // poisoning the page would turn the guest's zeros into
+                // SIGBUS.
+                let scratch = self.scratch.as_ptr() as usize;
+                if self.install(at, unit, true, |uffd, dst| uffd.copy(dst, scratch, unit)) {
                     return unit / self.page;
                 }
-                FaultKind::Other(libc::EFAULT)
+                // There already (the guest's write), or nothing of ours
+                // mapped there any more: not a bad page either way.
+                return 0;
             }
             Err(_) => FaultKind::Other(libc::EFAULT),
         };
@@ -920,17 +969,14 @@ impl Filler {
                 kind,
             }),
         }
-        let dst = self.remaps.now(at);
-        for _ in 0..MAX_RETRIES {
-            let r = if self.poison {
-                self.uffd.poison(dst, unit)
-            } else {
-                self.uffd.copy(dst, self.zero.base, unit)
-            };
-            match r {
-                Err(p) if errno(&p.error) == libc::EAGAIN => self.drain(),
-                _ => break,
-            }
+        // The marker (or, without UFFDIO_POISON, zeros the report names)
+        // goes in unless the unit is discarded meanwhile: the guest then
+        // expects plain zeros, which a later touch gets.
+        if self.poison {
+            self.install(at, unit, true, |uffd, dst| uffd.poison(dst, unit));
+        } else {
+            let zero = self.zero.base;
+            self.install(at, unit, true, |uffd, dst| uffd.copy(dst, zero, unit));
         }
         0
     }
