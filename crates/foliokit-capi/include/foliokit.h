@@ -246,6 +246,11 @@ struct fk_lazy_range {
 #define FK_LAZY_SERVE_DURING_BATCHES 2u /* serve faults beside a background
                                            batch in flight, not after it
                                            (needs CPUs beyond the channels) */
+#define FK_LAZY_ALLOW_SHARED_MEMORY 4u /* fill shared or file-backed ranges
+                                          too (refused otherwise, -EOPNOTSUPP);
+                                          the caller then must not map them
+                                          twice, MADV_DONTNEED them or punch
+                                          holes in their file during the fill */
 
 /* Options of fk_lazy_start; extensible. Zero in a field means its default. */
 struct fk_lazy_opts {

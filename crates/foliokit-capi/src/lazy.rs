@@ -97,6 +97,7 @@ pub struct FkLazy(fk::lazy::LazyFill);
 /// `fk_lazy_opts.flags`.
 pub(crate) const FK_LAZY_START_CANCELLED: c_uint = 1;
 pub(crate) const FK_LAZY_SERVE_DURING_BATCHES: c_uint = 2;
+pub(crate) const FK_LAZY_ALLOW_SHARED_MEMORY: c_uint = 4;
 
 fn lazy_err(e: &LazyError) -> c_int {
     use {LazyError as E, LazyRefusal as R};
@@ -105,6 +106,7 @@ fn lazy_err(e: &LazyError) -> c_int {
         E::Refused(R::UserModeOnly(_) | R::NoForkEvents(_)) => -libc::EPERM,
         E::Refused(R::KernelLacks { .. }) => -libc::EOPNOTSUPP,
         E::Refused(R::Register { source, .. }) => os_code(source, libc::EINVAL),
+        E::Refused(R::NotPrivate { .. }) => -libc::EOPNOTSUPP,
         E::BadSegment { .. } | E::SourceTooShort { .. } => -libc::EINVAL,
         E::Copy(_) => -libc::EOPNOTSUPP,
         E::Sys { source, .. } => os_code(source, libc::EIO),
@@ -123,7 +125,9 @@ fn bad_kind(kind: FaultKind) -> u64 {
 
 /// The library's options from the C struct; zero fields keep the defaults.
 fn lazy_options(c: &FkLazyOpts) -> Result<LazyOptions, c_int> {
-    if c.flags & !(FK_LAZY_START_CANCELLED | FK_LAZY_SERVE_DURING_BATCHES) != 0 {
+    let known =
+        FK_LAZY_START_CANCELLED | FK_LAZY_SERVE_DURING_BATCHES | FK_LAZY_ALLOW_SHARED_MEMORY;
+    if c.flags & !known != 0 {
         return Err(-libc::EINVAL);
     }
     let mut o = LazyOptions::default();
@@ -138,6 +142,7 @@ fn lazy_options(c: &FkLazyOpts) -> Result<LazyOptions, c_int> {
     }
     o.start_cancelled = c.flags & FK_LAZY_START_CANCELLED != 0;
     o.serve_during_batches = c.flags & FK_LAZY_SERVE_DURING_BATCHES != 0;
+    o.allow_shared_memory = c.flags & FK_LAZY_ALLOW_SHARED_MEMORY != 0;
     Ok(o)
 }
 

@@ -682,3 +682,68 @@ fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
         },
     );
 }
+
+#[test]
+fn shared_memory_is_refused_unless_the_caller_opts_in() {
+    in_child(
+        "shared_memory_is_refused_unless_the_caller_opts_in",
+        LIMIT,
+        || {
+            use foliokit::lazy::{fill_lazily, LazyOptions, LazyRefusal, Segment, Source};
+            let len = 2usize << 20;
+            let data = pattern(len, 9);
+            let path = temp_path("shared");
+            std::fs::write(&path, &data).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let _ = std::fs::remove_file(&path);
+            // A memfd mapped shared: guest RAM a vhost-user backend shares.
+            // SAFETY: a fresh memfd, sized and mapped here, ours alone.
+            let ram = unsafe {
+                let fd = libc::memfd_create(c"guest".as_ptr(), 0);
+                assert!(fd >= 0);
+                assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0);
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                );
+                libc::close(fd);
+                assert_ne!(p, libc::MAP_FAILED);
+                p as *mut u8
+            };
+            let seg = Segment {
+                addr: ram as usize,
+                len,
+                offset: 0,
+            };
+            let src = || Source::map_file(&file, len).unwrap();
+            // SAFETY: our own untouched mapping.
+            match unsafe { fill_lazily(&[seg], src(), &LazyOptions::default()) } {
+                Err(LazyError::Refused(LazyRefusal::NotPrivate { addr, len: l })) => {
+                    assert_eq!((addr, l), (seg.addr, len))
+                }
+                Err(LazyError::Refused(why)) => {
+                    skip(&format!("lazy fill unavailable here: {why}"));
+                    return;
+                }
+                other => panic!("shared memory was not refused: {:?}", other.err()),
+            }
+            let o = LazyOptions {
+                allow_shared_memory: true,
+                ..LazyOptions::default()
+            };
+            // SAFETY: as above; it is mapped once and never discarded.
+            let h = unsafe { fill_lazily(&[seg], src(), &o) }.expect("opted in");
+            let rep = h.wait();
+            // SAFETY: the fill has ended; the mapping is ours.
+            let got = unsafe { std::slice::from_raw_parts(ram, len) };
+            assert!(got == &data[..], "wrong bytes in shared memory");
+            assert!(rep.bad.is_empty());
+            // SAFETY: unmapping our own mapping, no longer used.
+            unsafe { libc::munmap(ram.cast(), len) };
+        },
+    );
+}

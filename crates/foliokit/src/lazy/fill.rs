@@ -138,9 +138,13 @@ fn kernel_page_size(addr: usize) -> usize {
     page_size()
 }
 
-/// Whether every mapping over `[addr, addr + len)` is private anonymous
-/// (from /proc/self/maps, which walks no page tables).
-fn private_anon(addr: usize, len: usize) -> io::Result<bool> {
+/// Whether every mapping over `[addr, addr + len)` passes `ok(perms,
+/// inode, path)` (from /proc/self/maps, which walks no page tables).
+fn every_mapping(
+    addr: usize,
+    len: usize,
+    ok: impl Fn(&str, &str, &str) -> bool,
+) -> io::Result<bool> {
     let text = std::fs::read_to_string("/proc/self/maps")?;
     let end = addr + len;
     Ok(text.lines().all(|line| {
@@ -156,9 +160,24 @@ fn private_anon(addr: usize, len: usize) -> io::Result<bool> {
         }
         let perms = f.next().unwrap_or_default();
         let inode = f.nth(2).unwrap_or("0");
-        let path = f.next().unwrap_or("");
-        perms.ends_with('p') && inode == "0" && (path.is_empty() || path == "[heap]")
+        ok(perms, inode, f.next().unwrap_or(""))
     }))
+}
+
+/// Whether every mapping over the range is private anonymous memory.
+fn private_anon(addr: usize, len: usize) -> io::Result<bool> {
+    every_mapping(addr, len, |perms, inode, path| {
+        perms.ends_with('p') && inode == "0" && (path.is_empty() || path == "[heap]")
+    })
+}
+
+/// Whether every mapping over the range is private memory of the process
+/// alone: anonymous, or private hugetlb (whose file is the kernel's).
+/// What `MADV_DONTNEED` means there is "read zeros", as the fill assumes.
+fn private_memory(addr: usize, len: usize) -> io::Result<bool> {
+    every_mapping(addr, len, |perms, inode, path| {
+        perms.ends_with('p') && (inode == "0" || path.starts_with("/anon_hugepage"))
+    })
 }
 
 /// Opens the descriptor: all faults, the events, and MOVE and POISON where
@@ -267,6 +286,18 @@ pub(super) fn start(
     let mut unit_max = page;
     let mut poison = features & uffd::FEATURE_POISON != 0;
     for (i, s) in sorted.iter().enumerate() {
+        if !opts.allow_shared_memory
+            && !private_memory(s.addr, s.len).map_err(|source| LazyError::Sys {
+                what: "read /proc/self/maps",
+                source,
+            })?
+        {
+            return Err(LazyRefusal::NotPrivate {
+                addr: s.addr,
+                len: s.len,
+            }
+            .into());
+        }
         let ioctls =
             uffd.register_missing(s.addr, s.len)
                 .map_err(|source| LazyRefusal::Register {

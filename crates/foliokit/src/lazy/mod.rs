@@ -90,14 +90,9 @@
 //!
 //! # What the caller must not do while a fill runs
 //!
-//! - Map shared guest memory (a memfd) a second time or hand it to another
-//!   process (a vhost-user backend) before the fill ends: accesses through
-//!   another mapping do not wait on this userfaultfd, so a page created
-//!   there first would keep the snapshot's bytes out of it. On shared
-//!   memory `MADV_DONTNEED` only drops the mapping, yet it raises the same
-//!   REMOVE event as a discard, so such pages would read zeros: use
-//!   `MADV_REMOVE` (a real discard) there, or restore shared memory
-//!   eagerly.
+//! - Shared or file-backed memory is refused unless
+//!   [`LazyOptions::allow_shared_memory`] is set, whose documentation
+//!   lists what the caller then promises.
 //! - Copy from or into the range through foliokit's shared copy channels
 //!   on another thread: the fill's own copies may queue behind that copy,
 //!   which waits for a page only the fill can install.
@@ -166,6 +161,20 @@ pub struct LazyOptions {
     /// 2-vCPU dev machine, at 1 GiB: off, first-touch p99 2.0 ms and all
     /// resident in 1.28x the eager time; on, 5.6 ms and 1.45x.
     pub serve_during_batches: bool,
+    /// Fill shared or file-backed memory too (a memfd guest RAM a
+    /// vhost-user backend will share). Off by default, and then such a
+    /// segment is refused with [`LazyRefusal::NotPrivate`], because there
+    /// the fill cannot keep its promises alone. Setting it, the caller
+    /// promises, for as long as the fill runs: not to map the memory a
+    /// second time nor hand it to another process (accesses through
+    /// another mapping do not wait on this userfaultfd, so a page created
+    /// there first keeps the snapshot's bytes out of it); not to
+    /// `MADV_DONTNEED` it (on shared memory that only drops the mapping,
+    /// yet it raises the same event as a discard, so the page would read
+    /// zeros instead of the snapshot: use `MADV_REMOVE`, a real discard);
+    /// and not to punch holes in its file (`fallocate`), which raises no
+    /// event at all, so the fill would put the snapshot's bytes back.
+    pub allow_shared_memory: bool,
 }
 
 impl Default for LazyOptions {
@@ -179,6 +188,7 @@ impl Default for LazyOptions {
             skip: Vec::new(),
             start_cancelled: false,
             serve_during_batches: false,
+            allow_shared_memory: false,
         }
     }
 }
@@ -272,6 +282,16 @@ pub enum LazyRefusal {
         feature: &'static str,
         /// The first Linux version with it.
         since: &'static str,
+    },
+    /// A segment is shared or file-backed memory, and
+    /// [`LazyOptions::allow_shared_memory`] was not set: what the fill
+    /// cannot see there could lose the snapshot's bytes (see that option).
+    #[error("{addr:#x} + {len:#x} is shared or file-backed memory, which a lazy fill cannot guard (another mapping of it does not wait; MADV_DONTNEED there is not a discard): restore it eagerly, or opt in with allow_shared_memory")]
+    NotPrivate {
+        /// Start of the segment.
+        addr: usize,
+        /// Its length.
+        len: usize,
     },
     /// A range could not be registered (already registered with another
     /// userfaultfd, not memory a userfaultfd can serve, not mapped).
