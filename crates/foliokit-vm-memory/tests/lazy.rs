@@ -747,3 +747,139 @@ fn shared_memory_is_refused_unless_the_caller_opts_in() {
         },
     );
 }
+
+/// Reads `len` bytes at a host address (memory the test owns).
+fn read_host(at: *const u8, len: usize) -> Vec<u8> {
+    // SAFETY: `at` is mapped for `len` bytes (the caller's mapping);
+    // a volatile copy, since a fill thread may install pages meanwhile.
+    (0..len)
+        .map(|i| unsafe { std::ptr::read_volatile(at.add(i)) })
+        .collect()
+}
+
+#[test]
+fn mremap_dontunmap_during_the_fill_never_hangs_a_thread() {
+    in_child(
+        "mremap_dontunmap_during_the_fill_never_hangs_a_thread",
+        LIMIT,
+        || {
+            let (path, a, _b) = snapshot_file("mremap");
+            let mem = vm();
+            let Some(h) = start(&mem, &path, &paused()) else {
+                return;
+            };
+            let (off, len) = (4usize << 20, 2usize << 20);
+            let old = host(&mem, off as u64);
+            // Move 2 MiB of guest RAM elsewhere and keep the old range
+            // mapped (and empty): what a VMM taking a range out does.
+            // SAFETY: moving guest RAM we own; nothing else uses it.
+            let new = unsafe {
+                libc::mremap(
+                    old.cast(),
+                    len,
+                    len,
+                    libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP,
+                )
+            };
+            let moved = (new != libc::MAP_FAILED).then_some(new as *const u8);
+            match moved {
+                // The moved pages arrive where they went, with their bytes;
+                // the old range reads zeros, as the kernel gives there.
+                Some(new) => {
+                    assert_eq!(read_host(new, len), a[off..off + len]);
+                    assert_eq!(
+                        read_host(old, 2 * PAGE as usize),
+                        vec![0; 2 * PAGE as usize]
+                    );
+                }
+                // Linux 6.18 refuses MREMAP_DONTUNMAP on a range registered
+                // with REMAP events; then nothing moved.
+                None => skip(&format!(
+                    "mremap(MREMAP_DONTUNMAP) refused here ({}): that half is not tried",
+                    std::io::Error::last_os_error()
+                )),
+            }
+            let r = h.wait();
+            assert!(r.bad.is_empty(), "{:?}", r.bad);
+            assert_eq!(read_host(moved.unwrap_or(old), len), a[off..off + len]);
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
+#[test]
+fn a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail() {
+    in_child(
+        "a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail",
+        LIMIT,
+        || {
+            use foliokit::lazy::{fill_lazily, LazyOptions, Segment, Source};
+            let len = 2usize << 20;
+            let data = pattern(len, 5);
+            let path = temp_path("grow");
+            std::fs::write(&path, &data).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let _ = std::fs::remove_file(&path);
+            // Room for twice the range, of which the range keeps the first
+            // half; the second is held (PROT_NONE, so the fill's own
+            // mappings cannot land there) until the range grows into it.
+            // SAFETY: a fresh private mapping, ours alone.
+            let base = unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    2 * len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                assert_ne!(p, libc::MAP_FAILED);
+                libc::mprotect(p.cast::<u8>().add(len).cast(), len, libc::PROT_NONE);
+                p.cast::<u8>()
+            };
+            let seg = Segment {
+                addr: base as usize,
+                len,
+                offset: 0,
+            };
+            let o = LazyOptions {
+                start_cancelled: true,
+                ..LazyOptions::default()
+            };
+            let src = Source::map_file(&file, len).unwrap();
+            // SAFETY: our own untouched mapping.
+            let h = match unsafe { fill_lazily(&[seg], src, &o) } {
+                Ok(h) => h,
+                Err(LazyError::Refused(why)) => {
+                    skip(&format!("lazy fill unavailable here: {why}"));
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            // SAFETY: giving back the held half, then growing our own
+            // mapping into it in place (no MAYMOVE).
+            let g = unsafe {
+                libc::munmap(base.add(len).cast(), len);
+                libc::mremap(base.cast(), len, 2 * len, 0)
+            };
+            if g == libc::MAP_FAILED {
+                skip("the room after the range was taken: nothing to test");
+                drop(h.wait());
+                return;
+            }
+            // The tail is registered with the fill's userfaultfd but holds
+            // none of the snapshot: a touch gets zeros, as new memory does
+            // (it used to be woken without a page, and fault again forever).
+            assert_eq!(
+                read_host(base.wrapping_add(len), PAGE as usize),
+                vec![0; PAGE as usize]
+            );
+            assert_eq!(read_host(base, len), data);
+            let r = h.wait();
+            assert!(r.bad.is_empty(), "{:?}", r.bad);
+            assert_eq!(read_host(base.wrapping_add(2 * len - 1), 1), vec![0]);
+            // SAFETY: unmapping our own mapping, no longer used.
+            unsafe { libc::munmap(base.cast(), 2 * len) };
+        },
+    );
+}

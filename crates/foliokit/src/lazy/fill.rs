@@ -690,10 +690,20 @@ impl Filler {
     /// Serves a fault at (current) address `addr`.
     fn serve(&mut self, addr: usize) {
         self.shared.faults.fetch_add(1, Ordering::Relaxed);
+        while !self.serve_once(addr) {}
+    }
+
+    /// One attempt at serving `addr`; false when events were read on the
+    /// way (an mremap may have moved what lives there): decide again.
+    fn serve_once(&mut self, addr: usize) -> bool {
+        let at = addr / self.page * self.page;
         let orig = self.remaps.original(addr);
         let Some(b) = self.block_of(orig) else {
-            let _ = self.uffd.wake(addr / self.page * self.page, self.page);
-            return;
+            // Registered memory none of our pages lives in: the tail an
+            // in-place growing mremap added, or (until its REMAP event is
+            // read) where an mremap just moved some of ours; the zero
+            // install then fails with -EAGAIN and we decide again.
+            return self.zeros_outside(at);
         };
         let seg = self.blocks[b].seg as usize;
         if !self.state[b] {
@@ -709,12 +719,50 @@ impl Filler {
             // touch of a marker raises SIGBUS and never gets here).
             self.install_zeros(p, unit);
         }
+        let now = self.remaps.now(p);
+        if !(now..now + unit).contains(&at) {
+            // The fault is not where this unit lives now: the old range
+            // an mremap with MREMAP_DONTUNMAP left behind, still
+            // registered and empty. Its pages read zeros, as the kernel
+            // gives there; waking the unit's new home alone would leave
+            // this thread faulting again forever.
+            return self.zeros_outside(at);
+        }
         // Whatever happened above (installed, found installed, an install
         // that failed for this very unit), the faulting thread is woken:
         // cheap, and harmless where the page is present. Without it a
         // thread whose unit could not be installed slept until the fill
         // ended.
-        let _ = self.uffd.wake(self.remaps.now(p), unit);
+        let _ = self.uffd.wake(now, unit);
+        true
+    }
+
+    /// Zeros at `at`, registered memory outside every unit of ours (a
+    /// base page, or the largest unit where the mapping is hugetlb), then
+    /// the thread faulting there is woken. False when the kernel answered
+    /// that events wait (an mremap or a discard in progress): they are
+    /// read, and the caller decides again, since `at` may now be ours.
+    fn zeros_outside(&mut self, at: usize) -> bool {
+        let zero = self.zero.base;
+        let mut unit = self.page;
+        loop {
+            let dst = at / unit * unit;
+            match self.uffd.copy(dst, zero, unit) {
+                Err(p) if errno(&p.error) == libc::ENOMEM => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(p) if errno(&p.error) == libc::EAGAIN => {
+                    self.drain();
+                    return false;
+                }
+                Err(p) if errno(&p.error) == libc::EINVAL && unit < self.zero.len => {
+                    unit = self.zero.len
+                }
+                _ => break,
+            }
+        }
+        let _ = self.uffd.wake(at / unit * unit, unit);
+        true
     }
 
     /// Installs zeros for the discarded unit at original address `orig`.
