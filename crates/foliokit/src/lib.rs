@@ -287,6 +287,8 @@ pub mod strategy;
 // `migrate::page_nodes`.
 pub(crate) mod sys;
 pub mod tune;
+// foliokit's persistent threads (channel workers and helpers), written once.
+mod worker;
 
 #[cfg(feature = "unstable-internals")]
 #[doc(hidden)]

@@ -3,7 +3,14 @@
 //! The implemented backend is a persistent, CPU-pinned worker thread per
 //! channel ([`CpuChannel`]); the [`Channel`] trait is what a hardware copy
 //! engine (Intel DSA, a GPU copy engine) would implement instead. Workers
-//! are never spawned per call: the pool lives as long as its owner.
+//! are never spawned per call: the pool lives as long as its owner. They
+//! are foliokit's one kind of persistent thread (the helpers that run
+//! populate and relocation are the other role of it), each channel with a
+//! thread of its own: a relocation loop waiting for its copies on a
+//! helper can never hold up the channel that runs them. A worker blocks
+//! the application's asynchronous signals (a handler run on it could wait
+//! for a page that relocation has out); the signals a fault raises still
+//! reach it, so a machine-check-safe copy recovers there.
 //!
 //! # Soundness
 //!
@@ -931,15 +938,25 @@ impl ChannelPool {
         // From the first submission until every piece is reported, leaving
         // this function by a panic would free memory under the channels.
         let in_flight = AbortOnUnwind;
+        // A batch started on a channel's worker (by a caller's copy
+        // function that copies again) is run right here: queued, it could
+        // wait for this very worker, which waits for it (see
+        // `crate::worker`: a channel never waits for a channel).
+        let nested = crate::worker::on_channel();
         for ((c, own), list) in self.channels.iter().zip(work).zip(offered) {
             if own.is_empty() {
                 continue;
             }
-            // SAFETY: the caller's contract covers every piece until this
-            // function returns, and it returns only after `done.wait()`,
-            // i.e. after every piece was reported done. A piece offered to
-            // several channels is run only by the one that claims it.
-            let submitted = unsafe { c.submit(list, op, done.clone()) };
+            let submitted = if nested {
+                Err(ChannelError::Stopped(c.name().to_string()))
+            } else {
+                // SAFETY: the caller's contract covers every piece until
+                // this function returns, and it returns only after
+                // `done.wait()`, i.e. after every piece was reported done.
+                // A piece offered to several channels is run only by the
+                // one that claims it.
+                unsafe { c.submit(list, op, done.clone()) }
+            };
             // A channel that cannot take work means "finish on the CPU",
             // never "give up with pieces still in flight elsewhere". Its
             // own pieces are claimed first: another channel may have taken
