@@ -626,7 +626,9 @@ fn dropping_a_batch_waits_for_it() {
     let (folios, folio) = (32, 512 * PAGE);
     let (src, dst, dsts, srcs) = batch_buffers(folios, folio);
     // SAFETY: as above; the handle is dropped at once, which waits.
-    let batch =
+    // (Typed with the handle's old name, which code written against it
+    // still uses.)
+    let batch: foliokit::channels::Batch<'_> =
         unsafe { pool.submit_copy(&dsts, &srcs, folio, copy_fn(CopyStrategy::Movsb)) }.unwrap();
     drop(batch);
     assert!(

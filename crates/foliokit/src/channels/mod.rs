@@ -58,10 +58,10 @@
 //!
 //! # Batches in flight
 //!
-//! [`ChannelPool::submit_copy`] and [`ChannelPool::submit_clear`] return a
-//! [`Batch`] at once: poll it ([`Batch::try_wait`]), wait for it, ask which
-//! folios are done ([`Batch::folio_done`]), and read which pieces a channel
-//! could not finish ([`BatchOutcome::failed`], as a DMA engine reports a
+//! [`ChannelPool::submit_copy`] and [`ChannelPool::submit_clear`] return
+//! an [`InFlight`] handle at once: poll it ([`InFlight::try_wait`]), wait
+//! for it, ask which folios are done ([`InFlight::folio_done`]), and read
+//! which pieces a channel could not finish ([`BatchOutcome::failed`], as a DMA engine reports a
 //! partial completion). The blocking [`ChannelPool::copy_folios`] and
 //! [`ChannelPool::clear_folios`] are built on them and finish failed
 //! pieces on the calling thread.
@@ -696,7 +696,7 @@ impl ChannelPool {
     ///
     /// # Safety
     /// As [`ChannelPool::copy_folios`], for as long as the batch is in
-    /// flight: until [`Batch::wait`] or a [`Batch::try_wait`] that returns
+    /// flight: until [`InFlight::wait`] or an [`InFlight::try_wait`] that returns
     /// `Some` — dropping the handle waits too. A handle that is leaked
     /// (`mem::forget`) leaves the channels writing: the ranges must then
     /// stay valid for the life of the process.
@@ -706,7 +706,7 @@ impl ChannelPool {
         srcs: &[*const u8],
         folio_size: usize,
         copy: CopyFn,
-    ) -> Result<Batch<'_>, ChannelError> {
+    ) -> Result<InFlight<'_>, ChannelError> {
         let folio = copy_pairs(dsts, srcs)?;
         // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
         unsafe { self.start(dsts.len(), folio_size, Op::Copy(copy), folio) }
@@ -728,7 +728,7 @@ impl ChannelPool {
         srcs: &[*const u8],
         folio_size: usize,
         copy: crate::mc::McCopyFn,
-    ) -> Result<Batch<'_>, ChannelError> {
+    ) -> Result<InFlight<'_>, ChannelError> {
         let folio = copy_pairs(dsts, srcs)?;
         // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
         unsafe { self.start(dsts.len(), folio_size, Op::CopyMc(copy), folio) }
@@ -745,7 +745,7 @@ impl ChannelPool {
         dsts: &[*mut u8],
         folio_size: usize,
         clear: ClearFn,
-    ) -> Result<Batch<'_>, ChannelError> {
+    ) -> Result<InFlight<'_>, ChannelError> {
         // SAFETY: forwarded contract; clears never read `src`.
         unsafe { self.start(dsts.len(), folio_size, Op::Clear(clear), clear_pairs(dsts)) }
     }
@@ -813,12 +813,12 @@ impl ChannelPool {
         folio_size: usize,
         op: Op,
         folio: impl Fn(usize) -> (*mut u8, *const u8),
-    ) -> Result<Batch<'_>, ChannelError> {
+    ) -> Result<InFlight<'_>, ChannelError> {
         if folio_size == 0 {
             return Err(ChannelError::ZeroFolio);
         }
         if n == 0 {
-            return Ok(Batch {
+            return Ok(InFlight {
                 _pool: self,
                 done: Arc::new(Completion::new(Vec::new(), 0)),
                 op,
@@ -981,7 +981,7 @@ impl ChannelPool {
         }
         // From here the handle owns the batch: dropping it waits.
         std::mem::forget(in_flight);
-        Ok(Batch {
+        Ok(InFlight {
             _pool: self,
             done,
             op,
@@ -996,7 +996,10 @@ impl ChannelPool {
 /// channels may still be writing into the caller's memory. Do not carry
 /// one across `fork()`: the child has no worker threads to finish it, so
 /// its copy would wait forever (the parent's is unaffected).
-pub struct Batch<'p> {
+///
+/// Formerly `Batch`: the handle is not the batch, and relocation has
+/// batches of its own.
+pub struct InFlight<'p> {
     _pool: &'p ChannelPool,
     done: Arc<Completion>,
     op: Op,
@@ -1004,6 +1007,10 @@ pub struct Batch<'p> {
     pieces: Vec<Piece>,
     outcome: Option<BatchOutcome>,
 }
+
+/// The old name of [`InFlight`], kept so code written against it builds.
+#[doc(hidden)]
+pub type Batch<'p> = InFlight<'p>;
 
 /// How a batch ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -1016,7 +1023,7 @@ pub struct BatchOutcome {
     pub failed: Vec<PieceFailure>,
 }
 
-impl Batch<'_> {
+impl InFlight<'_> {
     /// Folios in the batch.
     pub fn folios(&self) -> usize {
         self.done.per_folio.len()
@@ -1119,7 +1126,7 @@ impl Batch<'_> {
     }
 }
 
-impl Drop for Batch<'_> {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         // The channels may still be writing into the caller's memory.
         self.done.wait();
