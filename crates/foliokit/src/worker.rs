@@ -21,25 +21,30 @@
 //! loop on a helper, and that loop submits copies to a channel pool and
 //! waits for them. Were channels and helpers one set of threads, enough
 //! such loops would occupy every thread, and the copies they wait for
-//! would never run. With two roles, who waits for whom is one direction
-//! only, so no cycle (and no hang) can form:
+//! would never run. With two roles, each edge of "who waits for whom"
+//! ends at work that finishes, so no circle (and no hang) can form:
 //!
 //! - an application thread may wait for helpers (`on_helper`, or the
-//!   helpers already inside its `fan_out` loop) and for channels;
-//! - a helper may wait for channels, and for helpers already inside a
-//!   loop it offered (they finish the items they took, which are
-//!   syscalls and page touches). It never waits for a helper to *start*:
-//!   `on_helper` called on a helper runs the job right there, and
-//!   `fan_out` never waits for one;
-//! - a channel's worker waits for nothing but its queue: it runs pieces,
-//!   and a batch submitted from a channel's worker (a caller's copy
-//!   function that copies again) runs on that thread instead of being
-//!   queued ([`current_role`]).
+//!   helpers already inside its `fan_out` loop), for channels, and, on a
+//!   page relocation has out, for the helper running that relocation;
+//! - a helper waits for a helper only once that helper is inside a loop
+//!   it offered (the items it took are syscalls and page touches), never
+//!   for one to *start*: `on_helper` called on a helper runs the job
+//!   right there, and `fan_out` never waits for one;
+//! - a helper waits for a channel only while the channel runs a piece
+//!   of the helper's own batch: relocation's pieces copy its staging
+//!   memory to the new folios, which nobody else touches, so they finish.
+//!   A piece no channel has started is run by the helper itself once the
+//!   channels have finished none for a while (`InFlight::unstall`): a
+//!   channel's worker may be held up by another batch whose copy waits for
+//!   a page this very relocation has out;
+//! - a channel's worker waits for nothing but its queue and the memory of
+//!   the pieces it runs: a batch submitted from a channel's worker (a
+//!   caller's copy function that copies again) runs on that thread instead
+//!   of being queued ([`current_role`]).
 //!
 //! Capacity follows from the same split: each channel has its own thread
-//! (a pool of `n` channels has `n`), which no helper job can occupy, so
-//! every piece submitted is run by its channel (or, where the channel
-//! could not start, by the submitter), however many helpers are busy.
+//! (a pool of `n` channels has `n`), which no helper job can occupy.
 //!
 //! A channel's worker blocks every asynchronous signal, so no application
 //! handler runs on it: a handler that touched a page relocation has taken
@@ -72,28 +77,34 @@ pub(crate) enum Role {
 impl Role {
     /// The signal mask a worker of this role keeps for its whole life.
     fn mask(self) -> libc::sigset_t {
-        // SAFETY: sigset_t is plain data, filled and edited through libc's
-        // own calls on our local copy.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut set);
-            if let Role::Channel { .. } = self {
-                // Raised by the instruction that faults, on this thread:
-                // blocked, the kernel would kill the process instead of
-                // running the handler (mc's recovery included).
-                for sig in [
-                    libc::SIGBUS,
-                    libc::SIGSEGV,
-                    libc::SIGILL,
-                    libc::SIGFPE,
-                    libc::SIGTRAP,
-                    libc::SIGSYS,
-                ] {
-                    libc::sigdelset(&mut set, sig);
-                }
+        let mut set = every_signal();
+        if let Role::Channel { .. } = self {
+            // Raised by the instruction that faults, on this thread:
+            // blocked, the kernel would kill the process instead of
+            // running the handler (mc's recovery included).
+            for sig in [
+                libc::SIGBUS,
+                libc::SIGSEGV,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+                libc::SIGSYS,
+            ] {
+                // SAFETY: edits our own, initialised sigset_t.
+                unsafe { libc::sigdelset(&mut set, sig) };
             }
-            set
         }
+        set
+    }
+}
+
+/// A set of every signal.
+fn every_signal() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data, filled by libc on our local copy.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        set
     }
 }
 
@@ -316,11 +327,13 @@ impl<J> Drop for Crew<J> {
 /// the thread cannot be made (out of threads, a seccomp filter): the
 /// role's callers then do the work themselves.
 ///
-/// The worker keeps its role's signal mask from its first instruction on
-/// (set on this thread around the spawn, which the new thread inherits),
-/// then takes on its role's placement: a channel is pinned (failing that,
-/// which a cgroup's CPU set can cause, it stays unpinned, still correct),
-/// a helper takes each caller's as it runs the caller's loop.
+/// No signal can reach the worker before it has its role's mask: this
+/// thread blocks every signal around the spawn (the new thread inherits
+/// that, and this thread's own mask is put back after), and the worker's
+/// first act is to set its role's. Then it takes on its role's placement:
+/// a channel is pinned (failing that, which a cgroup's CPU set can cause,
+/// it stays unpinned, still correct), a helper takes each caller's as it
+/// runs the caller's loop.
 pub(crate) fn spawn<J: Send + 'static>(
     role: Role,
     name: String,
@@ -328,18 +341,18 @@ pub(crate) fn spawn<J: Send + 'static>(
     mut serve: impl FnMut(J) + Send + 'static,
 ) -> Option<JoinHandle<()>> {
     let queue = queue.clone();
-    let mask = role.mask();
+    let all = every_signal();
     let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-    // SAFETY: `mask` is a whole sigset_t; the old mask is written to
-    // `old`, which pthread_sigmask fills on success (checked below).
-    let masked = unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask, old.as_mut_ptr()) } == 0;
+    // SAFETY: `all` is a whole sigset_t; the old mask is written to `old`,
+    // which pthread_sigmask fills on success (checked below). SIG_BLOCK
+    // only adds signals: nothing blocked here is let through meanwhile.
+    let masked = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &all, old.as_mut_ptr()) } == 0;
     let made = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
-            if !masked {
-                // SAFETY: `mask` is a whole sigset_t of our own.
-                unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut()) };
-            }
+            let mask = role.mask();
+            // SAFETY: `mask` is a whole sigset_t of our own.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut()) };
             ROLE.with(|r| r.set(Some(role)));
             if let Role::Channel { cpu: Some(cpu) } = role {
                 // A performance hint: see above.

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 
 use super::{Channel, ChannelError, Completion, Op, Piece};
-use crate::arch::sfence;
 use crate::worker::{self, Crew, Role};
 
 struct Work {
@@ -88,34 +87,11 @@ impl CpuChannel {
 /// The worker's part: runs the pieces of `w` it claims, drains, reports.
 fn run(w: Work) {
     for p in &w.pieces {
-        // Offered pieces may be other channels' too: run only those this
-        // worker takes.
-        if !w.done.claim(p) {
-            continue;
-        }
-        // A copy function that panics (a caller's own `Op`) would end this
-        // thread with the piece claimed and never reported: the batch would
-        // wait forever, or its caller would free memory still in use. Stop.
-        let ran = std::panic::catch_unwind(|| {
-            // SAFETY: the submitter guarantees the piece's ranges stay valid
-            // and unaliased until it is reported done just below; the claim
-            // makes this its only run, and it is not touched after.
-            unsafe { w.op.run_partial(p) }
-        });
-        let Ok(did) = ran else {
-            eprintln!("foliokit: a copy channel's operation panicked; aborting");
-            std::process::abort();
-        };
-        // Streaming stores are only ordered by a fence on the thread that
-        // issued them: drain before reporting.
-        sfence();
-        if did < p.len() {
-            // An mc copy's source faulted: the rest of the piece is
-            // untouched, and reported so.
-            w.done.piece_failed(p, did);
-        } else {
-            w.done.piece_done(p);
-        }
+        // Offered pieces may be other channels' too: `run_claimed` runs
+        // only those this worker takes.
+        // SAFETY: the submitter guarantees the piece's ranges stay valid
+        // and unaliased until it is reported done.
+        unsafe { w.done.run_claimed(w.op, p) };
     }
 }
 
