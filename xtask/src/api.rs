@@ -39,7 +39,11 @@ pub fn public_api(root: &Path, bless: bool) -> Result<bool, Error> {
     run(Command::new(env!("CARGO"))
         .args(["doc", "-p", "foliokit", "--no-deps", "--locked"])
         .current_dir(root))?;
-    let page = root.join("target/doc/foliokit/all.html");
+    // Where cargo put the docs: CARGO_TARGET_DIR when set (relative to
+    // the workspace, as cargo resolves it from there), else `target/`.
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |d| root.join(d));
+    let page = target.join("doc/foliokit/all.html");
     let html = std::fs::read_to_string(&page).map_err(|e| format!("{}: {e}", page.display()))?;
     let now = items(&html);
     let list = root.join(LIST);

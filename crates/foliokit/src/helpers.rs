@@ -1,5 +1,9 @@
 //! Persistent helper threads for the work that is not a copy channel's:
-//! populate's chunks and the kernel path's `move_pages` shares.
+//! populate's chunks, the kernel path's `move_pages` shares and
+//! relocation's batch loop. They are workers in the helper role
+//! ([`crate::worker`], which also says why they are not the channels'
+//! threads and why no wait among them can close a circle); this module is
+//! the role: how callers offer their loops and how helpers take them.
 //!
 //! A call hands its work loop to [`fan_out`], which runs it on the calling
 //! thread and offers it to up to `extra` helpers at once. The loop takes
@@ -13,8 +17,9 @@
 //! A helper runs a caller's loop as the caller's own thread would: with
 //! its CPU affinity and its NUMA memory policy, which decide where the
 //! pages populate faults in are allocated (threads made per call used to
-//! inherit both from the caller). It blocks asynchronous signals, so the
-//! application's handlers never run on it.
+//! inherit both from the caller). It blocks every signal (faults it
+//! causes are still raised on it), so the application's handlers never
+//! run on it.
 //!
 //! The helpers live as long as the process, or until
 //! [`crate::channels::release_shared`]; they start on first use, or up
@@ -23,53 +28,12 @@
 //! each call runs on the calling thread.
 
 use std::any::Any;
-use std::collections::VecDeque;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
 use crate::params::MAX_HELPERS;
 use crate::pidlock::PidLock;
-use crate::sys::numa::{self, NodeMask};
-
-/// What a helper takes over from the caller's thread for the time it runs
-/// the caller's loop.
-struct Attrs {
-    cpus: libc::cpu_set_t,
-    /// Mode (with its flags) and nodes; `None` on a kernel without NUMA.
-    policy: Option<(libc::c_int, NodeMask)>,
-}
-
-impl Attrs {
-    /// The calling thread's; `None` if they cannot be read (more CPUs than
-    /// a `cpu_set_t` holds, a seccomp filter): then nobody else may run the
-    /// loop, since it could not run it the way the caller would.
-    fn of_this_thread() -> Option<Attrs> {
-        // SAFETY: cpu_set_t is plain data; the call writes only `cpus`.
-        let cpus = unsafe {
-            let mut cpus: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of_val(&cpus), &mut cpus) != 0 {
-                return None;
-            }
-            cpus
-        };
-        let policy = numa::get_mempolicy().ok()?;
-        Some(Attrs { cpus, policy })
-    }
-
-    /// Makes them this thread's; `false` if the kernel refused.
-    fn apply(&self) -> bool {
-        // SAFETY: reads `cpus`, a whole cpu_set_t.
-        let pinned = unsafe {
-            libc::sched_setaffinity(0, std::mem::size_of_val(&self.cpus), &self.cpus) == 0
-        };
-        pinned
-            && self
-                .policy
-                .as_ref()
-                .is_none_or(|(mode, nodes)| numa::set_mempolicy(*mode, nodes).is_ok())
-    }
-}
+use crate::worker::{self, Crew, Placement, Queue, Role};
 
 /// One caller's offer of its loop.
 struct Call {
@@ -78,7 +42,8 @@ struct Call {
     /// the caller does not return (so the loop outlives every run) until
     /// it has closed the offer and seen `running` reach 0.
     job: *const (dyn Fn() + Sync + 'static),
-    attrs: Attrs,
+    /// Where the caller's thread runs and allocates: where its loop runs.
+    placement: Placement,
     state: Mutex<CallState>,
     finished: Condvar,
 }
@@ -105,20 +70,20 @@ unsafe impl Sync for Call {}
 
 impl Call {
     /// An open offer of `job` to the helpers, run under the caller's
-    /// `attrs`.
+    /// `placement`.
     ///
     /// # Safety
     /// The caller must not return (so `job` must outlive every run) until
     /// it has closed the offer and seen `state.running` back at 0 (see
     /// `job`): only the lifetime is erased here.
-    unsafe fn offer(job: &(dyn Fn() + Sync + '_), attrs: Attrs) -> Arc<Call> {
+    unsafe fn offer(job: &(dyn Fn() + Sync + '_), placement: Placement) -> Arc<Call> {
         let erased: *const (dyn Fn() + Sync + '_) = job;
         // SAFETY: only the lifetime changes; the caller's contract keeps
         // the closure alive for every run.
         let job: *const (dyn Fn() + Sync + 'static) = unsafe { std::mem::transmute(erased) };
         Arc::new(Call {
             job,
-            attrs,
+            placement,
             state: Mutex::new(CallState {
                 open: true,
                 running: 0,
@@ -142,7 +107,7 @@ impl Call {
         if !self.state().open {
             return;
         }
-        if !self.attrs.apply() {
+        if !self.placement.apply() {
             self.state().declined = true;
             self.finished.notify_all();
             return;
@@ -188,34 +153,15 @@ impl Drop for Closer<'_> {
     }
 }
 
-/// The offers waiting for a helper.
-struct Queue {
-    calls: Mutex<Offers>,
-    more: Condvar,
-}
-
-struct Offers {
-    calls: VecDeque<Arc<Call>>,
-    /// Set by [`release`]: helpers end.
-    released: bool,
-}
-
-impl Queue {
-    fn offers(&self) -> MutexGuard<'_, Offers> {
-        // Nothing panics while holding it.
-        self.calls.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// This process's helpers.
+/// This process's helpers: workers in the helper role, taking callers'
+/// offers from one queue.
 struct Helpers {
-    queue: Arc<Queue>,
+    crew: Crew<Arc<Call>>,
     /// Helpers asked for so far: never asked for again, even if some could
     /// not start (a seccomp filter may kill the process on a new `clone`).
     attempted: usize,
     /// Of those, how many could not be started.
     failed: usize,
-    threads: Vec<JoinHandle<()>>,
 }
 
 impl Helpers {
@@ -227,100 +173,57 @@ impl Helpers {
 
 static HELPERS: PidLock<Option<Helpers>> = PidLock::new();
 
-thread_local! {
-    /// Set on helper threads: [`on_helper`] called from one runs the job
-    /// right there (it already is a helper), rather than wait for another
-    /// helper that may be the caller itself.
-    static ON_HELPER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-fn helper(queue: Arc<Queue>) {
-    ON_HELPER.with(|h| h.set(true));
-    // Process-directed signals go to the application's threads, never to
-    // this one. (Faults this thread causes are still delivered to it.)
-    // SAFETY: a full set of our own, passed to pthread_sigmask.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-    }
-    loop {
-        let call = {
-            let mut o = queue.offers();
-            loop {
-                if o.released {
-                    return;
-                }
-                if let Some(c) = o.calls.pop_front() {
-                    break c;
-                }
-                o = queue.more.wait(o).unwrap_or_else(|p| p.into_inner());
-            }
-        };
-        call.serve();
-    }
-}
-
 /// The queue of this process's helpers and how many there are (counting
 /// those another caller is starting now): at least `want` (capped at
 /// [`MAX_HELPERS`]) unless some could not be started.
 /// Threads are made outside the lock, which other callers spin on.
-fn queue(want: usize) -> (Arc<Queue>, usize) {
+fn queue(want: usize) -> (Arc<Queue<Arc<Call>>>, usize) {
     let want = want.min(MAX_HELPERS);
     let (queue, more) = {
         let mut guard = HELPERS.lock();
         let h = guard
             .get_or_insert_with(|| None)
             .get_or_insert_with(|| Helpers {
-                queue: Arc::new(Queue {
-                    calls: Mutex::new(Offers {
-                        calls: VecDeque::new(),
-                        released: false,
-                    }),
-                    more: Condvar::new(),
-                }),
+                crew: Crew::new(),
                 attempted: 0,
                 failed: 0,
-                threads: Vec::new(),
             });
         let more = want.saturating_sub(h.attempted);
         h.attempted += more;
         if more == 0 {
-            return (h.queue.clone(), h.count());
+            return (h.crew.queue().clone(), h.count());
         }
-        (h.queue.clone(), more)
+        (h.crew.queue().clone(), more)
     };
     let mut made = Vec::new();
     for _ in 0..more {
-        let q = queue.clone();
-        match std::thread::Builder::new()
-            .name("foliokit-helper".into())
-            .spawn(move || helper(q))
-        {
-            Ok(t) => made.push(t),
+        match worker::spawn(Role::Helper, "foliokit-helper".into(), &queue, |c| {
+            c.serve()
+        }) {
+            Some(t) => made.push(t),
             // Out of threads: callers do the work themselves.
-            Err(_) => break,
+            None => break,
         }
     }
     let mut guard = HELPERS.lock();
     match guard.get_or_insert_with(|| None) {
-        Some(h) if Arc::ptr_eq(&h.queue, &queue) => {
+        Some(h) if Arc::ptr_eq(h.crew.queue(), &queue) => {
             h.failed += more - made.len();
-            h.threads.append(&mut made);
+            h.crew.hire(made);
             (queue, h.count())
         }
-        // Released meanwhile: the new threads saw the queue released and
-        // end at once.
+        // Released meanwhile: the queue is closed, so the new threads end
+        // at once.
         _ => (queue, 0),
     }
 }
 
 /// Whether `q` is still the helpers' queue and some helper serves it (or
-/// is being started for it).
-fn serving(q: &Arc<Queue>) -> bool {
+/// is being started for it). A released queue is never the helpers' any
+/// more: [`release`] takes it out of the registry before closing it.
+fn serving(q: &Arc<Queue<Arc<Call>>>) -> bool {
     let mut guard = HELPERS.lock();
-    matches!(guard.get_or_insert_with(|| None), Some(h) if Arc::ptr_eq(&h.queue, q) && h.count() > 0)
-        && !q.offers().released
+    matches!(guard.get_or_insert_with(|| None), Some(h) if Arc::ptr_eq(h.crew.queue(), q) && h.count() > 0)
 }
 
 /// Starts helpers until `n` are running (as [`fan_out`] would); returns
@@ -336,26 +239,16 @@ pub(crate) fn release() {
     let Some(h) = HELPERS.lock().get_or_insert_with(|| None).take() else {
         return;
     };
-    let stranded: Vec<Arc<Call>> = {
-        let mut o = h.queue.offers();
-        o.released = true;
-        o.calls.drain(..).collect()
-    };
-    h.queue.more.notify_all();
     // An offer no helper will take: an [`on_helper`] caller waiting for it
     // learns it was declined ([`fan_out`] callers run their loops anyway).
-    for c in stranded {
+    for c in h.crew.withdraw() {
         c.state().declined = true;
         c.finished.notify_all();
     }
-    let me = std::thread::current().id();
-    for t in h.threads {
-        // A helper's own call (inside some caller's loop) cannot wait for
-        // itself: it ends when that run returns.
-        if t.thread().id() != me {
-            let _ = t.join();
-        }
-    }
+    // Waits for the helpers, except the calling thread if it is one (a
+    // helper's own call, inside some caller's loop, ends when that run
+    // returns).
+    drop(h);
 }
 
 /// Holds the helpers' registry lock until dropped (for
@@ -371,7 +264,7 @@ pub(crate) fn hold_lock() -> impl Drop {
 /// how many helpers joined. A panic in any run is resumed here, after
 /// every run has ended.
 pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
-    let Some(attrs) = (extra > 0).then(Attrs::of_this_thread).flatten() else {
+    let Some(placement) = (extra > 0).then(Placement::of_this_thread).flatten() else {
         job();
         return 0;
     };
@@ -382,15 +275,10 @@ pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
     }
     // SAFETY: this function closes the offer and waits until no helper
     // runs `job` before it returns, by return or unwind (`Closer` below).
-    let call = unsafe { Call::offer(job, attrs) };
-    {
-        let mut o = q.offers();
-        // An offer per helper at most: more would only be discarded.
-        for _ in 0..extra.min(helpers) {
-            o.calls.push_back(call.clone());
-        }
-    }
-    q.more.notify_all();
+    let call = unsafe { Call::offer(job, placement) };
+    // An offer per helper at most: more would only be discarded. (Refused
+    // if the helpers were released meanwhile: the caller runs it alone.)
+    q.push(std::iter::repeat_n(call.clone(), extra.min(helpers)));
     {
         let _close = Closer(&call);
         job();
@@ -419,10 +307,12 @@ pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
 /// [`fan_out`], the caller waits for a helper to start (behind another
 /// caller's loop at worst, which ends).
 pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
-    if ON_HELPER.with(|h| h.get()) {
+    // On a helper already: run it right there, rather than wait for
+    // another helper that may be this one (see `crate::worker`).
+    if worker::on_helper() {
         return Some(job());
     }
-    let attrs = Attrs::of_this_thread()?;
+    let placement = Placement::of_this_thread()?;
     let (q, helpers) = queue(1);
     if helpers == 0 {
         return None;
@@ -438,17 +328,12 @@ pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
     };
     // SAFETY: this function does not return until the offer is closed and
     // no helper runs the closure (the wait below).
-    let call = unsafe { Call::offer(&run, attrs) };
-    {
-        // Under the queue's lock: a release that drained the queue before
-        // this push would leave the offer where no helper will look.
-        let mut offers = q.offers();
-        if offers.released {
-            return None;
-        }
-        offers.calls.push_back(call.clone());
+    let call = unsafe { Call::offer(&run, placement) };
+    // Checked under the queue's lock: a release that drained the queue
+    // before this push would leave the offer where no helper will look.
+    if !q.push([call.clone()]) {
+        return None;
     }
-    q.more.notify_all();
     let panic = {
         let mut s = call.state();
         let done = |s: &CallState| s.declined || (s.joined > 0 && s.running == 0);
@@ -484,6 +369,7 @@ pub(crate) fn on_helper<R: Send>(job: impl FnOnce() -> R + Send) -> Option<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::numa::NodeMask;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Barrier;
 
@@ -564,7 +450,7 @@ mod tests {
     fn a_helper_runs_with_the_callers_cpus_and_memory_policy() {
         // The caller narrows itself to one CPU and binds its allocations to
         // the first node; the helper must run its loop the same way.
-        let Some(before) = Attrs::of_this_thread() else {
+        let Some(before) = Placement::of_this_thread() else {
             eprintln!("SKIP: this thread's attributes cannot be read here");
             return;
         };
@@ -579,7 +465,7 @@ mod tests {
             .and_then(|t| t.split([',', '-']).next()?.trim().parse().ok())
             .unwrap_or(0usize);
         let first_cpu = crate::sys::allowed_cpus()[0];
-        let mut narrow = Attrs {
+        let mut narrow = Placement {
             cpus: before.cpus,
             policy: None,
         };
@@ -597,7 +483,7 @@ mod tests {
             eprintln!("SKIP: cannot bind this thread to node {node0} on CPU {first_cpu} here");
             return;
         }
-        let seen = with_one_helper(|mine| (!mine).then(Attrs::of_this_thread).flatten());
+        let seen = with_one_helper(|mine| (!mine).then(Placement::of_this_thread).flatten());
         // Back to what the test thread had.
         assert!(before.apply());
         let Some(seen) = seen else { return };

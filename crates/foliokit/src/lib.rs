@@ -216,8 +216,8 @@
 //!
 //! A [`channels::ChannelPool`] spreads a batch over persistent worker
 //! threads (or any engine implementing [`channels::Channel`], such as a
-//! DMA engine). [`channels::ChannelPool::submit_copy`] returns a
-//! [`channels::Batch`] at once: poll it, ask which folios are done
+//! DMA engine). [`channels::ChannelPool::submit_copy`] returns an
+//! [`channels::InFlight`] handle at once: poll it, ask which folios are done
 //! (`folio_done`, e.g. to let a vCPU resume on the first), or `wait`.
 //! The memory must stay valid and untouched until the batch ends (dropping
 //! the handle waits). [`channels::shared`] gives a process-wide pool.
@@ -287,6 +287,8 @@ pub mod strategy;
 // `migrate::page_nodes`.
 pub(crate) mod sys;
 pub mod tune;
+// foliokit's persistent threads (channel workers and helpers), written once.
+mod worker;
 
 #[cfg(feature = "unstable-internals")]
 #[doc(hidden)]

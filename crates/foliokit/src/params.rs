@@ -92,6 +92,12 @@ pub const PROCESS_MOVE_START_PAGES: usize = 512;
 /// failed to start): the offer is then withdrawn instead of waited on.
 pub const HELPER_OFFER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long a helper waiting for a blocking channel batch (relocation's
+/// copies) lets the channels go without finishing a piece before it runs
+/// the pieces none has started itself: a channel's worker may be held up
+/// by another batch whose copy waits for a page relocation has out.
+pub const CHANNEL_STALL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How long relocation waits before trying again to put a page back when
 /// the kernel is short of memory for it (ENOMEM): it waits as a fault
 /// would, however long that takes, since giving up would lose the page's

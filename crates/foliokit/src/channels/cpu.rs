@@ -1,13 +1,12 @@
-//! A channel backed by one persistent worker thread, pinned as the
-//! application chose at start-up (unpinned by default).
+//! A channel backed by one persistent worker ([`crate::worker`], in the
+//! channel role), pinned as the application chose at start-up (unpinned
+//! by default).
 
-use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::OnceLock;
 
 use super::{Channel, ChannelError, Completion, Op, Piece};
-use crate::arch::sfence;
-use std::sync::OnceLock;
+use crate::worker::{self, Crew, Role};
 
 struct Work {
     pieces: Vec<Piece>,
@@ -21,10 +20,8 @@ struct Work {
 /// instead of joining a thread that does not exist.
 pub struct CpuChannel {
     name: String,
-    /// The process whose thread `thread` is.
-    pid: u32,
-    tx: Option<Sender<Work>>,
-    thread: Option<JoinHandle<()>>,
+    /// A crew of one; `None` where its thread could not be made.
+    crew: Option<Crew<Work>>,
 }
 
 /// Where copy channel workers run.
@@ -70,81 +67,31 @@ fn target(index: usize) -> Option<usize> {
     (cpu < libc::CPU_SETSIZE as usize).then_some(cpu)
 }
 
-/// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; `cpu` is below CPU_SETSIZE; the
-    // call reads only `one`.
-    unsafe {
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut one);
-        // Pinning is a performance hint: failure (a CPU outside the
-        // cgroup's set) leaves the worker unpinned, which is still correct.
-        let _ = libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one);
-    }
-}
-
 impl CpuChannel {
     /// Starts the worker thread of channel `index` (named `cpu<index>`),
     /// pinned as [`crate::Config::channel_cpus`] says. If the thread cannot
     /// be spawned the channel refuses every batch, and its pool does the
     /// work on the calling thread.
     pub fn new(index: usize) -> Self {
-        let (tx, rx) = channel::<Work>();
         let name = format!("cpu{index}");
-        let cpu = target(index);
-        let thread = std::thread::Builder::new()
-            .name(format!("foliokit-{name}"))
-            .spawn(move || {
-                if let Some(cpu) = cpu {
-                    pin(cpu);
-                }
-                while let Ok(w) = rx.recv() {
-                    for p in &w.pieces {
-                        // Offered pieces may be other channels' too: run
-                        // only those this worker takes.
-                        if !w.done.claim(p) {
-                            continue;
-                        }
-                        // A copy function that panics (a caller's own `Op`)
-                        // would end this thread with the piece claimed and
-                        // never reported: the batch would wait forever, or
-                        // its caller would free memory still in use. Stop.
-                        let ran = std::panic::catch_unwind(|| {
-                            // SAFETY: the submitter guarantees the piece's
-                            // ranges stay valid and unaliased until it is
-                            // reported done just below; the claim makes this
-                            // its only run, and it is not touched after.
-                            unsafe { w.op.run_partial(p) }
-                        });
-                        let Ok(did) = ran else {
-                            eprintln!("foliokit: a copy channel's operation panicked; aborting");
-                            std::process::abort();
-                        };
-                        // Streaming stores are only ordered by a fence on the
-                        // thread that issued them: drain before reporting.
-                        sfence();
-                        if did < p.len() {
-                            // An mc copy's source faulted: the rest of the
-                            // piece is untouched, and reported so.
-                            w.done.piece_failed(p, did);
-                        } else {
-                            w.done.piece_done(p);
-                        }
-                    }
-                }
-            })
-            .ok();
-        CpuChannel {
-            name,
-            pid: std::process::id(),
-            tx: thread.as_ref().map(|_| tx),
-            thread,
-        }
+        let mut crew = Crew::new();
+        let role = Role::Channel { cpu: target(index) };
+        let crew = worker::spawn(role, format!("foliokit-{name}"), crew.queue(), run).map(|t| {
+            crew.hire(vec![t]);
+            crew
+        });
+        CpuChannel { name, crew }
     }
+}
 
-    /// Whether this process is the one whose thread serves the channel.
-    fn worker_here(&self) -> bool {
-        std::process::id() == self.pid
+/// The worker's part: runs the pieces of `w` it claims, drains, reports.
+fn run(w: Work) {
+    for p in &w.pieces {
+        // Offered pieces may be other channels' too: `run_claimed` runs
+        // only those this worker takes.
+        // SAFETY: the submitter guarantees the piece's ranges stay valid
+        // and unaliased until it is reported done.
+        unsafe { w.done.run_claimed(w.op, p) };
     }
 }
 
@@ -156,7 +103,7 @@ unsafe impl Channel for CpuChannel {
         &self.name
     }
 
-    /// Workers claim each piece before running it (see the loop in `new`).
+    /// Workers claim each piece before running it (see `run`).
     fn claims_pieces(&self) -> bool {
         true
     }
@@ -169,34 +116,16 @@ unsafe impl Channel for CpuChannel {
         op: Op,
         done: Arc<Completion>,
     ) -> Result<(), ChannelError> {
-        let stopped = || ChannelError::Stopped(self.name.clone());
-        // In a forked child the queue is still open but nobody reads it.
-        if !self.worker_here() {
-            return Err(stopped());
-        }
-        // On failure the queue hands the work back unrun (dropped here).
-        self.tx
+        // A queue that takes nothing (no thread, or a forked child, where
+        // nobody reads it) hands the work back unrun (dropped here).
+        let taken = self
+            .crew
             .as_ref()
-            .ok_or_else(stopped)?
-            .send(Work { pieces, op, done })
-            .map_err(|_| stopped())
-    }
-}
-
-impl Drop for CpuChannel {
-    fn drop(&mut self) {
-        if !self.worker_here() {
-            // Forked child: the worker does not exist here, so joining it
-            // would hang; and its queue's internal locks may have been held
-            // by a parent thread at the fork, so do not even close it.
-            std::mem::forget(self.tx.take());
-            std::mem::forget(self.thread.take());
-            return;
-        }
-        // Closing the queue ends the worker's loop.
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            .is_some_and(|c| c.queue().push([Work { pieces, op, done }]));
+        if taken {
+            Ok(())
+        } else {
+            Err(ChannelError::Stopped(self.name.clone()))
         }
     }
 }

@@ -3,7 +3,14 @@
 //! The implemented backend is a persistent, CPU-pinned worker thread per
 //! channel ([`CpuChannel`]); the [`Channel`] trait is what a hardware copy
 //! engine (Intel DSA, a GPU copy engine) would implement instead. Workers
-//! are never spawned per call: the pool lives as long as its owner.
+//! are never spawned per call: the pool lives as long as its owner. They
+//! are foliokit's one kind of persistent thread (the helpers that run
+//! populate and relocation are the other role of it), each channel with a
+//! thread of its own: a relocation loop waiting for its copies on a
+//! helper can never hold up the channel that runs them. A worker blocks
+//! the application's asynchronous signals (a handler run on it could wait
+//! for a page that relocation has out); the signals a fault raises still
+//! reach it, so a machine-check-safe copy recovers there.
 //!
 //! # Soundness
 //!
@@ -51,10 +58,10 @@
 //!
 //! # Batches in flight
 //!
-//! [`ChannelPool::submit_copy`] and [`ChannelPool::submit_clear`] return a
-//! [`Batch`] at once: poll it ([`Batch::try_wait`]), wait for it, ask which
-//! folios are done ([`Batch::folio_done`]), and read which pieces a channel
-//! could not finish ([`BatchOutcome::failed`], as a DMA engine reports a
+//! [`ChannelPool::submit_copy`] and [`ChannelPool::submit_clear`] return
+//! an [`InFlight`] handle at once: poll it ([`InFlight::try_wait`]), wait
+//! for it, ask which folios are done ([`InFlight::folio_done`]), and read
+//! which pieces a channel could not finish ([`BatchOutcome::failed`], as a DMA engine reports a
 //! partial completion). The blocking [`ChannelPool::copy_folios`] and
 //! [`ChannelPool::clear_folios`] are built on them and finish failed
 //! pieces on the calling thread.
@@ -395,8 +402,55 @@ impl Completion {
         }
     }
 
+    /// Runs `piece` with `op` on this thread if this thread can claim it
+    /// ([`Completion::claim`]), drains, and reports it; whether it ran.
+    /// The one place a claimed piece runs: on a CPU channel's worker, on
+    /// the caller for a refusing channel, and on a helper whose batch
+    /// stalled. An `op` that panics aborts the process: the piece would
+    /// stay claimed and never reported, so the batch could never end, or
+    /// its caller would free memory still being written.
+    ///
+    /// # Safety
+    /// The piece's ranges are valid for `op`, and touched by nobody else
+    /// until it is reported (the [`Channel::submit`] contract).
+    pub(crate) unsafe fn run_claimed(&self, op: Op, piece: &Piece) -> bool {
+        if !self.claim(piece) {
+            return false;
+        }
+        let ran = std::panic::catch_unwind(|| {
+            // SAFETY: the caller's contract; the claim makes this the
+            // piece's only run, and it is not touched after the report.
+            unsafe { op.run_partial(piece) }
+        });
+        let Ok(did) = ran else {
+            eprintln!("foliokit: a copy channel's operation panicked; aborting");
+            std::process::abort();
+        };
+        // Streaming stores are only ordered by a fence on the thread that
+        // issued them: drain before reporting.
+        crate::arch::sfence();
+        if did < piece.len {
+            // An mc copy's source faulted: the rest of the piece is
+            // untouched, and reported so.
+            self.piece_failed(piece, did);
+        } else {
+            self.piece_done(piece);
+        }
+        true
+    }
+
     fn is_done(&self) -> bool {
         *self.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits up to `d` for the batch to end; whether it has.
+    fn wait_for(&self, d: Duration) -> bool {
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let (done, _) = self
+            .cv
+            .wait_timeout_while(done, d, |done| !*done)
+            .unwrap_or_else(|p| p.into_inner());
+        *done
     }
 
     fn wait(&self) -> Duration {
@@ -689,7 +743,7 @@ impl ChannelPool {
     ///
     /// # Safety
     /// As [`ChannelPool::copy_folios`], for as long as the batch is in
-    /// flight: until [`Batch::wait`] or a [`Batch::try_wait`] that returns
+    /// flight: until [`InFlight::wait`] or an [`InFlight::try_wait`] that returns
     /// `Some` — dropping the handle waits too. A handle that is leaked
     /// (`mem::forget`) leaves the channels writing: the ranges must then
     /// stay valid for the life of the process.
@@ -699,7 +753,7 @@ impl ChannelPool {
         srcs: &[*const u8],
         folio_size: usize,
         copy: CopyFn,
-    ) -> Result<Batch<'_>, ChannelError> {
+    ) -> Result<InFlight<'_>, ChannelError> {
         let folio = copy_pairs(dsts, srcs)?;
         // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
         unsafe { self.start(dsts.len(), folio_size, Op::Copy(copy), folio) }
@@ -721,7 +775,7 @@ impl ChannelPool {
         srcs: &[*const u8],
         folio_size: usize,
         copy: crate::mc::McCopyFn,
-    ) -> Result<Batch<'_>, ChannelError> {
+    ) -> Result<InFlight<'_>, ChannelError> {
         let folio = copy_pairs(dsts, srcs)?;
         // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
         unsafe { self.start(dsts.len(), folio_size, Op::CopyMc(copy), folio) }
@@ -738,7 +792,7 @@ impl ChannelPool {
         dsts: &[*mut u8],
         folio_size: usize,
         clear: ClearFn,
-    ) -> Result<Batch<'_>, ChannelError> {
+    ) -> Result<InFlight<'_>, ChannelError> {
         // SAFETY: forwarded contract; clears never read `src`.
         unsafe { self.start(dsts.len(), folio_size, Op::Clear(clear), clear_pairs(dsts)) }
     }
@@ -806,16 +860,17 @@ impl ChannelPool {
         folio_size: usize,
         op: Op,
         folio: impl Fn(usize) -> (*mut u8, *const u8),
-    ) -> Result<Batch<'_>, ChannelError> {
+    ) -> Result<InFlight<'_>, ChannelError> {
         if folio_size == 0 {
             return Err(ChannelError::ZeroFolio);
         }
         if n == 0 {
-            return Ok(Batch {
+            return Ok(InFlight {
                 _pool: self,
                 done: Arc::new(Completion::new(Vec::new(), 0)),
                 op,
                 pieces: Vec::new(),
+                claimable: Vec::new(),
                 outcome: None,
             });
         }
@@ -917,6 +972,14 @@ impl ChannelPool {
             done
         };
         let claims: Vec<bool> = self.channels.iter().map(|c| c.claims_pieces()).collect();
+        // Pieces whose own channel claims before it runs: a helper whose
+        // batch stalls may run them itself (see `InFlight::unstall`).
+        let mut claimable = vec![false; all.len()];
+        for (c, own) in work.iter().enumerate() {
+            for p in own {
+                claimable[p.seq] = claims[c];
+            }
+        }
         let offered: Vec<Vec<Piece>> = (0..ch)
             .map(|c| {
                 let mut list = work[c].clone();
@@ -931,44 +994,45 @@ impl ChannelPool {
         // From the first submission until every piece is reported, leaving
         // this function by a panic would free memory under the channels.
         let in_flight = AbortOnUnwind;
+        // A batch started on a channel's worker (by a caller's copy
+        // function that copies again) is run right here: queued, it could
+        // wait for this very worker, which waits for it (see
+        // `crate::worker`: a channel never waits for a channel).
+        let nested = crate::worker::on_channel();
         for ((c, own), list) in self.channels.iter().zip(work).zip(offered) {
             if own.is_empty() {
                 continue;
             }
-            // SAFETY: the caller's contract covers every piece until this
-            // function returns, and it returns only after `done.wait()`,
-            // i.e. after every piece was reported done. A piece offered to
-            // several channels is run only by the one that claims it.
-            let submitted = unsafe { c.submit(list, op, done.clone()) };
+            let submitted = if nested {
+                Err(ChannelError::Stopped(c.name().to_string()))
+            } else {
+                // SAFETY: the caller's contract covers every piece until
+                // this function returns, and it returns only after
+                // `done.wait()`, i.e. after every piece was reported done.
+                // A piece offered to several channels is run only by the
+                // one that claims it.
+                unsafe { c.submit(list, op, done.clone()) }
+            };
             // A channel that cannot take work means "finish on the CPU",
             // never "give up with pieces still in flight elsewhere". Its
             // own pieces are claimed first: another channel may have taken
             // some already.
             if submitted.is_err() {
                 for p in &own {
-                    if !done.claim(p) {
-                        continue;
-                    }
-                    // SAFETY: the caller's contract covers every piece, a
-                    // refusing channel touches none of them, and the claim
-                    // makes this the only run of this piece.
-                    let did = unsafe { op.run_partial(p) };
-                    crate::arch::sfence();
-                    if did < p.len {
-                        done.piece_failed(p, did);
-                    } else {
-                        done.piece_done(p);
-                    }
+                    // SAFETY: the caller's contract covers every piece, and
+                    // a refusing channel touches none of them.
+                    unsafe { done.run_claimed(op, p) };
                 }
             }
         }
         // From here the handle owns the batch: dropping it waits.
         std::mem::forget(in_flight);
-        Ok(Batch {
+        Ok(InFlight {
             _pool: self,
             done,
             op,
             pieces: all,
+            claimable,
             outcome: None,
         })
     }
@@ -979,14 +1043,23 @@ impl ChannelPool {
 /// channels may still be writing into the caller's memory. Do not carry
 /// one across `fork()`: the child has no worker threads to finish it, so
 /// its copy would wait forever (the parent's is unaffected).
-pub struct Batch<'p> {
+///
+/// Formerly `Batch`: the handle is not the batch, and relocation has
+/// batches of its own.
+pub struct InFlight<'p> {
     _pool: &'p ChannelPool,
     done: Arc<Completion>,
     op: Op,
     /// Every piece, by its number.
     pieces: Vec<Piece>,
+    /// By piece number: its channel claims pieces before running them.
+    claimable: Vec<bool>,
     outcome: Option<BatchOutcome>,
 }
+
+/// The old name of [`InFlight`], kept so code written against it builds.
+#[doc(hidden)]
+pub type Batch<'p> = InFlight<'p>;
 
 /// How a batch ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -999,7 +1072,7 @@ pub struct BatchOutcome {
     pub failed: Vec<PieceFailure>,
 }
 
-impl Batch<'_> {
+impl InFlight<'_> {
     /// Folios in the batch.
     pub fn folios(&self) -> usize {
         self.done.per_folio.len()
@@ -1068,6 +1141,9 @@ impl Batch<'_> {
     /// Waits, then finishes on this thread what channels failed: the
     /// blocking calls' promise that every byte is done.
     fn finish(mut self) -> BatchTiming {
+        if crate::worker::on_helper() {
+            self.unstall();
+        }
         let outcome = self.wait_inner();
         // An mc copy's failed piece faulted on its source: copying it again
         // would fault again. Only `submit_copy_mc` makes such batches, and
@@ -1100,11 +1176,123 @@ impl Batch<'_> {
         }
         timing
     }
+
+    /// Waits for the batch, and whenever its channels finish no piece for
+    /// [`crate::params::CHANNEL_STALL`], runs on this thread the pieces no
+    /// channel has started (of channels that claim pieces; others may run
+    /// any piece they were given). Only a helper waits so: relocation's
+    /// loop, which puts back pages that other threads, a channel's worker
+    /// among them, may be waiting for. That worker cannot start this
+    /// batch's pieces queued behind its wait, so waiting for it would close
+    /// a circle; pieces a channel did start copy relocation's own staging
+    /// memory and finish (see `crate::worker`).
+    fn unstall(&self) {
+        let mut left = self.done.remaining.load(Ordering::Acquire);
+        while !self.done.wait_for(crate::params::CHANNEL_STALL) {
+            let now = self.done.remaining.load(Ordering::Acquire);
+            if now < left {
+                left = now;
+                continue;
+            }
+            for (p, _) in self.pieces.iter().zip(&self.claimable).filter(|(_, c)| **c) {
+                // SAFETY: the batch's contract covers every piece's ranges
+                // until it ends, which is not before this returns.
+                unsafe { self.done.run_claimed(self.op, p) };
+            }
+        }
+    }
 }
 
-impl Drop for Batch<'_> {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         // The channels may still be writing into the caller's memory.
         self.done.wait();
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// Set while [`held_copy`] keeps its worker; set to false to let go.
+    static HOLD: AtomicBool = AtomicBool::new(false);
+    static HELD: AtomicBool = AtomicBool::new(false);
+
+    /// A copy that holds its thread until [`HOLD`] is cleared, as a copy
+    /// from a page relocation has out waits for relocation.
+    ///
+    /// # Safety
+    /// As any copy: both ranges valid for `len` bytes and disjoint.
+    unsafe fn held_copy(dst: *mut u8, src: *const u8, len: usize) {
+        HELD.store(true, Ordering::SeqCst);
+        while HOLD.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+
+    /// # Safety
+    /// As any copy.
+    unsafe fn plain_copy(dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: forwarded contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+
+    #[test]
+    fn a_helper_runs_the_pieces_of_a_channel_held_up_elsewhere() {
+        if crate::helpers::start(1) == 0 {
+            eprintln!("SKIP: no helper thread could be started here");
+            return;
+        }
+        // One channel, held by another batch's copy: the helper's batch
+        // (big enough for the workers) is queued behind it.
+        let pool = ChannelPool::cpu(1).unwrap();
+        let len = 2 * crate::params::CHANNEL_MIN_BATCH_BYTES;
+        let (a_src, mut a_dst) = (vec![1u8; PAGE_BYTES], vec![0u8; PAGE_BYTES]);
+        let (src, mut dst) = (vec![7u8; len], vec![0u8; len]);
+        HOLD.store(true, Ordering::SeqCst);
+        // SAFETY: both vectors outlive the handle, waited for below.
+        let other = unsafe {
+            pool.submit_copy(
+                &[a_dst.as_mut_ptr()],
+                &[a_src.as_ptr()],
+                PAGE_BYTES,
+                held_copy,
+            )
+        }
+        .unwrap();
+        while !HELD.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (d, s) = (dst.as_mut_ptr() as usize, src.as_ptr() as usize);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ran = std::thread::scope(|scope| {
+            let pool = &pool;
+            scope.spawn(move || {
+                let ran = crate::helpers::on_helper(|| {
+                    // SAFETY: one folio inside live vectors, untouched
+                    // until the scope ends.
+                    unsafe { pool.copy_folios(&[d as *mut u8], &[s as *const u8], len, plain_copy) }
+                        .is_ok()
+                });
+                let _ = tx.send(ran);
+            });
+            // Without the helper's own run it would wait for the held
+            // channel: let go after a while either way, so a failure ends.
+            let ran = rx.recv_timeout(Duration::from_secs(30));
+            HOLD.store(false, Ordering::SeqCst);
+            ran
+        });
+        other.wait();
+        assert_eq!(
+            ran,
+            Ok(Some(true)),
+            "the helper waited for the held channel"
+        );
+        assert!(dst == src && a_dst == a_src);
+    }
+
+    const PAGE_BYTES: usize = 4096;
 }

@@ -63,7 +63,7 @@ use super::folios::{self, Fol};
 use super::fork::{fill_child, ForkGate};
 use super::stage::{self as staging, Probe, Stage};
 use super::threads;
-use super::track::{Batch, State};
+use super::track::{PageLedger, State};
 use super::vma::{self, Vma};
 use super::{
     kernel, sys, BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath,
@@ -324,7 +324,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let n = len / page;
     let stop = |what: &str, e: io::Error| Start::Stop(format!("{what}: {e}"));
     let pre = page_states(start, n, page).map_err(|e| stop("pagemap", e))?;
-    let mut pb = Batch::new(start, page, &pre);
+    let mut pb = PageLedger::new(start, page, &pre);
     let whole_left = keep_large(&mut pb, v, page).map_err(Start::Refused)?;
     if pb.count(State::Untouched) == 0 {
         // Nothing relocation can move whole: not even registered.
@@ -366,7 +366,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         Err(e) => return Err(stop("the mapping changed before its batch", e)),
     };
     run.registered.set(run.registered.get() + 1);
-    let mut b = Batch::new(start, page, &vec![PageState::Empty; n]);
+    let mut b = PageLedger::new(start, page, &vec![PageState::Empty; n]);
     let mut out = Outcome {
         pool_secs,
         ..Outcome::default()
@@ -413,7 +413,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
 #[allow(clippy::too_many_arguments)]
 fn registered(
     run: &Run,
-    b: &mut Batch,
+    b: &mut PageLedger,
     pre: &[PageState],
     parking: &Stage,
     dest: &Stage,
@@ -423,7 +423,7 @@ fn registered(
 ) -> Result<Option<Instant>, Start> {
     let page = run.page;
     let start = b.addr[0];
-    *b = Batch::new(
+    *b = PageLedger::new(
         start,
         page,
         &page_states(start, b.len(), page).map_err(|e| Start::Stop(format!("pagemap: {e}")))?,
@@ -511,7 +511,7 @@ const QUIESCE_ROUNDS: usize = 100_000;
 /// Unregisters the batch and waits until no event is in flight, handling
 /// every one that arrives meanwhile (a remap read late moves a registered
 /// range, which is unregistered in turn).
-fn quiesce(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
+fn quiesce(run: &Run, b: &mut PageLedger, parking: &Stage, out: &mut Outcome) {
     for _ in 0..QUIESCE_ROUNDS {
         drain(run, b, parking, out);
         for &(s, e) in &b.registered {
@@ -533,7 +533,7 @@ fn quiesce(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
 
 /// Reads every waiting message and applies it to the batch; returns
 /// once none is left.
-fn drain(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
+fn drain(run: &Run, b: &mut PageLedger, parking: &Stage, out: &mut Outcome) {
     let msgs = match run.uffd.read_all() {
         Ok(m) => m,
         Err(e) => {
@@ -573,7 +573,12 @@ fn drain(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
 /// Step 5: moves the batch's populated pages into the parking area. An
 /// error means nothing could be taken because the kernel finds the
 /// mapping incompatible.
-fn take_out(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) -> Result<(), Refusal> {
+fn take_out(
+    run: &Run,
+    b: &mut PageLedger,
+    parking: &Stage,
+    out: &mut Outcome,
+) -> Result<(), Refusal> {
     let page = run.page;
     // A run can span a mapping split made meanwhile (mprotect and back):
     // after an EINVAL, pages go one at a time, so each is judged alone.
@@ -657,7 +662,7 @@ fn take_out(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) -> Res
 /// that never cross a folio boundary, through the channels.
 fn copy_in_stage(
     run: &Run,
-    b: &Batch,
+    b: &PageLedger,
     parking: &Stage,
     dest: &Stage,
     start: usize,
@@ -693,7 +698,7 @@ fn copy_in_stage(
 }
 
 /// Moves parked pages back where they came from (their bytes unchanged).
-fn restore(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
+fn restore(run: &Run, b: &mut PageLedger, parking: &Stage, out: &mut Outcome) {
     put_back(run, b, parking, out, |_, _| true);
 }
 
@@ -703,10 +708,10 @@ fn restore(run: &Run, b: &mut Batch, parking: &Stage, out: &mut Outcome) {
 /// how many pages went back.
 fn put_back(
     run: &Run,
-    b: &mut Batch,
+    b: &mut PageLedger,
     parking: &Stage,
     out: &mut Outcome,
-    pick: impl Fn(&Batch, usize) -> bool,
+    pick: impl Fn(&PageLedger, usize) -> bool,
 ) -> usize {
     let mut back = 0;
     let mut i = 0;
@@ -758,7 +763,7 @@ fn put_back(
 /// kernel refuses for good.
 fn move_back(
     run: &Run,
-    b: &mut Batch,
+    b: &mut PageLedger,
     parking: &Stage,
     out: &mut Outcome,
     f: usize,
@@ -795,7 +800,7 @@ fn move_back(
 
 /// Runs of parked pages by index (the staging areas are indexed by page,
 /// so the application's addresses do not matter here).
-fn runs_by_index(b: &Batch) -> Vec<(usize, usize)> {
+fn runs_by_index(b: &PageLedger) -> Vec<(usize, usize)> {
     let mut out: Vec<(usize, usize)> = Vec::new();
     for i in (0..b.len()).filter(|&i| b.in_stage[i]) {
         match out.last_mut() {
@@ -810,7 +815,7 @@ fn runs_by_index(b: &Batch) -> Vec<(usize, usize)> {
 /// Returns the moment the first one became usable.
 fn install(
     run: &Run,
-    b: &mut Batch,
+    b: &mut PageLedger,
     parking: &Stage,
     dest: &Stage,
     out: &mut Outcome,
@@ -878,7 +883,7 @@ fn install(
 /// (large folios `UFFDIO_MOVE` would split, see `folios.rs`) and the PMD
 /// folios it moves as one unit. Returns how many pages it left. Refuses
 /// where folio sizes cannot be read and mTHP is enabled for the mapping.
-fn keep_large(b: &mut Batch, v: &Vma, page: usize) -> Result<usize, Refusal> {
+fn keep_large(b: &mut PageLedger, v: &Vma, page: usize) -> Result<usize, Refusal> {
     let n = b.len();
     let start = b.base;
     let mut left = 0;

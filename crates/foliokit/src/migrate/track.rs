@@ -30,9 +30,11 @@ pub enum State {
     Gone,
 }
 
-/// One batch's pages.
+/// Where each page of one relocation batch stands: the ledger relocation
+/// keeps while the batch is in flight (a copy batch on the channels is
+/// another thing: [`crate::channels::InFlight`]).
 #[derive(Debug)]
-pub struct Batch {
+pub struct PageLedger {
     /// Address of page 0 when the batch began.
     pub base: usize,
     page: usize,
@@ -52,9 +54,9 @@ fn within(a: usize, start: usize, end: usize) -> bool {
     a >= start && a < end
 }
 
-impl Batch {
-    pub fn new(base: usize, page: usize, pages: &[PageState]) -> Batch {
-        Batch {
+impl PageLedger {
+    pub fn new(base: usize, page: usize, pages: &[PageState]) -> PageLedger {
+        PageLedger {
             base,
             page,
             state: pages
@@ -214,8 +216,8 @@ mod tests {
     const PG: usize = 0x1000;
     const B: usize = 0x10_0000;
 
-    fn batch() -> Batch {
-        Batch::new(B, PG, &[P, P, E, P, S, P, P, P, Z])
+    fn batch() -> PageLedger {
+        PageLedger::new(B, PG, &[P, P, E, P, S, P, P, P, Z])
     }
 
     #[test]
@@ -282,7 +284,7 @@ mod tests {
         let k = PMD / PG;
         // A batch of two PMD blocks plus one page, starting PMD-aligned.
         let base = 0x4000_0000;
-        let mut b = Batch::new(base, PG, &vec![P; 2 * k + 1]);
+        let mut b = PageLedger::new(base, PG, &vec![P; 2 * k + 1]);
         b.whole[0] = true;
         b.whole[k] = true;
         assert_eq!(b.unit_of(0), (0, k));
@@ -303,7 +305,7 @@ mod tests {
     fn a_unit_cut_by_the_batch_is_no_unit() {
         let k = PMD / PG;
         let base = 0x4000_0000;
-        let mut b = Batch::new(base, PG, &vec![P; k - 1]);
+        let mut b = PageLedger::new(base, PG, &vec![P; k - 1]);
         b.whole[0] = true;
         assert_eq!(b.keep_units_whole(), k - 1);
         assert_eq!(b.unit_of(5), (5, 1));
