@@ -63,6 +63,22 @@ global_asm!(
     "    .long 771b - ., 772b - ., \\fixup - .",
     "    .popsection",
     ".endm",
+    // `fk_mc_bytes END, FIXUP`: copies a byte at a time from rsi to rdi
+    // until rsi reaches END, then falls through; a fault in either access
+    // goes to FIXUP with rsi/rdi at the faulting byte. The byte loop of
+    // every routine (an exact count after a vector block faulted, and the
+    // heads and tails).
+    ".macro fk_mc_bytes end:req, fixup:req",
+    "773:",
+    "    cmp rsi, \\end",
+    "    jae 774f",
+    "    fk_may_fault \\fixup, mov al, byte ptr [rsi]",
+    "    fk_may_fault \\fixup, mov byte ptr [rdi], al",
+    "    inc rsi",
+    "    inc rdi",
+    "    jmp 773b",
+    "774:",
+    ".endm",
     ".pushsection .text.foliokit_mc,\"ax\",@progbits",
     // ---- rep movsb --------------------------------------------------------
     ".p2align 4",
@@ -107,14 +123,7 @@ global_asm!(
     "foliokit_mc_avx2_loop_end:",
     "    vzeroupper",
     "foliokit_mc_avx2_bytes:",
-    "    cmp rsi, r9",
-    "    jae 3f",
-    "    fk_may_fault foliokit_mc_avx2_fail, mov al, byte ptr [rsi]",
-    "    fk_may_fault foliokit_mc_avx2_fail, mov byte ptr [rdi], al",
-    "    inc rsi",
-    "    inc rdi",
-    "    jmp foliokit_mc_avx2_bytes",
-    "3:",
+    "    fk_mc_bytes r9, foliokit_mc_avx2_fail",
     "    xor eax, eax",
     "    ret",
     "foliokit_mc_avx2_fail:",
@@ -136,15 +145,7 @@ global_asm!(
     "    cmp r10, rdx",
     "    cmova r10, rdx",
     "    lea r11, [rsi + r10]",
-    "foliokit_mc_nt_head:",
-    "    cmp rsi, r11",
-    "    jae foliokit_mc_nt_body",
-    "    fk_may_fault foliokit_mc_nt_fail, mov al, byte ptr [rsi]",
-    "    fk_may_fault foliokit_mc_nt_fail, mov byte ptr [rdi], al",
-    "    inc rsi",
-    "    inc rdi",
-    "    jmp foliokit_mc_nt_head",
-    "foliokit_mc_nt_body:",
+    "    fk_mc_bytes r11, foliokit_mc_nt_fail",
     "    mov rcx, r9",
     "    sub rcx, rsi",
     "    shr rcx, 6",
@@ -164,14 +165,7 @@ global_asm!(
     "    jnz foliokit_mc_nt_loop",
     "foliokit_mc_nt_loop_end:",
     "foliokit_mc_nt_bytes:",
-    "    cmp rsi, r9",
-    "    jae 3f",
-    "    fk_may_fault foliokit_mc_nt_fail, mov al, byte ptr [rsi]",
-    "    fk_may_fault foliokit_mc_nt_fail, mov byte ptr [rdi], al",
-    "    inc rsi",
-    "    inc rdi",
-    "    jmp foliokit_mc_nt_bytes",
-    "3:",
+    "    fk_mc_bytes r9, foliokit_mc_nt_fail",
     // Streaming stores must be drained on every exit, the failing one too.
     "    sfence",
     "    xor eax, eax",
@@ -189,7 +183,9 @@ global_asm!(
     ".hidden foliokit_mc_extable_end",
     "foliokit_mc_extable_end:",
     ".popsection",
-    // The macro is this block's own: other module-level asm never sees it.
+    // The macros are this block's own: other module-level asm never sees
+    // them.
+    ".purgem fk_mc_bytes",
     ".purgem fk_may_fault",
 );
 
@@ -290,18 +286,24 @@ mod tests {
     #[test]
     fn mc_memory_accesses_all_go_through_the_table_macro() {
         let lines = asm_lines();
-        let uses = lines
+        let count =
+            |lines: &[&str], prefix: &str| lines.iter().filter(|l| l.starts_with(prefix)).count();
+        // The byte-loop macro's body, and the entries each use of it adds.
+        let open = lines
             .iter()
-            .filter(|l| l.starts_with("fk_may_fault "))
-            .count();
+            .position(|l| l.starts_with(".macro fk_mc_bytes"));
+        let open = open.expect("the byte-loop macro");
+        let close = open + lines[open..].iter().position(|l| *l == ".endm").unwrap();
+        let per_byte_loop = count(&lines[open..close], "fk_may_fault ");
+        let uses = count(&lines, "fk_may_fault ") - per_byte_loop
+            + per_byte_loop * count(&lines, "fk_mc_bytes ");
         // Every instruction that touches memory (a `[...]` operand other
         // than `lea`'s arithmetic, or a string instruction) is wrapped.
         for l in &lines {
             let op = l.split_whitespace().next().unwrap_or("");
             let string_op = ["rep", "repe", "repne", "movsb", "movsw", "movsq", "stosb"];
             let touches = (l.contains('[') && op != "lea") || string_op.contains(&op);
-            let is_macro_body = l.starts_with('\\') || l.starts_with(".macro");
-            if touches && !is_macro_body {
+            if touches {
                 assert!(l.starts_with("fk_may_fault "), "not in the table: {l}");
             }
         }
