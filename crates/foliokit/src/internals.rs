@@ -6,7 +6,7 @@
 //! documented modules.
 
 #[cfg(target_arch = "x86_64")]
-pub use crate::arch::x86_64::{clear as x86_clear, copy as x86_copy};
+pub use crate::arch::x86_64::{clear as x86_clear, copy as x86_copy, split_blocks};
 pub use crate::arch::{sfence, CAN_FLUSH};
 
 /// The THP sysfs directory (`mem::system` reads it; the lab's mTHP guard

@@ -7,7 +7,7 @@
 
 use core::arch::asm;
 
-use foliokit::internals::x86_clear as clear;
+use foliokit::internals::{split_blocks, x86_clear as clear};
 
 /// The non-zero byte the write probe stores (some CPUs stream zeros faster).
 pub const PATTERN: u8 = 0x5A;
@@ -19,39 +19,43 @@ pub const PATTERN: u8 = 0x5A;
 /// The range must be mapped and readable. (`ptr` is `*mut` only to share
 /// the clear primitives' signature.)
 pub unsafe fn read_probe(ptr: *mut u8, len: usize) {
-    let head = ((ptr as usize).wrapping_neg() & 15).min(len);
-    let blocks = (len - head) / 64;
-    if blocks > 0 {
-        // SAFETY: ptr+head is 16-byte aligned as movdqa requires; the loop
-        // reads blocks*64 <= len-head bytes inside the range.
-        // Contract: in rsi=ptr+head, rcx=blocks (>0, consumed);
-        //           clobbers xmm0-xmm3, flags; reads memory only.
-        unsafe {
-            asm!(
-                "2:",
-                "movdqa xmm0, xmmword ptr [rsi]",
-                "movdqa xmm1, xmmword ptr [rsi + 16]",
-                "movdqa xmm2, xmmword ptr [rsi + 32]",
-                "movdqa xmm3, xmmword ptr [rsi + 48]",
-                "add rsi, 64",
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") blocks => _,
-                inout("rsi") ptr.add(head) => _,
-                out("xmm0") _,
-                out("xmm1") _,
-                out("xmm2") _,
-                out("xmm3") _,
-                options(nostack, readonly),
-            );
-        }
-    }
-    // Head and tail bytes (none for page-sized buffers) are read too.
-    let done = head + blocks * 64;
-    for off in (0..head).chain(done..len) {
-        // SAFETY: off < len, inside the readable range.
-        unsafe { core::ptr::read_volatile(ptr.add(off)) };
-    }
+    split_blocks::<16, 64>(
+        ptr as usize,
+        len,
+        // Head and tail bytes (none for page-sized buffers) are read too.
+        |off, n| {
+            for off in off..off + n {
+                // SAFETY: split_blocks keeps off < len, inside the readable
+                // range.
+                unsafe { core::ptr::read_volatile(ptr.add(off)) };
+            }
+        },
+        |off, blocks| {
+            // SAFETY: split_blocks hands ptr+off 16-byte aligned, as movdqa
+            // requires, with blocks*64 <= len-off bytes inside the range.
+            // Contract: in rsi=ptr+off, rcx=blocks (>0, consumed);
+            //           clobbers xmm0-xmm3, flags; reads memory only.
+            unsafe {
+                asm!(
+                    "2:",
+                    "movdqa xmm0, xmmword ptr [rsi]",
+                    "movdqa xmm1, xmmword ptr [rsi + 16]",
+                    "movdqa xmm2, xmmword ptr [rsi + 32]",
+                    "movdqa xmm3, xmmword ptr [rsi + 48]",
+                    "add rsi, 64",
+                    "dec rcx",
+                    "jnz 2b",
+                    inout("rcx") blocks => _,
+                    inout("rsi") ptr.add(off) => _,
+                    out("xmm0") _,
+                    out("xmm1") _,
+                    out("xmm2") _,
+                    out("xmm3") _,
+                    options(nostack, readonly),
+                );
+            }
+        },
+    );
 }
 
 /// Streams [`PATTERN`] over `[dst, dst + len)` with `movntdq`, then `sfence`:

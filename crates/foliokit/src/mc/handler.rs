@@ -2,7 +2,8 @@
 //! into a return of "bytes not copied", and passes every other fault on.
 //!
 //! This is the user-space twin of the kernel's exception table: the handler
-//! looks the faulting PC up in [`super::arch::fixups`] and, on a hit,
+//! looks the faulting PC up in the table the assembler gathered beside the
+//! routines ([`super::arch::fixup_for`]) and, on a hit,
 //! rewrites the PC in the saved context to the fixup, so the interrupted
 //! routine returns normally. No stack is unwound and no setjmp/longjmp
 //! crosses Rust frames. A fault anywhere else goes to the handler installed
@@ -12,7 +13,7 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use super::arch::{fixups, Fixup};
+use super::arch::fixup_for;
 use super::HandlerState;
 
 /// The disposition SIGBUS had before foliokit's handler.
@@ -25,10 +26,10 @@ unsafe impl Sync for Previous {}
 // SAFETY: as above.
 unsafe impl Send for Previous {}
 
-// Both are published before the handler is installed, so the handler always
-// finds them; it reads them with a lock-free `OnceLock::get`.
+// Published before the handler is installed, so the handler always finds
+// it; it reads it with a lock-free `OnceLock::get`. (The fault table needs
+// no publishing: the linker wrote it, read-only, before any code ran.)
 static PREVIOUS: OnceLock<Previous> = OnceLock::new();
-static TABLE: OnceLock<[Fixup; 6]> = OnceLock::new();
 static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
 
 thread_local! {
@@ -53,7 +54,6 @@ fn do_install() -> Result<(), i32> {
             return Err(*libc::__errno_location());
         }
         PREVIOUS.get_or_init(|| Previous(previous));
-        TABLE.get_or_init(fixups);
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
@@ -105,12 +105,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let uc = ctx.cast::<libc::ucontext_t>();
         let pc_slot = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
         let pc = *pc_slot as usize;
-        if let Some(table) = TABLE.get() {
-            if let Some(f) = table.iter().find(|f| (f.start..f.end).contains(&pc)) {
-                LAST_FAULT.with(|c| c.set(((*info).si_code, (*info).si_addr() as usize)));
-                *pc_slot = f.fixup as i64;
-                return;
-            }
+        if let Some(fixup) = fixup_for(pc) {
+            LAST_FAULT.with(|c| c.set(((*info).si_code, (*info).si_addr() as usize)));
+            *pc_slot = fixup as i64;
+            return;
         }
         chain(sig, info, ctx);
     }

@@ -268,13 +268,7 @@ pub fn copy_mc(
     src: &[u8],
     strategy: CopyStrategy,
 ) -> Result<CopyStrategy, McError> {
-    if dst.len() != src.len() {
-        return Err(BatchError::LengthMismatch {
-            dst: dst.len(),
-            src: src.len(),
-        }
-        .into());
-    }
+    batch::check_same_len(dst, src)?;
     // SAFETY: the slices are valid for their equal lengths and disjoint,
     // and this call holds the only references to them.
     unsafe { copy_mc_raw(dst.as_mut_ptr(), src.as_ptr(), dst.len(), strategy) }

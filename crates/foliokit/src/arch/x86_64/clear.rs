@@ -6,14 +6,39 @@
 
 use core::arch::asm;
 
-/// Zeroes `len` bytes with 8-byte then 1-byte register stores.
-///
-/// # Safety
-/// `dst` must be valid for writes of `len` bytes.
-#[inline]
-pub unsafe fn clear_tail(dst: *mut u8, len: usize) {
-    // SAFETY: forwarded contract.
-    unsafe { fill_tail(dst, len, 0) }
+use super::split_blocks;
+
+/// Each `clear_x(dst, len)` is `fill_x(dst, len, 0)`.
+macro_rules! zero_fill {
+    ($($(#[$doc:meta])* $clear:ident = $fill:ident;)+) => {
+        $(
+            $(#[$doc])*
+            pub unsafe fn $clear(dst: *mut u8, len: usize) {
+                // SAFETY: forwarded contract.
+                unsafe { $fill(dst, len, 0) }
+            }
+        )+
+    };
+}
+
+zero_fill! {
+    /// `rep stosb` over the whole extent.
+    ///
+    /// # Safety
+    /// As [`fill_tail`].
+    clear_stosb = fill_stosb;
+    /// `rep stosq` over the 8-byte body, `rep stosb` for the tail.
+    ///
+    /// # Safety
+    /// As [`fill_tail`].
+    clear_stosq = fill_stosq;
+    /// [`clear_nt`] without the closing `sfence`: the caller drains, once for
+    /// many calls.
+    ///
+    /// # Safety
+    /// As [`fill_tail`]; and the stores are ordered with later ones only once
+    /// this thread executes `sfence`.
+    clear_nt_nodrain = fill_nt_nodrain;
 }
 
 /// Fills `len` bytes with `byte`, 8-byte then 1-byte register stores.
@@ -27,25 +52,9 @@ pub unsafe fn fill_tail(dst: *mut u8, len: usize, byte: u8) {
     // Contract: in rdi=dst, rcx=len (consumed), rax=8 copies of byte;
     //           clobbers flags.
     unsafe {
-        asm!(
-            "mov {q}, rcx",
-            "shr {q}, 3",
-            "jz 3f",
-            "2:",
-            "mov qword ptr [rdi], rax",
-            "add rdi, 8",
-            "dec {q}",
-            "jnz 2b",
-            "3:",
-            "and rcx, 7",
-            "jz 5f",
-            "4:",
-            "mov byte ptr [rdi], al",
-            "inc rdi",
-            "dec rcx",
-            "jnz 4b",
-            "5:",
-            q = out(reg) _,
+        words_then_bytes!(
+            ["mov qword ptr [rdi], rax", "add rdi, 8"],
+            ["mov byte ptr [rdi], al", "inc rdi"],
             inout("rcx") len => _,
             inout("rdi") dst => _,
             in("rax") u64::from_ne_bytes([byte; 8]),
@@ -54,19 +63,10 @@ pub unsafe fn fill_tail(dst: *mut u8, len: usize, byte: u8) {
     }
 }
 
-/// `rep stosb` over the whole extent.
-///
-/// # Safety
-/// As [`clear_tail`].
-pub unsafe fn clear_stosb(dst: *mut u8, len: usize) {
-    // SAFETY: forwarded contract.
-    unsafe { fill_stosb(dst, len, 0) }
-}
-
 /// `rep stosb` of `byte` over the whole extent.
 ///
 /// # Safety
-/// As [`clear_tail`].
+/// As [`fill_tail`].
 pub unsafe fn fill_stosb(dst: *mut u8, len: usize, byte: u8) {
     // SAFETY: caller guarantees [dst, dst+len) is writable.
     // Contract: in rdi=dst, rcx=len, al=byte; flags preserved.
@@ -81,57 +81,59 @@ pub unsafe fn fill_stosb(dst: *mut u8, len: usize, byte: u8) {
     }
 }
 
-/// `rep stosq` over the 8-byte body, `rep stosb` for the tail.
-///
-/// # Safety
-/// As [`clear_tail`].
-pub unsafe fn clear_stosq(dst: *mut u8, len: usize) {
-    // SAFETY: forwarded contract.
-    unsafe { fill_stosq(dst, len, 0) }
-}
-
 /// `rep stosq` of `byte` over the 8-byte body, `rep stosb` for the tail.
 ///
 /// # Safety
-/// As [`clear_tail`].
+/// As [`fill_tail`].
 pub unsafe fn fill_stosq(dst: *mut u8, len: usize, byte: u8) {
     // SAFETY: caller guarantees [dst, dst+len) is writable; the two string
     // ops store exactly `len` bytes.
     // Contract: in rdi=dst, rcx=len/8 then len%8, rax=8 copies of byte;
     //           flags preserved.
     unsafe {
-        asm!(
-            "rep stosq",
-            "mov rcx, {tail}",
-            "rep stosb",
-            tail = in(reg) len & 7,
-            inout("rcx") len >> 3 => _,
+        rep_quads_then_bytes!(
+            "stos",
+            len,
             inout("rdi") dst => _,
             in("rax") u64::from_ne_bytes([byte; 8]),
-            options(nostack, preserves_flags),
-        );
+        )
     }
+}
+
+/// The structure of every block fill: [`split_blocks`] with the head and
+/// tail stored by [`fill_tail`], the `BLOCK`-byte blocks by `body(dst',
+/// blocks)`.
+///
+/// # Safety
+/// As [`fill_tail`]. `body` is called (at most once) with `dst'`
+/// `ALIGN`-aligned, `blocks > 0`, and `blocks * BLOCK` bytes at `dst'`
+/// inside the range.
+#[inline(always)]
+unsafe fn fill_blocks<const ALIGN: usize, const BLOCK: usize>(
+    dst: *mut u8,
+    len: usize,
+    byte: u8,
+    body: impl FnOnce(*mut u8, usize),
+) {
+    split_blocks::<ALIGN, BLOCK>(
+        dst as usize,
+        len,
+        // SAFETY: split_blocks keeps [off, off + n) inside [0, len), which
+        // is writable (caller's contract).
+        |off, n| unsafe { fill_tail(dst.add(off), n, byte) },
+        // SAFETY: as above, for the blocks' offset.
+        |off, blocks| body(unsafe { dst.add(off) }, blocks),
+    );
 }
 
 /// Streaming zero-fill: `movntdq` of whole 64-byte lines, then `sfence`.
 ///
 /// # Safety
-/// As [`clear_tail`].
+/// As [`fill_tail`].
 pub unsafe fn clear_nt(dst: *mut u8, len: usize) {
     // SAFETY: forwarded contract.
     unsafe { clear_nt_nodrain(dst, len) };
     super::sfence();
-}
-
-/// [`clear_nt`] without the closing `sfence`: the caller drains, once for
-/// many calls.
-///
-/// # Safety
-/// As [`clear_tail`]; and the stores are ordered with later ones only once
-/// this thread executes `sfence`.
-pub unsafe fn clear_nt_nodrain(dst: *mut u8, len: usize) {
-    // SAFETY: forwarded contract.
-    unsafe { fill_nt_nodrain(dst, len, 0) }
 }
 
 /// Streams `byte` over the range: `movntdq` of whole 64-byte lines, register
@@ -140,15 +142,11 @@ pub unsafe fn clear_nt_nodrain(dst: *mut u8, len: usize) {
 /// # Safety
 /// As [`clear_nt_nodrain`].
 pub unsafe fn fill_nt_nodrain(dst: *mut u8, len: usize, byte: u8) {
-    let head = ((dst as usize).wrapping_neg() & 15).min(len);
-    // SAFETY: `head <= len`, inside the range.
-    unsafe { fill_tail(dst, head, byte) };
-    let blocks = (len - head) / 64;
-    if blocks > 0 {
-        // SAFETY: dst+head is 16-byte aligned as movntdq requires; the loop
-        // stores blocks*64 <= len-head bytes inside the range.
-        // Contract: in rdi=dst+head, rcx=blocks (>0, consumed), rax=8
-        //           copies of byte; clobbers xmm0, flags.
+    let body = |dst: *mut u8, blocks: usize| {
+        // SAFETY: fill_blocks hands dst 16-byte aligned, as movntdq
+        // requires, and blocks*64 writable bytes there.
+        // Contract: in rdi=dst, rcx=blocks (>0, consumed), rax=8 copies of
+        //           byte; clobbers xmm0, flags.
         unsafe {
             asm!(
                 "movq xmm0, rax",
@@ -162,16 +160,15 @@ pub unsafe fn fill_nt_nodrain(dst: *mut u8, len: usize, byte: u8) {
                 "dec rcx",
                 "jnz 2b",
                 inout("rcx") blocks => _,
-                inout("rdi") dst.add(head) => _,
+                inout("rdi") dst => _,
                 in("rax") u64::from_ne_bytes([byte; 8]),
                 out("xmm0") _,
                 options(nostack),
             );
         }
-    }
-    let done = head + blocks * 64;
-    // SAFETY: `done <= len`.
-    unsafe { fill_tail(dst.add(done), len - done, byte) };
+    };
+    // SAFETY: forwarded contract.
+    unsafe { fill_blocks::<16, 64>(dst, len, byte, body) }
 }
 
 /// AMD `clzero`: zeroes one aligned 64-byte line per instruction without
@@ -179,7 +176,7 @@ pub unsafe fn fill_nt_nodrain(dst: *mut u8, len: usize, byte: u8) {
 /// `clzero` stores are weakly ordered.
 ///
 /// # Safety
-/// As [`clear_tail`], and the CPU must support CLZERO.
+/// As [`fill_tail`], and the CPU must support CLZERO.
 pub unsafe fn clear_clzero(dst: *mut u8, len: usize) {
     // SAFETY: forwarded contract.
     unsafe { clear_clzero_nodrain(dst, len) };
@@ -193,30 +190,13 @@ pub unsafe fn clear_clzero(dst: *mut u8, len: usize) {
 /// As [`clear_clzero`]; and the stores are ordered with later ones only
 /// once this thread executes `sfence`.
 pub unsafe fn clear_clzero_nodrain(dst: *mut u8, len: usize) {
-    let head = ((dst as usize).wrapping_neg() & 63).min(len);
-    // SAFETY: `head <= len`.
-    unsafe { clear_tail(dst, head) };
-    let lines = (len - head) / 64;
-    if lines > 0 {
-        // SAFETY: dst+head is line-aligned, so each clzero zeroes exactly the
-        // line at rax, all inside the range; CLZERO support is the caller's
-        // precondition. Encoded as bytes (0f 01 fc) for older assemblers.
-        // Contract: in rax=dst+head (line-aligned), rcx=lines (>0, consumed);
-        //           clobbers flags.
-        unsafe {
-            asm!(
-                "2:",
-                ".byte 0x0f, 0x01, 0xfc",
-                "add rax, 64",
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") lines => _,
-                inout("rax") dst.add(head) => _,
-                options(nostack),
-            );
-        }
-    }
-    let done = head + lines * 64;
-    // SAFETY: `done <= len`.
-    unsafe { clear_tail(dst.add(done), len - done) };
+    let body = |dst: *mut u8, lines: usize| {
+        // SAFETY: fill_blocks hands dst line-aligned, so each clzero zeroes
+        // exactly the line at rax, all inside the range; CLZERO support is
+        // the caller's precondition. Encoded as bytes (0f 01 fc) for older
+        // assemblers.
+        unsafe { per_line!(".byte 0x0f, 0x01, 0xfc", dst, lines) }
+    };
+    // SAFETY: forwarded contract.
+    unsafe { fill_blocks::<64, 64>(dst, len, 0, body) }
 }

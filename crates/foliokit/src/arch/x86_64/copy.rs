@@ -7,6 +7,8 @@
 
 use core::arch::asm;
 
+use super::split_blocks;
+
 /// Copies `len` bytes with 8-byte then 1-byte register moves.
 ///
 /// The tail helper shared by every bulk primitive below (and the whole of a
@@ -18,34 +20,24 @@ use core::arch::asm;
 #[inline]
 pub unsafe fn copy_tail(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: the caller guarantees both ranges are valid and disjoint; the
-    // loops below touch exactly [src, src+len) and [dst, dst+len).
+    // loops touch exactly [src, src+len) and [dst, dst+len).
     //
     // Contract: in  rdi=dst, rsi=src, rcx=len (all consumed)
     //           clobbers r8, flags; memory is written.
     unsafe {
-        asm!(
-            "mov {q}, rcx",
-            "shr {q}, 3",
-            "jz 3f",
-            "2:",
-            "mov r8, qword ptr [rsi]",
-            "mov qword ptr [rdi], r8",
-            "add rsi, 8",
-            "add rdi, 8",
-            "dec {q}",
-            "jnz 2b",
-            "3:",
-            "and rcx, 7",
-            "jz 5f",
-            "4:",
-            "mov r8b, byte ptr [rsi]",
-            "mov byte ptr [rdi], r8b",
-            "inc rsi",
-            "inc rdi",
-            "dec rcx",
-            "jnz 4b",
-            "5:",
-            q = out(reg) _,
+        words_then_bytes!(
+            [
+                "mov r8, qword ptr [rsi]",
+                "mov qword ptr [rdi], r8",
+                "add rsi, 8",
+                "add rdi, 8",
+            ],
+            [
+                "mov r8b, byte ptr [rsi]",
+                "mov byte ptr [rdi], r8b",
+                "inc rsi",
+                "inc rdi",
+            ],
             inout("rcx") len => _,
             inout("rdi") dst => _,
             inout("rsi") src => _,
@@ -82,132 +74,137 @@ pub unsafe fn copy_movsq(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: caller guarantees valid, disjoint ranges of `len` bytes; the
     // two string ops together move exactly `len` bytes.
     // Contract: in rdi=dst, rsi=src, rcx=len/8 then len%8; flags preserved.
-    unsafe {
-        asm!(
-            "rep movsq",
-            "mov rcx, {tail}",
-            "rep movsb",
-            tail = in(reg) len & 7,
-            inout("rcx") len >> 3 => _,
-            inout("rdi") dst => _,
-            inout("rsi") src => _,
-            options(nostack, preserves_flags),
-        );
-    }
+    unsafe { rep_quads_then_bytes!("movs", len, inout("rdi") dst => _, inout("rsi") src => _,) }
 }
 
-/// Unrolled 64-bit register moves, 64 bytes per iteration: the kernel's
-/// `memcpy_orig`, which a CPU without FSRM/ERMS gets for `memcpy`.
-///
-/// # Safety
-/// As [`copy_tail`].
-pub unsafe fn copy_unrolled(dst: *mut u8, src: *const u8, len: usize) {
-    let blocks = len / 64;
-    if blocks > 0 {
-        // SAFETY: caller guarantees valid, disjoint ranges; the loop moves
-        // exactly blocks*64 <= len bytes from the start of each range.
-        // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
-        //           clobbers r8-r11, flags.
-        unsafe {
-            asm!(
-                "2:",
-                "mov r8,  qword ptr [rsi]",
-                "mov r9,  qword ptr [rsi + 8]",
-                "mov r10, qword ptr [rsi + 16]",
-                "mov r11, qword ptr [rsi + 24]",
-                "mov qword ptr [rdi],      r8",
-                "mov qword ptr [rdi + 8],  r9",
-                "mov qword ptr [rdi + 16], r10",
-                "mov qword ptr [rdi + 24], r11",
-                "mov r8,  qword ptr [rsi + 32]",
-                "mov r9,  qword ptr [rsi + 40]",
-                "mov r10, qword ptr [rsi + 48]",
-                "mov r11, qword ptr [rsi + 56]",
-                "mov qword ptr [rdi + 32], r8",
-                "mov qword ptr [rdi + 40], r9",
-                "mov qword ptr [rdi + 48], r10",
-                "mov qword ptr [rdi + 56], r11",
-                "lea rsi, [rsi + 64]",
-                "lea rdi, [rdi + 64]",
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") blocks => _,
-                inout("rdi") dst => _,
-                inout("rsi") src => _,
-                out("r8") _, out("r9") _, out("r10") _, out("r11") _,
-                options(nostack),
-            );
-        }
-    }
-    let done = blocks * 64;
-    // SAFETY: `done <= len`, so the remainder lies inside both ranges.
-    unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
-}
-
-/// A vector copy loop: four unaligned loads then four stores of one
-/// register width per iteration, `vzeroupper` after the loop (no SSE
-/// penalties for the caller), the remainder by [`copy_tail`]. The AVX2 and
-/// AVX-512 copies differ only in the width, the move and the registers.
-macro_rules! vector_copy {
-    ($(#[$doc:meta])* $name:ident, $feature:literal, $width:literal, $mov:literal, $word:literal,
-     [$r0:tt, $r1:tt, $r2:tt, $r3:tt]) => {
-        $(#[$doc])*
-        #[target_feature(enable = $feature)]
+/// Defines a block copy: [`split_blocks`] with the head and tail moved by
+/// [`copy_tail`] and the whole `$block`-byte blocks by `$body`, an `asm!`
+/// over `$dst`/`$src` (the blocks' start, the destination
+/// `$align`-aligned) and `$blocks` (> 0). Only the loop differs between
+/// the block copies; this is their one copy of everything else.
+macro_rules! block_copy {
+    ($(#[$attr:meta])* $name:ident, align $align:literal, block $block:literal,
+     |$dst:ident, $src:ident, $blocks:ident| $body:expr) => {
+        $(#[$attr])*
         pub unsafe fn $name(dst: *mut u8, src: *const u8, len: usize) {
-            let step = 4 * $width;
-            let blocks = len / step;
-            if blocks > 0 {
-                // SAFETY: the feature is enabled for this function (the
-                // caller checked the CPU); the loop moves blocks*step <=
-                // len bytes from the start of both valid, disjoint ranges.
-                // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
-                //           clobbers the four vector registers, flags.
-                unsafe {
-                    asm!(
-                        "2:",
-                        concat!($mov, " ", $r0, ", ", $word, " ptr [rsi]"),
-                        concat!($mov, " ", $r1, ", ", $word, " ptr [rsi + ", $width, "]"),
-                        concat!($mov, " ", $r2, ", ", $word, " ptr [rsi + 2*", $width, "]"),
-                        concat!($mov, " ", $r3, ", ", $word, " ptr [rsi + 3*", $width, "]"),
-                        concat!($mov, " ", $word, " ptr [rdi], ", $r0),
-                        concat!($mov, " ", $word, " ptr [rdi + ", $width, "], ", $r1),
-                        concat!($mov, " ", $word, " ptr [rdi + 2*", $width, "], ", $r2),
-                        concat!($mov, " ", $word, " ptr [rdi + 3*", $width, "], ", $r3),
-                        concat!("add rsi, 4*", $width),
-                        concat!("add rdi, 4*", $width),
-                        "dec rcx",
-                        "jnz 2b",
-                        "vzeroupper",
-                        inout("rcx") blocks => _,
-                        inout("rdi") dst => _,
-                        inout("rsi") src => _,
-                        out($r0) _, out($r1) _, out($r2) _, out($r3) _,
-                        options(nostack),
-                    );
-                }
-            }
-            let done = blocks * step;
-            // SAFETY: `done <= len`, so the remainder lies inside both ranges.
-            unsafe { copy_tail(dst.add(done), src.add(done), len - done) }
+            split_blocks::<$align, $block>(
+                dst as usize,
+                len,
+                // SAFETY: split_blocks keeps [off, off + n) inside [0, len),
+                // valid in both disjoint ranges (the caller's contract).
+                |off, n| unsafe { copy_tail(dst.add(off), src.add(off), n) },
+                |off, $blocks| {
+                    // SAFETY: split_blocks keeps the blocks inside both
+                    // ranges, the destination `$align`-aligned; a CPU
+                    // feature the loop needs is this function's contract.
+                    unsafe {
+                        let ($dst, $src) = (dst.add(off), src.add(off));
+                        $body
+                    }
+                },
+            );
         }
     };
 }
 
-vector_copy!(
+block_copy!(
+    /// Unrolled 64-bit register moves, 64 bytes per iteration: the kernel's
+    /// `memcpy_orig`, which a CPU without FSRM/ERMS gets for `memcpy`.
+    ///
+    /// # Safety
+    /// As [`copy_tail`].
+    copy_unrolled, align 1, block 64, |dst, src, blocks| {
+        // Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed);
+        //           clobbers r8-r11, flags.
+        asm!(
+            "2:",
+            "mov r8,  qword ptr [rsi]",
+            "mov r9,  qword ptr [rsi + 8]",
+            "mov r10, qword ptr [rsi + 16]",
+            "mov r11, qword ptr [rsi + 24]",
+            "mov qword ptr [rdi],      r8",
+            "mov qword ptr [rdi + 8],  r9",
+            "mov qword ptr [rdi + 16], r10",
+            "mov qword ptr [rdi + 24], r11",
+            "mov r8,  qword ptr [rsi + 32]",
+            "mov r9,  qword ptr [rsi + 40]",
+            "mov r10, qword ptr [rsi + 48]",
+            "mov r11, qword ptr [rsi + 56]",
+            "mov qword ptr [rdi + 32], r8",
+            "mov qword ptr [rdi + 40], r9",
+            "mov qword ptr [rdi + 48], r10",
+            "mov qword ptr [rdi + 56], r11",
+            "lea rsi, [rsi + 64]",
+            "lea rdi, [rdi + 64]",
+            "dec rcx",
+            "jnz 2b",
+            inout("rcx") blocks => _,
+            inout("rdi") dst => _,
+            inout("rsi") src => _,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _,
+            options(nostack),
+        )
+    }
+);
+
+/// The four-by-four vector loop of the AVX2, AVX-512 and streaming
+/// copies, as one `asm!`: per iteration four `$load`s of `$width`-byte
+/// `$word`s into the four registers, then four `$store`s, both pointers
+/// advanced by `4 * $width`; then the `$after` instructions once.
+/// Contract: in rdi=dst, rsi=src, rcx=blocks (>0, consumed); clobbers the
+/// four registers, flags.
+macro_rules! four_by_four {
+    ($load:literal, $store:literal, $width:literal, $word:literal, [$r0:tt, $r1:tt, $r2:tt, $r3:tt],
+     [$($after:literal),*], $dst:expr, $src:expr, $blocks:expr) => {
+        asm!(
+            "2:",
+            concat!($load, " ", $r0, ", ", $word, " ptr [rsi]"),
+            concat!($load, " ", $r1, ", ", $word, " ptr [rsi + ", $width, "]"),
+            concat!($load, " ", $r2, ", ", $word, " ptr [rsi + 2*", $width, "]"),
+            concat!($load, " ", $r3, ", ", $word, " ptr [rsi + 3*", $width, "]"),
+            concat!($store, " ", $word, " ptr [rdi], ", $r0),
+            concat!($store, " ", $word, " ptr [rdi + ", $width, "], ", $r1),
+            concat!($store, " ", $word, " ptr [rdi + 2*", $width, "], ", $r2),
+            concat!($store, " ", $word, " ptr [rdi + 3*", $width, "], ", $r3),
+            concat!("add rsi, 4*", $width),
+            concat!("add rdi, 4*", $width),
+            "dec rcx",
+            "jnz 2b",
+            $($after,)*
+            inout("rcx") $blocks => _,
+            inout("rdi") $dst => _,
+            inout("rsi") $src => _,
+            out($r0) _, out($r1) _, out($r2) _, out($r3) _,
+            options(nostack),
+        )
+    };
+}
+
+// The vector copies: unaligned moves of one register width, `vzeroupper`
+// after the loop (no SSE penalties for the caller).
+block_copy!(
     /// AVX2: four unaligned 32-byte loads and stores per 128-byte iteration.
     ///
     /// # Safety
     /// As [`copy_tail`], and the CPU must support AVX2.
-    copy_avx2, "avx2", 32, "vmovdqu", "ymmword", ["ymm0", "ymm1", "ymm2", "ymm3"]
+    #[target_feature(enable = "avx2")]
+    copy_avx2, align 1, block 128, |dst, src, blocks| four_by_four!(
+        "vmovdqu", "vmovdqu", 32, "ymmword", ["ymm0", "ymm1", "ymm2", "ymm3"], ["vzeroupper"],
+        dst, src, blocks
+    )
 );
 
-vector_copy!(
+block_copy!(
     /// AVX-512: four unaligned 64-byte loads and stores per 256-byte
     /// iteration.
     ///
     /// # Safety
     /// As [`copy_tail`], and the CPU must support AVX-512F.
-    copy_avx512, "avx512f", 64, "vmovdqu64", "zmmword", ["zmm0", "zmm1", "zmm2", "zmm3"]
+    #[target_feature(enable = "avx512f")]
+    copy_avx512, align 1, block 256, |dst, src, blocks| four_by_four!(
+        "vmovdqu64", "vmovdqu64", 64, "zmmword", ["zmm0", "zmm1", "zmm2", "zmm3"], ["vzeroupper"],
+        dst, src, blocks
+    )
 );
 
 /// Streaming copy: temporal loads, `movntdq` stores of whole 64-byte lines,
@@ -221,51 +218,20 @@ pub unsafe fn copy_nt(dst: *mut u8, src: *const u8, len: usize) {
     super::sfence();
 }
 
-/// [`copy_nt`] without the closing `sfence`: the caller drains, once for
-/// many calls (PMDK's NODRAIN + drain). The destination head up to 16-byte
-/// alignment and the sub-line tail use ordinary stores.
-///
-/// # Safety
-/// As [`copy_tail`]; and nothing may read the destination, nor may it be
-/// published to another thread, before this thread executes `sfence`.
-pub unsafe fn copy_nt_nodrain(dst: *mut u8, src: *const u8, len: usize) {
-    let head = (dst as usize).wrapping_neg() & 15;
-    let head = head.min(len);
-    // SAFETY: `head <= len`, inside both ranges.
-    unsafe { copy_tail(dst, src, head) };
-    let blocks = (len - head) / 64;
-    if blocks > 0 {
-        // SAFETY: dst+head is 16-byte aligned as movntdq requires; the loop
-        // moves blocks*64 <= len-head bytes inside both ranges.
-        // Contract: in rdi=dst+head (16-aligned), rsi=src+head, rcx=blocks
-        //           (>0, consumed); clobbers xmm0-3, flags.
-        unsafe {
-            asm!(
-                "2:",
-                "movdqu xmm0, xmmword ptr [rsi]",
-                "movdqu xmm1, xmmword ptr [rsi + 16]",
-                "movdqu xmm2, xmmword ptr [rsi + 32]",
-                "movdqu xmm3, xmmword ptr [rsi + 48]",
-                "movntdq xmmword ptr [rdi],      xmm0",
-                "movntdq xmmword ptr [rdi + 16], xmm1",
-                "movntdq xmmword ptr [rdi + 32], xmm2",
-                "movntdq xmmword ptr [rdi + 48], xmm3",
-                "add rsi, 64",
-                "add rdi, 64",
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") blocks => _,
-                inout("rdi") dst.add(head) => _,
-                inout("rsi") src.add(head) => _,
-                out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
-                options(nostack),
-            );
-        }
-    }
-    let done = head + blocks * 64;
-    // SAFETY: `done <= len`, so the remainder lies inside both ranges.
-    unsafe { copy_tail(dst.add(done), src.add(done), len - done) };
-}
+block_copy!(
+    /// [`copy_nt`] without the closing `sfence`: the caller drains, once for
+    /// many calls (PMDK's NODRAIN + drain). The destination head up to
+    /// 16-byte alignment (`movntdq` needs it) and the sub-line tail use
+    /// ordinary stores.
+    ///
+    /// # Safety
+    /// As [`copy_tail`]; and nothing may read the destination, nor may it be
+    /// published to another thread, before this thread executes `sfence`.
+    copy_nt_nodrain, align 16, block 64, |dst, src, blocks| four_by_four!(
+        "movdqu", "movntdq", 16, "xmmword", ["xmm0", "xmm1", "xmm2", "xmm3"], [],
+        dst, src, blocks
+    )
+);
 
 /// Streams `len` bytes (a multiple of 16, `dst` 16-byte aligned) with
 /// `movntdq`, no drain: the small-record fast path of template fills, where
