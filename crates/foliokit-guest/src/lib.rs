@@ -1,0 +1,403 @@
+//! The one guest-kernel launcher, shared by `foliokit lab --kernel` (and
+//! `bench migrate --kernel`) and `cargo xtask vm-test`.
+//!
+//! virtme-ng boots a kernel image with this machine's filesystem as the
+//! guest's root, read-only over 9p, so programs built here run there
+//! unchanged. The caller writes the shell commands the guest runs; the
+//! launcher puts them behind a start mark in the one host directory the
+//! guest may write, boots, hands back the console line by line, and knows
+//! whether the commands were reached: that is how a KVM boot that never
+//! gets there is told from a command that failed, and retried under
+//! emulation when the caller left the choice of accelerator to it.
+//!
+//! Nothing here knows foliokit: the crate sits beneath the CLI and xtask so
+//! that xtask boots guests without building the library.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Where `cargo xtask vm-setup` keeps what guests need (virtme-ng's venv,
+/// the kernels, apt's state), relative to a foliokit checkout.
+pub const CACHE: &str = "target/vm-cache";
+
+/// virtme-ng's launcher as `cargo xtask vm-setup` installs it in `cache`.
+pub fn cached_vng(cache: &Path) -> PathBuf {
+    cache.join("venv").join("bin").join("vng")
+}
+
+/// How the guest's CPU runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
+pub enum Accel {
+    /// KVM when /dev/kvm can be opened, emulation when a KVM boot fails.
+    #[default]
+    Auto,
+    /// Hardware virtualisation: timings are meaningful (with a VM's noise).
+    Kvm,
+    /// QEMU's software emulation (TCG): correctness only, timings are not.
+    Tcg,
+}
+
+impl Accel {
+    /// What `Auto` means on this machine: KVM when /dev/kvm opens for
+    /// reading and writing (what QEMU needs), emulation otherwise.
+    pub fn resolve(self) -> Accel {
+        match self {
+            Accel::Auto => {
+                let kvm = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open("/dev/kvm");
+                if kvm.is_ok() {
+                    Accel::Kvm
+                } else {
+                    Accel::Tcg
+                }
+            }
+            a => a,
+        }
+    }
+}
+
+/// Why a guest could not be run, as one line for the user.
+#[derive(Debug)]
+pub struct Error(String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<String> for Error {
+    fn from(s: String) -> Error {
+        Error(s)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(s: &str) -> Error {
+        Error(s.into())
+    }
+}
+
+/// `s` quoted for the guest's shell.
+pub fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// virtme-ng's launcher: `given`, else `vng` on PATH, else the one
+/// `cargo xtask vm-setup` installs under [`CACHE`] (relative to the current
+/// directory, which is a foliokit checkout when that is where it was run).
+pub fn find_vng(given: Option<&Path>) -> Result<PathBuf, Error> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("vng"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([cached_vng(Path::new(CACHE))])
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "virtme-ng (vng) not found: `pip install virtme-ng` and install qemu-system-x86, \
+             or run `cargo xtask vm-setup` in a foliokit checkout, or pass --vng PATH"
+                .into()
+        })
+}
+
+/// Bytes of one `--numa` node, SIZE[,cpus=LIST] ("1536M,cpus=0" is
+/// 1.5 GiB), with the suffixes QEMU's sizes take: B, K, M, G, T (powers
+/// of 1024).
+pub fn node_bytes(spec: &str) -> Result<usize, Error> {
+    let size = spec.split(',').next().unwrap_or("");
+    let digits = size
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(size.len());
+    let shift = match &size[digits..] {
+        "" | "b" | "B" => 0,
+        "k" | "K" => 10,
+        "m" | "M" => 20,
+        "g" | "G" => 30,
+        "t" | "T" => 40,
+        _ => {
+            return Err(
+                format!("--numa {spec}: '{size}' is not a size (examples: 512M, 2G)").into(),
+            )
+        }
+    };
+    size[..digits]
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("--numa {spec}: '{size}' is not a size (examples: 512M, 2G)").into())
+}
+
+/// A guest to boot.
+#[derive(Debug, Clone)]
+pub struct Guest {
+    /// virtme-ng's launcher. Its directory goes first on PATH, because vng
+    /// finds QEMU and busybox there and a venv keeps its helpers beside it.
+    pub vng: PathBuf,
+    /// A vmlinuz/bzImage, or a kernel build tree.
+    pub kernel: PathBuf,
+    /// One QEMU NUMA node each, SIZE[,cpus=LIST]; a node without CPUs is
+    /// memory-only. The guest's RAM is their sum, because QEMU refuses
+    /// nodes that do not add up to it.
+    pub numa: Vec<String>,
+    /// Guest CPUs (the nodes' `cpus=` lists name them from 0).
+    pub cpus: u32,
+    /// `Auto` tries KVM first and falls back to emulation (see [`Guest::run`]).
+    pub accel: Accel,
+    /// The one host directory the guest may write (created when missing).
+    /// The guest's script and its start mark live there during the run.
+    pub rwdir: PathBuf,
+    /// A guest still running after this long has hung and is killed.
+    pub limit: Option<Duration>,
+}
+
+/// What the caller does around a boot.
+pub trait Session {
+    /// The shell commands `guest` runs once it is up, for this
+    /// accelerator; `rwdir` is [`Guest::rwdir`] as an absolute path.
+    fn script(&mut self, guest: &Guest, accel: Accel, rwdir: &Path) -> String;
+    /// Called before each boot (a KVM boot that does not reach the script
+    /// is followed by an emulated one when the accelerator was `Auto`).
+    fn booting(&mut self, _guest: &Guest, _accel: Accel) {}
+    /// One line of the guest's console, the script's output among it. The
+    /// console pads lines and ends them with carriage returns: both are
+    /// gone; blank lines are kept (a table's layout may need them).
+    fn line(&mut self, line: &str) {
+        // A closed stdout (`| head`) must not stop the guest's run.
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
+    }
+    /// One non-blank line virtme-ng wrote to its stderr (why a boot failed).
+    fn vng(&mut self, line: &str) {
+        eprintln!("vng: {line}");
+    }
+}
+
+/// How a boot ended.
+#[derive(Debug)]
+pub struct Boot {
+    /// The accelerator of the last boot (never `Auto`).
+    pub accel: Accel,
+    /// vng's exit status: the script's, when it was reached.
+    pub status: ExitStatus,
+    /// Killed after [`Guest::limit`].
+    pub hung: bool,
+    /// The last boot's time from start to exit.
+    pub elapsed: Duration,
+}
+
+impl Guest {
+    /// The guest's RAM: its nodes' sizes added up.
+    pub fn memory(&self) -> Result<usize, Error> {
+        self.numa.iter().map(|n| node_bytes(n)).sum()
+    }
+
+    /// Boots the kernel and runs `s`'s script there. `Ok` once the script
+    /// was reached (or the guest hung), whatever it returned: the caller
+    /// reads [`Boot::status`]. A guest that never reached the script is an
+    /// error, after one more boot under emulation when the accelerator was
+    /// `Auto` and KVM was tried first.
+    pub fn run(&self, s: &mut impl Session) -> Result<Boot, Error> {
+        if !self.kernel.exists() {
+            return Err(format!("kernel image {} does not exist", self.kernel.display()).into());
+        }
+        let memory = self.memory()?;
+        std::fs::create_dir_all(&self.rwdir)
+            .map_err(|e| format!("cannot create {}: {e}", self.rwdir.display()))?;
+        let rwdir = self
+            .rwdir
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", self.rwdir.display()))?;
+        let mark = rwdir.join(".guest-started");
+        let script = rwdir.join(".guest-run.sh");
+        let mut accel = self.accel.resolve();
+        loop {
+            let _ = std::fs::remove_file(&mark);
+            let mut text = String::from("#!/bin/sh\n");
+            // Without the mark the host would boot again; a guest that
+            // cannot write it must not run the commands either.
+            text += &format!("touch {} || exit 97\n", quote(&mark.display().to_string()));
+            if accel == Accel::Tcg {
+                // Tests stretch their deadlines (never their figures) when
+                // they see this.
+                text += "export FOLIOKIT_EMULATED=1\n";
+            }
+            text += &s.script(self, accel, &rwdir);
+            std::fs::write(&script, text)
+                .and_then(|()| {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+                })
+                .map_err(|e| format!("{}: {e}", script.display()))?;
+            s.booting(self, accel);
+            let booted = self.boot(accel, memory, &rwdir, &script, s);
+            let reached = mark.exists();
+            let _ = std::fs::remove_file(&mark);
+            let _ = std::fs::remove_file(&script);
+            let (status, hung, elapsed) = booted?;
+            if reached || hung {
+                return Ok(Boot {
+                    accel,
+                    status,
+                    hung,
+                    elapsed,
+                });
+            }
+            if accel == Accel::Kvm && self.accel != Accel::Kvm {
+                println!("# the KVM boot did not reach the command; booting again under emulation");
+                accel = Accel::Tcg;
+                continue;
+            }
+            return Err("the guest did not reach the command (vng's output is above); a kernel needs 9p and virtio built in, or its modules under /lib/modules/<version>".into());
+        }
+    }
+
+    /// One boot: (vng's status, killed as hung, time taken).
+    fn boot(
+        &self,
+        accel: Accel,
+        memory: usize,
+        rwdir: &Path,
+        script: &Path,
+        s: &mut impl Session,
+    ) -> Result<(ExitStatus, bool, Duration), Error> {
+        let mut cmd = Command::new(&self.vng);
+        cmd.arg("--run").arg(&self.kernel);
+        if accel != Accel::Kvm {
+            cmd.arg("--disable-kvm");
+        }
+        cmd.args(["--force-9p", "-m"])
+            .arg(format!("{}M", memory.div_ceil(1 << 20)))
+            .arg("--cpus")
+            .arg(self.cpus.to_string())
+            .arg("--rwdir")
+            .arg(rwdir);
+        for n in &self.numa {
+            cmd.args(["--numa", n]);
+        }
+        let mut path = std::env::var_os("PATH").unwrap_or_default();
+        if let Some(dir) = self.vng.parent() {
+            let mut p = dir.as_os_str().to_owned();
+            p.push(":");
+            p.push(&path);
+            path = p;
+        }
+        cmd.arg("--exec")
+            .arg(script)
+            .env("PATH", path)
+            .stdout(Stdio::piped())
+            // Piped, not inherited: virtme-ng reopens /dev/stderr for
+            // writing, which truncates a log file that our stderr may be.
+            .stderr(Stdio::piped());
+        let start = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", self.vng.display()))?;
+        // Both streams come to this thread through one channel, so the
+        // session needs no locking and a silent hang is noticed by the
+        // wait for the next line running out.
+        let (tx, rx) = mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            forward(out, false, tx.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            forward(err, true, tx);
+        }
+        let deadline = self.limit.map(|l| start + l);
+        let mut hung = false;
+        loop {
+            let next = match deadline {
+                Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+                None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            };
+            match next {
+                Ok((from_vng, raw)) => {
+                    let text = String::from_utf8_lossy(&raw);
+                    if from_vng {
+                        let l = text.trim();
+                        if !l.is_empty() {
+                            s.vng(l);
+                        }
+                    } else {
+                        s.line(text.trim_start_matches('\r').trim_end());
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    // What the hung guest still holds open is not waited
+                    // for: the readers end with the pipes.
+                    hung = true;
+                    let _ = child.kill();
+                    break;
+                }
+                // Both pipes closed: vng's last words (why a boot failed)
+                // are in, and it has exited or is about to.
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let status = child.wait().map_err(|e| format!("vng: {e}"))?;
+        Ok((status, hung, start.elapsed()))
+    }
+}
+
+/// Sends each line of `r` down `tx`, tagged with where it came from. By
+/// bytes, not `lines()`: one byte of console noise that is not UTF-8 must
+/// not end the run's output.
+fn forward(r: impl Read + Send + 'static, from_vng: bool, tx: mpsc::Sender<(bool, Vec<u8>)>) {
+    std::thread::spawn(move || {
+        for l in BufReader::new(r).split(b'\n').map_while(Result::ok) {
+            if tx.send((from_vng, l)).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_sizes_add_up_and_bad_ones_are_errors() {
+        assert_eq!(node_bytes("1536M,cpus=0").unwrap(), 1536 << 20);
+        assert_eq!(node_bytes("1G").unwrap(), 1 << 30);
+        assert!(node_bytes("lots,cpus=0").is_err());
+        assert!(node_bytes("0M").is_err());
+        assert!(node_bytes("1Q").is_err());
+        let g = Guest {
+            vng: "vng".into(),
+            kernel: "k".into(),
+            numa: vec!["2G,cpus=0".into(), "1536M,cpus=1".into(), "2G".into()],
+            cpus: 2,
+            accel: Accel::Tcg,
+            rwdir: "d".into(),
+            limit: None,
+        };
+        assert_eq!(g.memory().unwrap(), 5632 << 20);
+    }
+
+    #[test]
+    fn quoting_survives_quotes() {
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+}
