@@ -108,8 +108,15 @@ fn script(ws: &Path, bins: &[(String, PathBuf)]) -> String {
     s
 }
 
+/// The tests' script, and what their output has said so far.
 #[derive(Default)]
 struct Tally {
+    script: String,
+    /// The guest running now, the binary running in it, and that binary's
+    /// last `test result:` line.
+    guest: &'static str,
+    binary: String,
+    last: Option<(usize, usize)>,
     passed: usize,
     failed: usize,
     failures: Vec<String>,
@@ -127,20 +134,9 @@ fn result_line(l: &str) -> Option<(usize, usize)> {
     Some((num("passed")?, num("failed")?))
 }
 
-/// One guest's run of the test script, read as it comes.
-struct Run<'a> {
-    guest: &'static str,
-    script: &'a str,
-    tally: &'a mut Tally,
-    /// The binary running now.
-    binary: String,
-    /// Its last `test result:` line.
-    last: Option<(usize, usize)>,
-}
-
-impl Session for Run<'_> {
+impl Session for Tally {
     fn script(&mut self, _: &vm::Guest, _: Accel, _: &Path) -> String {
-        self.script.to_string()
+        self.script.clone()
     }
 
     fn line(&mut self, line: &str) {
@@ -149,7 +145,6 @@ impl Session for Run<'_> {
         if line.is_empty() {
             return;
         }
-        let (t, binary) = (&mut *self.tally, &mut self.binary);
         if let Some(k) = line.strip_prefix("@@kernel ") {
             println!("  guest kernel {k}");
         } else if let Some(n) = line.strip_prefix("@@node ") {
@@ -157,21 +152,21 @@ impl Session for Run<'_> {
         } else if let Some(x) = line.strip_prefix("@@thp ") {
             println!("  THP {x}");
         } else if let Some(b) = line.strip_prefix("@@binary ") {
-            *binary = b.to_string();
+            self.binary = b.to_string();
             self.last = None;
-            println!("  -- {binary}");
+            println!("  -- {}", self.binary);
         } else if let Some(code) = line.strip_prefix("@@exit ") {
             if let Some((p, f)) = self.last.take() {
-                t.passed += p;
-                t.failed += f;
-                println!("     {binary}: {p} passed, {f} failed");
+                self.passed += p;
+                self.failed += f;
+                println!("     {}: {p} passed, {f} failed", self.binary);
             } else if code.trim() != "0" {
-                t.failed += 1;
-                t.failures.push(format!(
-                    "{} {binary}: exited {code} without a result",
-                    self.guest
+                self.failed += 1;
+                self.failures.push(format!(
+                    "{} {}: exited {code} without a result",
+                    self.guest, self.binary
                 ));
-                println!("  !! {binary} exited {code} without a test result");
+                println!("  !! {} exited {code} without a test result", self.binary);
             }
         } else if let Some(r) = result_line(line) {
             // A failing in_child test quotes its child's result line too:
@@ -181,7 +176,8 @@ impl Session for Run<'_> {
             // Everything else the tests print: results, skips, notes and a
             // failure's whole story.
             if line.contains("FAILED") && line.starts_with("test ") {
-                t.failures.push(format!("{} {binary}: {line}", self.guest));
+                self.failures
+                    .push(format!("{} {}: {line}", self.guest, self.binary));
             }
             println!("     {line}");
         }
@@ -206,8 +202,10 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
     if bins.is_empty() {
         return Err("no test binary matches".into());
     }
-    let script = script(ws, &bins);
-    let mut t = Tally::default();
+    let mut t = Tally {
+        script: script(ws, &bins),
+        ..Tally::default()
+    };
     for g in GUESTS
         .iter()
         .filter(|g| only.is_empty() || only.iter().any(|o| o == g.name))
@@ -228,14 +226,8 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
             rwdir: cache.join("guest"),
             limit: Some(GUEST_LIMIT),
         };
-        let mut run = Run {
-            guest: g.name,
-            script: &script,
-            tally: &mut t,
-            binary: String::new(),
-            last: None,
-        };
-        let booted = guest.run(&mut run)?;
+        t.guest = g.name;
+        let booted = guest.run(&mut t)?;
         println!(
             "  guest {} finished in {:.0} s ({})",
             g.name,

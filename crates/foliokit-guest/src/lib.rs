@@ -13,7 +13,7 @@
 //! Nothing here knows foliokit: the crate sits beneath the CLI and xtask so
 //! that xtask boots guests without building the library.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -50,44 +50,15 @@ impl Accel {
     /// What `Auto` means on this machine: KVM when /dev/kvm opens for
     /// reading and writing (what QEMU needs), emulation otherwise.
     pub fn resolve(self) -> Accel {
+        let kvm = || {
+            let mut rw = std::fs::OpenOptions::new();
+            rw.read(true).write(true).open("/dev/kvm").is_ok()
+        };
         match self {
-            Accel::Auto => {
-                let kvm = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open("/dev/kvm");
-                if kvm.is_ok() {
-                    Accel::Kvm
-                } else {
-                    Accel::Tcg
-                }
-            }
+            Accel::Auto if kvm() => Accel::Kvm,
+            Accel::Auto => Accel::Tcg,
             a => a,
         }
-    }
-}
-
-/// Why a guest could not be run, as one line for the user.
-#[derive(Debug)]
-pub struct Error(String);
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Error {}
-
-impl From<String> for Error {
-    fn from(s: String) -> Error {
-        Error(s)
-    }
-}
-
-impl From<&str> for Error {
-    fn from(s: &str) -> Error {
-        Error(s.into())
     }
 }
 
@@ -99,7 +70,7 @@ pub fn quote(s: &str) -> String {
 /// virtme-ng's launcher: `given`, else `vng` on PATH, else the one
 /// `cargo xtask vm-setup` installs under [`CACHE`] (relative to the current
 /// directory, which is a foliokit checkout when that is where it was run).
-pub fn find_vng(given: Option<&Path>) -> Result<PathBuf, Error> {
+pub fn find_vng(given: Option<&Path>) -> io::Result<PathBuf> {
     if let Some(p) = given {
         return Ok(p.to_path_buf());
     }
@@ -115,38 +86,39 @@ pub fn find_vng(given: Option<&Path>) -> Result<PathBuf, Error> {
         .chain([cached_vng(Path::new(CACHE))])
         .find(|p| p.is_file())
         .ok_or_else(|| {
-            "virtme-ng (vng) not found: `pip install virtme-ng` and install qemu-system-x86, \
-             or run `cargo xtask vm-setup` in a foliokit checkout, or pass --vng PATH"
-                .into()
+            io::Error::other(
+                "virtme-ng (vng) not found: `pip install virtme-ng` and install qemu-system-x86, \
+                 or run `cargo xtask vm-setup` in a foliokit checkout, or pass --vng PATH",
+            )
         })
 }
 
 /// Bytes of one `--numa` node, SIZE[,cpus=LIST] ("1536M,cpus=0" is
 /// 1.5 GiB), with the suffixes QEMU's sizes take: B, K, M, G, T (powers
 /// of 1024).
-pub fn node_bytes(spec: &str) -> Result<usize, Error> {
+pub fn node_bytes(spec: &str) -> io::Result<usize> {
     let size = spec.split(',').next().unwrap_or("");
-    let digits = size
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(size.len());
-    let shift = match &size[digits..] {
-        "" | "b" | "B" => 0,
-        "k" | "K" => 10,
-        "m" | "M" => 20,
-        "g" | "G" => 30,
-        "t" | "T" => 40,
-        _ => {
-            return Err(
-                format!("--numa {spec}: '{size}' is not a size (examples: 512M, 2G)").into(),
-            )
-        }
+    let (n, unit) = size.split_at(
+        size.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(size.len()),
+    );
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => Some(0),
+        "K" => Some(10),
+        "M" => Some(20),
+        "G" => Some(30),
+        "T" => Some(40),
+        _ => None,
     };
-    size[..digits]
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
+    shift
+        .zip(n.parse::<usize>().ok())
+        .and_then(|(shift, n)| n.checked_mul(1 << shift))
         .filter(|&b| b > 0)
-        .ok_or_else(|| format!("--numa {spec}: '{size}' is not a size (examples: 512M, 2G)").into())
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "--numa {spec}: '{size}' is not a size (examples: 512M, 2G)"
+            ))
+        })
 }
 
 /// A guest to boot.
@@ -196,8 +168,6 @@ pub trait Session {
 /// How a boot ended.
 #[derive(Debug)]
 pub struct Boot {
-    /// The accelerator of the last boot (never `Auto`).
-    pub accel: Accel,
     /// vng's exit status: the script's, when it was reached.
     pub status: ExitStatus,
     /// Killed after [`Guest::limit`].
@@ -208,7 +178,7 @@ pub struct Boot {
 
 impl Guest {
     /// The guest's RAM: its nodes' sizes added up.
-    pub fn memory(&self) -> Result<usize, Error> {
+    pub fn memory(&self) -> io::Result<usize> {
         self.numa.iter().map(|n| node_bytes(n)).sum()
     }
 
@@ -217,17 +187,15 @@ impl Guest {
     /// reads [`Boot::status`]. A guest that never reached the script is an
     /// error, after one more boot under emulation when the accelerator was
     /// `Auto` and KVM was tried first.
-    pub fn run(&self, s: &mut impl Session) -> Result<Boot, Error> {
+    pub fn run(&self, s: &mut impl Session) -> io::Result<Boot> {
         if !self.kernel.exists() {
-            return Err(format!("kernel image {} does not exist", self.kernel.display()).into());
+            let e = format!("kernel image {} does not exist", self.kernel.display());
+            return Err(io::Error::other(e));
         }
         let memory = self.memory()?;
-        std::fs::create_dir_all(&self.rwdir)
-            .map_err(|e| format!("cannot create {}: {e}", self.rwdir.display()))?;
-        let rwdir = self
-            .rwdir
-            .canonicalize()
-            .map_err(|e| format!("{}: {e}", self.rwdir.display()))?;
+        let rwdir = std::fs::create_dir_all(&self.rwdir)
+            .and_then(|()| self.rwdir.canonicalize())
+            .map_err(|e| io::Error::other(format!("{}: {e}", self.rwdir.display())))?;
         let mark = rwdir.join(".guest-started");
         let script = rwdir.join(".guest-run.sh");
         let mut accel = self.accel.resolve();
@@ -248,31 +216,26 @@ impl Guest {
                     use std::os::unix::fs::PermissionsExt;
                     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
                 })
-                .map_err(|e| format!("{}: {e}", script.display()))?;
+                .map_err(|e| io::Error::other(format!("{}: {e}", script.display())))?;
             s.booting(self, accel);
             let booted = self.boot(accel, memory, &rwdir, &script, s);
             let reached = mark.exists();
             let _ = std::fs::remove_file(&mark);
             let _ = std::fs::remove_file(&script);
-            let (status, hung, elapsed) = booted?;
-            if reached || hung {
-                return Ok(Boot {
-                    accel,
-                    status,
-                    hung,
-                    elapsed,
-                });
+            let booted = booted?;
+            if reached || booted.hung {
+                return Ok(booted);
             }
             if accel == Accel::Kvm && self.accel != Accel::Kvm {
                 println!("# the KVM boot did not reach the command; booting again under emulation");
                 accel = Accel::Tcg;
                 continue;
             }
-            return Err("the guest did not reach the command (vng's output is above); a kernel needs 9p and virtio built in, or its modules under /lib/modules/<version>".into());
+            return Err(io::Error::other("the guest did not reach the command (vng's output is above); a kernel needs 9p and virtio built in, or its modules under /lib/modules/<version>"));
         }
     }
 
-    /// One boot: (vng's status, killed as hung, time taken).
+    /// One boot.
     fn boot(
         &self,
         accel: Accel,
@@ -280,7 +243,7 @@ impl Guest {
         rwdir: &Path,
         script: &Path,
         s: &mut impl Session,
-    ) -> Result<(ExitStatus, bool, Duration), Error> {
+    ) -> io::Result<Boot> {
         let mut cmd = Command::new(&self.vng);
         cmd.arg("--run").arg(&self.kernel);
         if accel != Accel::Kvm {
@@ -312,7 +275,7 @@ impl Guest {
         let start = Instant::now();
         let mut child = cmd
             .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", self.vng.display()))?;
+            .map_err(|e| io::Error::other(format!("cannot run {}: {e}", self.vng.display())))?;
         // Both streams come to this thread through one channel, so the
         // session needs no locking and a silent hang is noticed by the
         // wait for the next line running out.
@@ -354,8 +317,14 @@ impl Guest {
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
-        let status = child.wait().map_err(|e| format!("vng: {e}"))?;
-        Ok((status, hung, start.elapsed()))
+        let status = child
+            .wait()
+            .map_err(|e| io::Error::other(format!("vng: {e}")))?;
+        Ok(Boot {
+            status,
+            hung,
+            elapsed: start.elapsed(),
+        })
     }
 }
 
