@@ -369,4 +369,117 @@ mod tests {
         assert_eq!(quote("a b"), "'a b'");
         assert_eq!(quote("it's"), r"'it'\''s'");
     }
+
+    /// A directory of its own for each test (the "kernel", which only has
+    /// to exist), with a stand-in for vng:
+    /// `body` runs with the arguments vng got in `$args` and the script in
+    /// `$script`, the way the guest would run it (on this host, so the
+    /// launcher's side is tested without QEMU).
+    fn fake(name: &str, body: &str) -> Guest {
+        let dir =
+            std::env::temp_dir().join(format!("foliokit-guest-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let vng = dir.join("vng");
+        let text = format!(
+            "#!/bin/sh\nargs=\"$*\"\nwhile [ $# -gt 0 ]; do [ \"$1\" = --exec ] && script=$2; shift; done\n{body}\n"
+        );
+        std::fs::write(&vng, text).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&vng, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Guest {
+            vng,
+            kernel: dir.clone(),
+            numa: vec!["1G,cpus=0".into(), "512M".into()],
+            cpus: 1,
+            accel: Accel::Tcg,
+            rwdir: dir.join("out"),
+            limit: None,
+        }
+    }
+
+    /// One fake guest at a time: a stand-in written while another test
+    /// forks could be inherited open for writing by the child, and
+    /// executing it would then fail (ETXTBSY).
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps what the launcher hands over.
+    #[derive(Default)]
+    struct Seen {
+        lines: Vec<String>,
+        boots: Vec<Accel>,
+    }
+
+    impl Session for Seen {
+        fn script(&mut self, _: &Guest, accel: Accel, rwdir: &Path) -> String {
+            format!(
+                "echo \"{accel:?} $FOLIOKIT_EMULATED {}\"\n",
+                rwdir.display()
+            )
+        }
+        fn booting(&mut self, _: &Guest, accel: Accel) {
+            self.boots.push(accel);
+        }
+        fn line(&mut self, line: &str) {
+            self.lines.push(line.into());
+        }
+    }
+
+    #[test]
+    fn the_script_runs_behind_its_mark_and_its_console_comes_back_clean() {
+        let _one = one_at_a_time();
+        let g = fake(
+            "runs",
+            "printf '\\r  padded  \\r\\n\\n'; echo \"$args\"; \"$script\"",
+        );
+        let mut seen = Seen::default();
+        let boot = g.run(&mut seen).unwrap();
+        assert!(boot.status.success() && !boot.hung);
+        assert_eq!(seen.boots, [Accel::Tcg]);
+        let rw = g.rwdir.canonicalize().unwrap();
+        let vng_args = format!(
+            "--run {} --disable-kvm --force-9p -m 1536M --cpus 1 --rwdir {} --numa 1G,cpus=0 --numa 512M --exec {}",
+            g.kernel.display(),
+            rw.display(),
+            rw.join(".guest-run.sh").display()
+        );
+        // Padding before a line is the caller's business (tables keep
+        // theirs); carriage returns and what trails are not.
+        assert_eq!(
+            seen.lines,
+            [
+                "  padded",
+                "",
+                &vng_args,
+                &format!("Tcg 1 {}", rw.display())
+            ]
+        );
+        // Nothing of the launcher's is left in the caller's directory.
+        assert_eq!(std::fs::read_dir(&g.rwdir).unwrap().count(), 0);
+        let _ = std::fs::remove_dir_all(&g.kernel);
+    }
+
+    #[test]
+    fn a_guest_that_never_reaches_the_script_is_an_error() {
+        let _one = one_at_a_time();
+        let mut g = fake("unreached", "echo 'no 9p' >&2; exit 1");
+        g.accel = Accel::Kvm;
+        let e = g.run(&mut Seen::default()).unwrap_err();
+        assert!(e.to_string().contains("did not reach the command"), "{e}");
+        let _ = std::fs::remove_dir_all(&g.kernel);
+    }
+
+    #[test]
+    fn a_guest_past_its_limit_is_killed() {
+        let _one = one_at_a_time();
+        let mut g = fake("hangs", "\"$script\"; exec sleep 60");
+        g.limit = Some(Duration::from_millis(500));
+        let boot = g.run(&mut Seen::default()).unwrap();
+        assert!(boot.hung && !boot.status.success());
+        assert!(boot.elapsed < Duration::from_secs(30), "{:?}", boot.elapsed);
+        let _ = std::fs::remove_dir_all(&g.kernel);
+    }
 }
