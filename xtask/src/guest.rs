@@ -221,13 +221,11 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
             numa: g.numa.iter().map(|n| n.to_string()).collect(),
             cpus: 2,
             accel: Accel::Tcg,
-            // Where the launcher keeps the script and its start mark; the
-            // tests themselves write nothing on the host.
-            rwdir: cache.join("guest"),
-            limit: Some(GUEST_LIMIT),
         };
         t.guest = g.name;
-        let booted = guest.run(&mut t)?;
+        // The writable directory only holds the launcher's script and its
+        // start mark: the tests write nothing on the host.
+        let booted = guest.run(&cache.join("guest"), Some(GUEST_LIMIT), &mut t)?;
         println!(
             "  guest {} finished in {:.0} s ({})",
             g.name,

@@ -124,15 +124,13 @@ pub fn run(g: &GuestArgs, writable: &Path) -> Result<(), CliError> {
         numa,
         cpus: g.guest_cpus,
         accel: g.accel,
-        rwdir: writable.to_path_buf(),
-        limit: None,
     };
     let mut this = Rerun {
         exe: std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?,
         cwd: std::env::current_dir().map_err(|e| format!("no current directory: {e}"))?,
         args: guest_args(&std::env::args().skip(1).collect::<Vec<_>>()),
     };
-    if guest.run(&mut this)?.status.success() {
+    if guest.run(writable, None, &mut this)?.status.success() {
         Ok(())
     } else {
         Err("the command failed in the guest (its output is above)".into())

@@ -121,7 +121,8 @@ pub fn node_bytes(spec: &str) -> io::Result<usize> {
         })
 }
 
-/// A guest to boot.
+/// The machine to boot. Where it may write and how long it may take
+/// belong to each [`Guest::run`].
 #[derive(Debug, Clone)]
 pub struct Guest {
     /// virtme-ng's launcher. Its directory goes first on PATH, because vng
@@ -137,17 +138,12 @@ pub struct Guest {
     pub cpus: u32,
     /// `Auto` tries KVM first and falls back to emulation (see [`Guest::run`]).
     pub accel: Accel,
-    /// The one host directory the guest may write (created when missing).
-    /// The guest's script and its start mark live there during the run.
-    pub rwdir: PathBuf,
-    /// A guest still running after this long has hung and is killed.
-    pub limit: Option<Duration>,
 }
 
 /// What the caller does around a boot.
 pub trait Session {
     /// The shell commands `guest` runs once it is up, for this
-    /// accelerator; `rwdir` is [`Guest::rwdir`] as an absolute path.
+    /// accelerator; `rwdir` is the one the guest may write, absolute.
     fn script(&mut self, guest: &Guest, accel: Accel, rwdir: &Path) -> String;
     /// Called before each boot (a KVM boot that does not reach the script
     /// is followed by an emulated one when the accelerator was `Auto`).
@@ -170,7 +166,7 @@ pub trait Session {
 pub struct Boot {
     /// vng's exit status: the script's, when it was reached.
     pub status: ExitStatus,
-    /// Killed after [`Guest::limit`].
+    /// Killed after the run's limit.
     pub hung: bool,
     /// The last boot's time from start to exit.
     pub elapsed: Duration,
@@ -182,20 +178,28 @@ impl Guest {
         self.numa.iter().map(|n| node_bytes(n)).sum()
     }
 
-    /// Boots the kernel and runs `s`'s script there. `Ok` once the script
+    /// Boots the kernel and runs `s`'s script there. `rwdir` is the one
+    /// host directory the guest may write (created when missing); the
+    /// script and its start mark live there during the run. A guest still
+    /// running after `limit` has hung and is killed. `Ok` once the script
     /// was reached (or the guest hung), whatever it returned: the caller
     /// reads [`Boot::status`]. A guest that never reached the script is an
     /// error, after one more boot under emulation when the accelerator was
     /// `Auto` and KVM was tried first.
-    pub fn run(&self, s: &mut impl Session) -> io::Result<Boot> {
+    pub fn run(
+        &self,
+        rwdir: &Path,
+        limit: Option<Duration>,
+        s: &mut impl Session,
+    ) -> io::Result<Boot> {
         if !self.kernel.exists() {
             let e = format!("kernel image {} does not exist", self.kernel.display());
             return Err(io::Error::other(e));
         }
         let memory = self.memory()?;
-        let rwdir = std::fs::create_dir_all(&self.rwdir)
-            .and_then(|()| self.rwdir.canonicalize())
-            .map_err(|e| io::Error::other(format!("{}: {e}", self.rwdir.display())))?;
+        let rwdir = std::fs::create_dir_all(rwdir)
+            .and_then(|()| rwdir.canonicalize())
+            .map_err(|e| io::Error::other(format!("{}: {e}", rwdir.display())))?;
         let mark = rwdir.join(".guest-started");
         let script = rwdir.join(".guest-run.sh");
         let mut accel = self.accel.resolve();
@@ -218,7 +222,7 @@ impl Guest {
                 })
                 .map_err(|e| io::Error::other(format!("{}: {e}", script.display())))?;
             s.booting(self, accel);
-            let booted = self.boot(accel, memory, &rwdir, &script, s);
+            let booted = self.boot(accel, memory, &rwdir, &script, limit, s);
             let reached = mark.exists();
             let _ = std::fs::remove_file(&mark);
             let _ = std::fs::remove_file(&script);
@@ -242,6 +246,7 @@ impl Guest {
         memory: usize,
         rwdir: &Path,
         script: &Path,
+        limit: Option<Duration>,
         s: &mut impl Session,
     ) -> io::Result<Boot> {
         let mut cmd = Command::new(&self.vng);
@@ -286,7 +291,7 @@ impl Guest {
         if let Some(err) = child.stderr.take() {
             forward(err, true, tx);
         }
-        let deadline = self.limit.map(|l| start + l);
+        let deadline = limit.map(|l| start + l);
         let mut hung = false;
         loop {
             let next = match deadline {
@@ -358,8 +363,6 @@ mod tests {
             numa: vec!["2G,cpus=0".into(), "1536M,cpus=1".into(), "2G".into()],
             cpus: 2,
             accel: Accel::Tcg,
-            rwdir: "d".into(),
-            limit: None,
         };
         assert_eq!(g.memory().unwrap(), 5632 << 20);
     }
@@ -393,8 +396,6 @@ mod tests {
             numa: vec!["1G,cpus=0".into(), "512M".into()],
             cpus: 1,
             accel: Accel::Tcg,
-            rwdir: dir.join("out"),
-            limit: None,
         }
     }
 
@@ -436,10 +437,11 @@ mod tests {
             "printf '\\r  padded  \\r\\n\\n'; echo \"$args\"; \"$script\"",
         );
         let mut seen = Seen::default();
-        let boot = g.run(&mut seen).unwrap();
+        let out = g.kernel.join("out");
+        let boot = g.run(&out, None, &mut seen).unwrap();
         assert!(boot.status.success() && !boot.hung);
         assert_eq!(seen.boots, [Accel::Tcg]);
-        let rw = g.rwdir.canonicalize().unwrap();
+        let rw = out.canonicalize().unwrap();
         let vng_args = format!(
             "--run {} --disable-kvm --force-9p -m 1536M --cpus 1 --rwdir {} --numa 1G,cpus=0 --numa 512M --exec {}",
             g.kernel.display(),
@@ -458,7 +460,7 @@ mod tests {
             ]
         );
         // Nothing of the launcher's is left in the caller's directory.
-        assert_eq!(std::fs::read_dir(&g.rwdir).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
         let _ = std::fs::remove_dir_all(&g.kernel);
     }
 
@@ -467,7 +469,9 @@ mod tests {
         let _one = one_at_a_time();
         let mut g = fake("unreached", "echo 'no 9p' >&2; exit 1");
         g.accel = Accel::Kvm;
-        let e = g.run(&mut Seen::default()).unwrap_err();
+        let e = g
+            .run(&g.kernel.join("out"), None, &mut Seen::default())
+            .unwrap_err();
         assert!(e.to_string().contains("did not reach the command"), "{e}");
         let _ = std::fs::remove_dir_all(&g.kernel);
     }
@@ -475,9 +479,11 @@ mod tests {
     #[test]
     fn a_guest_past_its_limit_is_killed() {
         let _one = one_at_a_time();
-        let mut g = fake("hangs", "\"$script\"; exec sleep 60");
-        g.limit = Some(Duration::from_millis(500));
-        let boot = g.run(&mut Seen::default()).unwrap();
+        let g = fake("hangs", "\"$script\"; exec sleep 60");
+        let limit = Some(Duration::from_millis(500));
+        let boot = g
+            .run(&g.kernel.join("out"), limit, &mut Seen::default())
+            .unwrap();
         assert!(boot.hung && !boot.status.success());
         assert!(boot.elapsed < Duration::from_secs(30), "{:?}", boot.elapsed);
         let _ = std::fs::remove_dir_all(&g.kernel);
