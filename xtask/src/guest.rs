@@ -1,9 +1,10 @@
 //! The guests, the test binaries they run, and the tally.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use foliokit_guest::{self as vm, quote, Accel, Session};
 
 use crate::setup;
 use crate::Error;
@@ -13,10 +14,8 @@ struct Guest {
     /// Debian package series (`linux-image-<series>…`).
     series: &'static str,
     /// virtme-ng `--numa` arguments: size and CPUs per node; a node
-    /// without CPUs is a memory-only tier.
+    /// without CPUs is a memory-only tier. The guest's RAM is their sum.
     numa: &'static [&'static str],
-    /// Guest RAM: the nodes' sizes add up to it (QEMU insists).
-    memory: &'static str,
     what: &'static str,
 }
 
@@ -27,7 +26,6 @@ const GUESTS: &[Guest] = &[
         // Node 0 and the memory-only node take a 1 GiB process with room
         // to spare: the tiering test moves one there and back.
         numa: &["2G,cpus=0", "1536M,cpus=1", "2G"],
-        memory: "5632M",
         what:
             "three nodes (two with a CPU each, one memory-only), MEMORY_FAILURE, mTHP, UFFDIO_MOVE",
     },
@@ -35,7 +33,6 @@ const GUESTS: &[Guest] = &[
         name: "6.1",
         series: "6.1.0",
         numa: &["2G,cpus=0", "2G,cpus=1"],
-        memory: "4G",
         what: "two nodes; no mTHP, no UFFDIO_MOVE (relocation must refuse), MEMORY_FAILURE",
     },
 ];
@@ -65,16 +62,8 @@ const GUEST_LIMIT: Duration = Duration::from_secs(30 * 60);
 fn build(ws: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
     println!("# building the test binaries on the host");
     let out = Command::new(env!("CARGO"))
-        .args([
-            "test",
-            "--no-run",
-            "--locked",
-            "-p",
-            "foliokit",
-            "-p",
-            "foliokit-cli",
-            "--message-format=json",
-        ])
+        .args(["test", "--no-run", "--locked", "--message-format=json"])
+        .args(["-p", "foliokit", "-p", "foliokit-cli"])
         .current_dir(ws)
         .stderr(Stdio::inherit())
         .output()?;
@@ -101,27 +90,33 @@ fn build(ws: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
     Ok(found)
 }
 
-/// The script the guest runs: its kernel and node layout, then each test
-/// binary, one test at a time, with markers the tally reads.
+/// The commands the guest runs: its kernel and node layout, then each
+/// test binary, one test at a time, with markers the tally reads. (The
+/// launcher exports FOLIOKIT_EMULATED=1 under emulation: tests stretch
+/// their deadlines, never their figures, when they see it.)
 fn script(ws: &Path, bins: &[(String, PathBuf)]) -> String {
-    let mut s = String::from("#!/bin/sh\necho \"@@kernel $(uname -r)\"\n");
+    let mut s = String::from("echo \"@@kernel $(uname -r)\"\n");
     s += "for n in /sys/devices/system/node/node[0-9]*; do echo \"@@node $(basename $n): cpus [$(cat $n/cpulist)], $(awk '/MemTotal/ {print $4\" kB\"}' $n/meminfo)\"; done\n";
     s += "echo \"@@thp $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo none); mTHP sizes: $(ls /sys/kernel/mm/transparent_hugepage 2>/dev/null | grep -c hugepages-)\"\n";
-    // Guests run under software emulation: tests stretch their deadlines
-    // (never their figures) when they see this.
-    s += "export FOLIOKIT_EMULATED=1\n";
-    s += &format!("cd '{}'\n", ws.display());
+    s += &format!("cd {}\n", quote(&ws.display().to_string()));
     for (name, exe) in bins {
         s += &format!(
-            "echo \"@@binary {name}\"\n'{}' --test-threads=1 2>&1\necho \"@@exit $?\"\n",
-            exe.display()
+            "echo \"@@binary {name}\"\n{} --test-threads=1 2>&1\necho \"@@exit $?\"\n",
+            quote(&exe.display().to_string())
         );
     }
     s
 }
 
+/// The tests' script, and what their output has said so far.
 #[derive(Default)]
 struct Tally {
+    script: String,
+    /// The guest running now, the binary running in it, and that binary's
+    /// last `test result:` line.
+    guest: &'static str,
+    binary: String,
+    last: Option<(usize, usize)>,
     passed: usize,
     failed: usize,
     failures: Vec<String>,
@@ -139,78 +134,16 @@ fn result_line(l: &str) -> Option<(usize, usize)> {
     Some((num("passed")?, num("failed")?))
 }
 
-fn boot(
-    bin: &Path,
-    kernel: &setup::Kernel,
-    g: &Guest,
-    script: &Path,
-    t: &mut Tally,
-) -> Result<(), Error> {
-    let mut cmd = Command::new(bin.join("vng"));
-    cmd.arg("--run").arg(kernel.image()).args([
-        "--disable-kvm",
-        "--force-9p",
-        "-m",
-        g.memory,
-        "--cpus",
-        "2",
-    ]);
-    for n in g.numa {
-        cmd.args(["--numa", n]);
+impl Session for Tally {
+    fn script(&mut self, _: &vm::Guest, _: Accel, _: &Path) -> String {
+        self.script.clone()
     }
-    cmd.arg("--exec")
-        .arg(script)
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                bin.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
-        .stdout(Stdio::piped())
-        // Piped, not inherited: virtme-ng reopens /dev/stderr for writing,
-        // which truncates a log file that our stderr may be.
-        .stderr(Stdio::piped());
-    let start = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| format!("vng: {e}"))?;
-    let pid = child.id();
-    // A watchdog: a guest that hangs is killed and counted as a failure.
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d = done.clone();
-    std::thread::spawn(move || {
-        while start.elapsed() < GUEST_LIMIT {
-            if d.load(std::sync::atomic::Ordering::Relaxed) {
-                return;
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        // SAFETY: kill(2) on the vng process we spawned.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    });
-    let out = child.stdout.take().ok_or("no guest output")?;
-    if let Some(err) = child.stderr.take() {
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).split(b'\n').map_while(Result::ok) {
-                let l = String::from_utf8_lossy(&l);
-                let l = l.trim();
-                if !l.is_empty() {
-                    eprintln!("  vng: {l}");
-                }
-            }
-        });
-    }
-    let mut binary = String::new();
-    let mut last: Option<(usize, usize)> = None;
-    // By bytes, not `lines()`: one byte of console noise that is not UTF-8
-    // must not end the tally with an error mid-run.
-    for line in BufReader::new(out).split(b'\n') {
-        let raw = String::from_utf8_lossy(&line?).into_owned();
-        // virtme-ng's console can prefix lines with padding and carriage
-        // returns; the markers are what follows.
-        let line = raw.trim_start_matches([' ', '\r']).trim_end();
+
+    fn line(&mut self, line: &str) {
+        // The markers follow whatever padding the console adds.
+        let line = line.trim_start_matches([' ', '\r']);
         if line.is_empty() {
-            continue;
+            return;
         }
         if let Some(k) = line.strip_prefix("@@kernel ") {
             println!("  guest kernel {k}");
@@ -219,57 +152,49 @@ fn boot(
         } else if let Some(x) = line.strip_prefix("@@thp ") {
             println!("  THP {x}");
         } else if let Some(b) = line.strip_prefix("@@binary ") {
-            binary = b.to_string();
-            last = None;
-            println!("  -- {binary}");
+            self.binary = b.to_string();
+            self.last = None;
+            println!("  -- {}", self.binary);
         } else if let Some(code) = line.strip_prefix("@@exit ") {
-            if let Some((p, f)) = last.take() {
-                t.passed += p;
-                t.failed += f;
-                println!("     {binary}: {p} passed, {f} failed");
+            if let Some((p, f)) = self.last.take() {
+                self.passed += p;
+                self.failed += f;
+                println!("     {}: {p} passed, {f} failed", self.binary);
             } else if code.trim() != "0" {
-                t.failed += 1;
-                t.failures.push(format!(
-                    "{} {binary}: exited {code} without a result",
-                    g.name
+                self.failed += 1;
+                self.failures.push(format!(
+                    "{} {}: exited {code} without a result",
+                    self.guest, self.binary
                 ));
-                println!("  !! {binary} exited {code} without a test result");
+                println!("  !! {} exited {code} without a test result", self.binary);
             }
         } else if let Some(r) = result_line(line) {
             // A failing in_child test quotes its child's result line too:
             // the binary's own summary is the last one before @@exit.
-            last = Some(r);
+            self.last = Some(r);
         } else if !line.starts_with("running ") {
             // Everything else the tests print: results, skips, notes and a
             // failure's whole story.
             if line.contains("FAILED") && line.starts_with("test ") {
-                t.failures.push(format!("{} {binary}: {line}", g.name));
+                self.failures
+                    .push(format!("{} {}: {line}", self.guest, self.binary));
             }
             println!("     {line}");
         }
     }
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let status = child.wait()?;
-    println!(
-        "  guest {} finished in {:.0} s ({status})",
-        g.name,
-        start.elapsed().as_secs_f64()
-    );
-    if start.elapsed() >= GUEST_LIMIT {
-        t.failed += 1;
-        t.failures
-            .push(format!("{}: the guest hung and was killed", g.name));
+
+    fn vng(&mut self, line: &str) {
+        eprintln!("  vng: {line}");
     }
-    Ok(())
 }
 
 /// Runs the tests in each selected guest; `Ok(true)` when all passed.
 pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool, Error> {
     let t0 = Instant::now();
-    let cache = ws.join("target/vm-cache");
+    let cache = ws.join(vm::CACHE);
     std::fs::create_dir_all(&cache)?;
     setup::host_packages()?;
-    let bin = setup::virtme_ng(&cache)?;
+    let vng = setup::virtme_ng(&cache)?;
     let bins: Vec<(String, PathBuf)> = build(ws)?
         .into_iter()
         .filter(|(n, _)| filter.is_none_or(|f| n.contains(f)))
@@ -277,10 +202,10 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
     if bins.is_empty() {
         return Err("no test binary matches".into());
     }
-    let script_path = cache.join("guest-tests.sh");
-    std::fs::write(&script_path, script(ws, &bins))?;
-    executable(&script_path)?;
-    let mut t = Tally::default();
+    let mut t = Tally {
+        script: script(ws, &bins),
+        ..Tally::default()
+    };
     for g in GUESTS
         .iter()
         .filter(|g| only.is_empty() || only.iter().any(|o| o == g.name))
@@ -290,7 +215,28 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
             "# guest {} ({}): {}; QEMU software emulation (TCG): timings here mean nothing",
             g.name, kernel.version, g.what
         );
-        boot(&bin, &kernel, g, &script_path, &mut t)?;
+        let guest = vm::Guest {
+            vng: vng.clone(),
+            kernel: kernel.image(),
+            numa: g.numa.iter().map(|n| n.to_string()).collect(),
+            cpus: 2,
+            accel: Accel::Tcg,
+        };
+        t.guest = g.name;
+        // The writable directory only holds the launcher's script and its
+        // start mark: the tests write nothing on the host.
+        let booted = guest.run(&cache.join("guest"), Some(GUEST_LIMIT), &mut t)?;
+        println!(
+            "  guest {} finished in {:.0} s ({})",
+            g.name,
+            booted.elapsed.as_secs_f64(),
+            booted.status
+        );
+        if booted.hung {
+            t.failed += 1;
+            t.failures
+                .push(format!("{}: the guest hung and was killed", g.name));
+        }
     }
     for f in &t.failures {
         println!("# failed: {f}");
@@ -306,11 +252,11 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
 
 /// Installs the guest tooling and kernels and prints where they are.
 pub fn vm_setup(ws: &Path, series: &[String]) -> Result<bool, Error> {
-    let cache = ws.join("target/vm-cache");
+    let cache = ws.join(vm::CACHE);
     std::fs::create_dir_all(&cache)?;
     setup::host_packages()?;
-    let bin = setup::virtme_ng(&cache)?;
-    println!("vng: {}", bin.join("vng").display());
+    let vng = setup::virtme_ng(&cache)?;
+    println!("vng: {}", vng.display());
     for s in series {
         let series = GUESTS
             .iter()
@@ -322,15 +268,7 @@ pub fn vm_setup(ws: &Path, series: &[String]) -> Result<bool, Error> {
     }
     println!(
         "e.g.: foliokit lab --kernel <kernel> --vng {} --numa 2G,cpus=0 --numa 2G,cpus=1 --numa 1G",
-        bin.join("vng").display()
+        vng.display()
     );
     Ok(true)
-}
-
-fn executable(p: &Path) -> Result<(), Error> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut perm = std::fs::metadata(p)?.permissions();
-    perm.set_mode(0o755);
-    std::fs::set_permissions(p, perm)?;
-    Ok(())
 }

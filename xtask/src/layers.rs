@@ -17,6 +17,7 @@ const CRATES: &[&str] = &[
     "crates/foliokit-cli",
     "crates/foliokit-capi",
     "crates/foliokit-vm-memory",
+    "crates/foliokit-guest",
     "xtask",
 ];
 

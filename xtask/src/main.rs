@@ -9,7 +9,8 @@
 //! this host cannot show (several NUMA nodes, a memory-only tier, real
 //! hardware poison, an older kernel). QEMU's software emulation boots each
 //! guest with virtme-ng, which shares the host's filesystem read-only with
-//! it, so the test binaries built here run there unchanged. Timings in a
+//! it, so the test binaries built here run there unchanged; the launcher is
+//! foliokit-guest, the one `foliokit lab --kernel` uses. Timings in a
 //! guest mean nothing: the guests are for correctness only.
 
 mod api;

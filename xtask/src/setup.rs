@@ -62,17 +62,21 @@ pub fn host_packages() -> Result<(), Error> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
-/// virtme-ng in a venv under `cache`; returns its bin directory.
+/// virtme-ng in a venv under `cache`, where `foliokit --kernel` looks for
+/// it too; returns its `vng`.
 pub fn virtme_ng(cache: &Path) -> Result<PathBuf, Error> {
-    let venv = cache.join("venv");
-    let bin = venv.join("bin");
-    if bin.join("vng").is_file() {
-        return Ok(bin);
+    let vng = foliokit_guest::cached_vng(cache);
+    if vng.is_file() {
+        return Ok(vng);
     }
+    let venv = vng
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("the venv's place has no parent")?;
     println!("# installing {VIRTME_NG} into {}", venv.display());
-    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-    run(Command::new(bin.join("pip")).args(["install", "-q", VIRTME_NG]))?;
-    Ok(bin)
+    run(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
+    run(Command::new(vng.with_file_name("pip")).args(["install", "-q", VIRTME_NG]))?;
+    Ok(vng)
 }
 
 /// A guest kernel: which Debian package family, and where it was unpacked.
@@ -110,20 +114,27 @@ fn apt_options(cache: &Path) -> Result<Vec<String>, Error> {
     ])
 }
 
+/// The entries of `dir` whose names start with `prefix`.
+fn named(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, Error> {
+    Ok(std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .collect())
+}
+
 /// The newest `linux-image-<series>…-amd64` (not -cloud, -rt or debug:
 /// those lack MEMORY_FAILURE or 9p), fetched and unpacked under `cache`
 /// once; its modules linked under /lib/modules where virtme-ng looks.
 pub fn kernel(cache: &Path, series: &str) -> Result<Kernel, Error> {
     let unpacked = cache.join("kernels");
     std::fs::create_dir_all(&unpacked)?;
-    let found = std::fs::read_dir(&unpacked)?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&format!("linux-image-{series}")))
-        })
+    let found = named(&unpacked, &format!("linux-image-{series}"))?
+        .into_iter()
         .max();
     let root = match found {
         Some(r) => r,
@@ -204,14 +215,9 @@ fn fetch(cache: &Path, unpacked: &Path, series: &str) -> Result<PathBuf, Error> 
         .args(&opts)
         .args(["download", "-qq", &name])
         .current_dir(&debs))?;
-    let deb = std::fs::read_dir(&debs)?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&format!("{name}_")))
-        })
+    let deb = named(&debs, &format!("{name}_"))?
+        .into_iter()
+        .next()
         .ok_or_else(|| format!("apt-get download left no {name} package"))?;
     let root = unpacked.join(&name);
     run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
