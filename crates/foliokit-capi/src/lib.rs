@@ -22,7 +22,5 @@ mod runtime;
 #[cfg(test)]
 mod layout;
 #[cfg(test)]
-mod test_util;
-#[cfg(test)]
 #[path = "../version.rs"]
 mod version;

@@ -62,7 +62,7 @@ pub unsafe extern "C" fn fk_copy_mc(
 mod tests {
     use super::*;
     use crate::error::{msg, INTERNAL};
-    use crate::test_util::Map;
+    use fk::mem::Region;
     use fk::mc::FaultKind;
     use std::ffi::c_int;
 
@@ -112,13 +112,14 @@ mod tests {
         };
         assert_ne!(src, libc::MAP_FAILED);
         f.set_len(2 * PAGE as u64).unwrap();
-        let dst = Map::new(4 * PAGE);
+        let mut dst = Region::new(4 * PAGE, PAGE).expect("region");
+        let dst = dst.as_mut_ptr();
         let (mut not_copied, mut bad) = (0usize, 0usize);
         // SAFETY: both ranges are mapped for 4 pages (the source's last two
         // raise SIGBUS, which is what fk_copy_mc survives).
         let rc = unsafe {
             fk_copy_mc(
-                dst.0.cast(),
+                dst.cast(),
                 src,
                 4 * PAGE,
                 std::ptr::null(),
@@ -146,8 +147,8 @@ mod tests {
         // SAFETY: both ranges lie in our mapping.
         let rc = unsafe {
             fk_copy_mc(
-                dst.0.cast(),
-                dst.0.add(PAGE).cast(),
+                dst.cast(),
+                dst.add(PAGE).cast(),
                 2 * PAGE,
                 std::ptr::null(),
                 std::ptr::null_mut(),
