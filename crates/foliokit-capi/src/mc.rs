@@ -62,8 +62,8 @@ pub unsafe extern "C" fn fk_copy_mc(
 mod tests {
     use super::*;
     use crate::error::{msg, INTERNAL};
-    use fk::mem::Region;
     use fk::mc::FaultKind;
+    use fk::mem::Region;
     use std::ffi::c_int;
 
     #[test]

@@ -122,6 +122,32 @@ fn thp_bytes(addr: usize, len: usize) -> u64 {
     total
 }
 
+/// A patterned guest's snapshot (its file, and each region's expected
+/// bytes), being restored lazily into fresh guest RAM with `opts`.
+struct Restoring {
+    path: std::path::PathBuf,
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+/// Snapshots a patterned guest to a file (named after `what`), starts a
+/// lazy restore of it into fresh guest RAM with `opts` (or says why it
+/// cannot run here and returns), runs `body` with the RAM and the restore,
+/// then removes the file.
+fn while_restoring(
+    what: &str,
+    opts: &LazyRestoreOptions,
+    body: impl FnOnce(&Restoring, &Ram, LazyRestore<'_>),
+) {
+    let (path, a, b) = snapshot_file(what);
+    let snap = Restoring { path, a, b };
+    let mem = vm();
+    if let Some(h) = start(&mem, &snap.path, opts) {
+        body(&snap, &mem, h);
+    }
+    let _ = std::fs::remove_file(&snap.path);
+}
+
 fn paused() -> LazyRestoreOptions {
     let mut o = LazyRestoreOptions::default();
     o.fill.start_cancelled = true;
@@ -144,8 +170,6 @@ fn vcpus_read_and_write_during_the_fill_and_nothing_is_lost() {
         "vcpus_read_and_write_during_the_fill_and_nothing_is_lost",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("vcpus");
-            let mem = vm();
             let mut o = LazyRestoreOptions::default();
             // A small budget: many batches, so the vCPUs race the fill.
             o.fill.latency_budget = Duration::from_micros(300);
@@ -153,93 +177,92 @@ fn vcpus_read_and_write_during_the_fill_and_nothing_is_lost() {
             // concurrency (the other tests run the default).
             o.fill.serve_during_batches = true;
             o.first = vec![GuestAddress(B + (4 << 20))];
-            let Some(h) = start(&mem, &path, &o) else {
-                return;
-            };
-            const VCPUS: u64 = 3;
-            let stop = AtomicBool::new(false);
-            let pages = (A_LEN + B_LEN) / PAGE;
-            let page_addr = |i: u64| {
-                if i < A_LEN / PAGE {
-                    i * PAGE
-                } else {
-                    B + (i - A_LEN / PAGE) * PAGE
-                }
-            };
-            // Each vCPU owns the pages i with i % VCPUS == k: it writes
-            // a stamp there (the last one must survive); any page it reads
-            // holds the snapshot's byte or some vCPU's stamp.
-            let written: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..VCPUS)
-                    .map(|k| {
-                        let (mem, stop, a, b) = (&mem, &stop, &a, &b);
-                        s.spawn(move || {
-                            let mut x = 0x9e37_79b9u64 ^ k;
-                            let mut mine = Vec::new();
-                            let mut n = 0;
-                            while !stop.load(Ordering::Relaxed) || n < 2000 {
-                                x ^= x << 13;
-                                x ^= x >> 7;
-                                x ^= x << 17;
-                                let i = x % pages;
-                                // Past the stamp (the page's first 8 bytes).
-                                let at = page_addr(i) + 8 + (x >> 40) % (PAGE - 16);
-                                let v: u64 = mem.read_obj(GuestAddress(at)).unwrap();
-                                let off = (if at >= B { at - B } else { at }) as usize;
-                                let snap = if at >= B { b } else { a };
-                                let want =
-                                    u64::from_le_bytes(snap[off..off + 8].try_into().unwrap());
-                                assert!(
-                                    v == want || v >> 56 == 0xAB,
-                                    "vCPU {k} read {v:#x} at {at:#x}, snapshot has {want:#x}"
-                                );
-                                if i % VCPUS == k {
-                                    let p = page_addr(i);
-                                    let stamp = 0xAB << 56 | (n as u64) << 8 | k;
-                                    mem.write_obj(stamp, GuestAddress(p)).unwrap();
-                                    mine.push((p, stamp));
+            while_restoring("vcpus", &o, |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                const VCPUS: u64 = 3;
+                let stop = AtomicBool::new(false);
+                let pages = (A_LEN + B_LEN) / PAGE;
+                let page_addr = |i: u64| {
+                    if i < A_LEN / PAGE {
+                        i * PAGE
+                    } else {
+                        B + (i - A_LEN / PAGE) * PAGE
+                    }
+                };
+                // Each vCPU owns the pages i with i % VCPUS == k: it writes
+                // a stamp there (the last one must survive); any page it reads
+                // holds the snapshot's byte or some vCPU's stamp.
+                let written: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
+                    let hs: Vec<_> = (0..VCPUS)
+                        .map(|k| {
+                            let (mem, stop, a, b) = (&mem, &stop, &a, &b);
+                            s.spawn(move || {
+                                let mut x = 0x9e37_79b9u64 ^ k;
+                                let mut mine = Vec::new();
+                                let mut n = 0;
+                                while !stop.load(Ordering::Relaxed) || n < 2000 {
+                                    x ^= x << 13;
+                                    x ^= x >> 7;
+                                    x ^= x << 17;
+                                    let i = x % pages;
+                                    // Past the stamp (the page's first 8 bytes).
+                                    let at = page_addr(i) + 8 + (x >> 40) % (PAGE - 16);
+                                    let v: u64 = mem.read_obj(GuestAddress(at)).unwrap();
+                                    let off = (if at >= B { at - B } else { at }) as usize;
+                                    let snap = if at >= B { b } else { a };
+                                    let want =
+                                        u64::from_le_bytes(snap[off..off + 8].try_into().unwrap());
+                                    assert!(
+                                        v == want || v >> 56 == 0xAB,
+                                        "vCPU {k} read {v:#x} at {at:#x}, snapshot has {want:#x}"
+                                    );
+                                    if i % VCPUS == k {
+                                        let p = page_addr(i);
+                                        let stamp = 0xAB << 56 | (n as u64) << 8 | k;
+                                        mem.write_obj(stamp, GuestAddress(p)).unwrap();
+                                        mine.push((p, stamp));
+                                    }
+                                    n += 1;
                                 }
-                                n += 1;
-                            }
-                            mine
+                                mine
+                            })
                         })
-                    })
-                    .collect();
-                let r = h.wait();
-                stop.store(true, Ordering::Relaxed);
-                assert!(r.bad.is_empty(), "{:?}", r.bad);
-                assert!(r.fill.progress.done);
-                let p = r.fill.progress;
-                assert_eq!(
-                    p.faulted_pages + p.filled_pages + p.skipped_pages,
-                    p.total_pages,
-                    "{p:?}"
-                );
-                common::say(&format!(
-                    "NOTE: {} faults, {} pages faulted in, {} filled, {} batches, {} whole folios",
-                    p.faults, p.faulted_pages, p.filled_pages, r.fill.batches, r.fill.whole_folios
-                ));
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
+                        .collect();
+                    let r = h.wait();
+                    stop.store(true, Ordering::Relaxed);
+                    assert!(r.bad.is_empty(), "{:?}", r.bad);
+                    assert!(r.fill.progress.done);
+                    let p = r.fill.progress;
+                    assert_eq!(
+                        p.faulted_pages + p.filled_pages + p.skipped_pages,
+                        p.total_pages,
+                        "{p:?}"
+                    );
+                    common::say(&format!(
+                        "NOTE: {} faults, {} pages faulted in, {} filled, {} batches, {} whole folios",
+                        p.faults, p.faulted_pages, p.filled_pages, r.fill.batches, r.fill.whole_folios
+                    ));
+                    hs.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                // Last stamp per page wins; everything else is the snapshot.
+                let mut last = std::collections::HashMap::new();
+                for w in &written {
+                    for &(p, s) in w {
+                        last.insert(p, s);
+                    }
+                }
+                for i in 0..pages {
+                    let p = page_addr(i);
+                    let got = read(mem, p, PAGE as usize);
+                    let off = (if p >= B { p - B } else { p }) as usize;
+                    let snap = if p >= B { &b } else { &a };
+                    let mut want = snap[off..off + PAGE as usize].to_vec();
+                    if let Some(s) = last.get(&p) {
+                        want[..8].copy_from_slice(&s.to_le_bytes());
+                    }
+                    assert!(got == want, "page {p:#x} differs after the fill");
+                }
             });
-            // Last stamp per page wins; everything else is the snapshot.
-            let mut last = std::collections::HashMap::new();
-            for w in &written {
-                for &(p, s) in w {
-                    last.insert(p, s);
-                }
-            }
-            for i in 0..pages {
-                let p = page_addr(i);
-                let got = read(&mem, p, PAGE as usize);
-                let off = (if p >= B { p - B } else { p }) as usize;
-                let snap = if p >= B { &b } else { &a };
-                let mut want = snap[off..off + PAGE as usize].to_vec();
-                if let Some(s) = last.get(&p) {
-                    want[..8].copy_from_slice(&s.to_le_bytes());
-                }
-                assert!(got == want, "page {p:#x} differs after the fill");
-            }
-            let _ = std::fs::remove_file(&path);
         },
     );
 }
@@ -250,49 +273,44 @@ fn dontneed_during_the_fill_is_never_brought_back() {
         "dontneed_during_the_fill_is_never_brought_back",
         LIMIT,
         || {
-            let (path, a, _) = snapshot_file("dontneed");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            // One page touched (filled with its folio), then discarded; a
-            // range never touched, discarded before the fill gets there.
-            let touched = 3 * PAGE;
-            assert_eq!(read(&mem, touched, 8), a[touched as usize..][..8]);
-            let far = 6 << 20;
-            for (at, len) in [(touched, PAGE), (far, 3 << 20)] {
-                // SAFETY: discarding guest RAM we own (a balloon would).
-                let rc = unsafe {
-                    libc::madvise(host(&mem, at).cast(), len as usize, libc::MADV_DONTNEED)
-                };
-                assert_eq!(rc, 0);
-            }
-            // A discarded page touched during the fill reads zeros.
-            assert!(read(&mem, far + PAGE, PAGE as usize)
-                .iter()
-                .all(|&x| x == 0));
-            let r = h.wait();
-            assert!(
-                r.fill.progress.skipped_pages >= (3 << 20) / PAGE,
-                "{:?}",
-                r.fill.progress
-            );
-            assert!(read(&mem, touched, PAGE as usize).iter().all(|&x| x == 0));
-            assert!(read(&mem, far, 3 << 20).iter().all(|&x| x == 0));
-            // Its neighbours came from the snapshot.
-            assert_eq!(
-                read(&mem, touched + PAGE, PAGE as usize),
-                a[(touched + PAGE) as usize..][..PAGE as usize]
-            );
-            assert_eq!(
-                read(&mem, far - PAGE, PAGE as usize),
-                a[(far - PAGE) as usize..][..PAGE as usize]
-            );
-            assert_eq!(
-                read(&mem, far + (3 << 20), PAGE as usize),
-                a[(far + (3 << 20)) as usize..][..PAGE as usize]
-            );
-            let _ = std::fs::remove_file(&path);
+            while_restoring("dontneed", &paused(), |snap, mem, h| {
+                let Restoring { a, .. } = snap;
+                // One page touched (filled with its folio), then discarded; a
+                // range never touched, discarded before the fill gets there.
+                let touched = 3 * PAGE;
+                assert_eq!(read(mem, touched, 8), a[touched as usize..][..8]);
+                let far = 6 << 20;
+                for (at, len) in [(touched, PAGE), (far, 3 << 20)] {
+                    // SAFETY: discarding guest RAM we own (a balloon would).
+                    let rc = unsafe {
+                        libc::madvise(host(mem, at).cast(), len as usize, libc::MADV_DONTNEED)
+                    };
+                    assert_eq!(rc, 0);
+                }
+                // A discarded page touched during the fill reads zeros.
+                assert!(read(mem, far + PAGE, PAGE as usize).iter().all(|&x| x == 0));
+                let r = h.wait();
+                assert!(
+                    r.fill.progress.skipped_pages >= (3 << 20) / PAGE,
+                    "{:?}",
+                    r.fill.progress
+                );
+                assert!(read(mem, touched, PAGE as usize).iter().all(|&x| x == 0));
+                assert!(read(mem, far, 3 << 20).iter().all(|&x| x == 0));
+                // Its neighbours came from the snapshot.
+                assert_eq!(
+                    read(mem, touched + PAGE, PAGE as usize),
+                    a[(touched + PAGE) as usize..][..PAGE as usize]
+                );
+                assert_eq!(
+                    read(mem, far - PAGE, PAGE as usize),
+                    a[(far - PAGE) as usize..][..PAGE as usize]
+                );
+                assert_eq!(
+                    read(mem, far + (3 << 20), PAGE as usize),
+                    a[(far + (3 << 20)) as usize..][..PAGE as usize]
+                );
+            });
         },
     );
 }
@@ -303,44 +321,41 @@ fn a_device_thread_reading_into_guest_ram_waits_for_the_fill() {
         "a_device_thread_reading_into_guest_ram_waits_for_the_fill",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("device");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            // A "virtio block" read: 3 pages from a file into guest RAM
-            // nobody touched yet, in the middle of a folio. The kernel's
-            // copy_to_user waits on the userfaultfd instead of failing.
-            let data = pattern(3 * PAGE as usize, 5);
-            let dpath = temp_path("disk");
-            std::fs::File::create(&dpath)
-                .unwrap()
-                .write_all(&data)
+            while_restoring("device", &paused(), |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                // A "virtio block" read: 3 pages from a file into guest RAM
+                // nobody touched yet, in the middle of a folio. The kernel's
+                // copy_to_user waits on the userfaultfd instead of failing.
+                let data = pattern(3 * PAGE as usize, 5);
+                let dpath = temp_path("disk");
+                std::fs::File::create(&dpath)
+                    .unwrap()
+                    .write_all(&data)
+                    .unwrap();
+                let disk = std::fs::File::open(&dpath).unwrap();
+                let at = B + (2 << 20) + 5 * PAGE;
+                let dst = host(mem, at) as usize;
+                let n = std::thread::spawn(move || {
+                    // SAFETY: reading into guest RAM we own, as a device would.
+                    unsafe { libc::read(disk.as_raw_fd(), dst as *mut libc::c_void, data.len()) }
+                })
+                .join()
                 .unwrap();
-            let disk = std::fs::File::open(&dpath).unwrap();
-            let at = B + (2 << 20) + 5 * PAGE;
-            let dst = host(&mem, at) as usize;
-            let n = std::thread::spawn(move || {
-                // SAFETY: reading into guest RAM we own, as a device would.
-                unsafe { libc::read(disk.as_raw_fd(), dst as *mut libc::c_void, data.len()) }
-            })
-            .join()
-            .unwrap();
-            assert_eq!(n, 3 * PAGE as isize, "read(2) into unfilled guest RAM");
-            let r = h.wait();
-            assert!(r.bad.is_empty());
-            let data = pattern(3 * PAGE as usize, 5);
-            assert_eq!(read(&mem, at, data.len()), data);
-            // Around it: the snapshot.
-            let off = (at - B) as usize;
-            assert_eq!(read(&mem, B, off), b[..off]);
-            assert_eq!(
-                read(&mem, at + 3 * PAGE, PAGE as usize),
-                b[off + 3 * PAGE as usize..][..PAGE as usize]
-            );
-            assert_eq!(read(&mem, 0, A_LEN as usize), a);
-            let _ = std::fs::remove_file(&path);
-            let _ = std::fs::remove_file(&dpath);
+                assert_eq!(n, 3 * PAGE as isize, "read(2) into unfilled guest RAM");
+                let r = h.wait();
+                assert!(r.bad.is_empty());
+                let data = pattern(3 * PAGE as usize, 5);
+                assert_eq!(read(mem, at, data.len()), data);
+                // Around it: the snapshot.
+                let off = (at - B) as usize;
+                assert_eq!(read(mem, B, off), b[..off]);
+                assert_eq!(
+                    read(mem, at + 3 * PAGE, PAGE as usize),
+                    b[off + 3 * PAGE as usize..][..PAGE as usize]
+                );
+                assert_eq!(read(mem, 0, A_LEN as usize), *a);
+                let _ = std::fs::remove_file(&dpath);
+            });
         },
     );
 }
@@ -351,63 +366,60 @@ fn a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages() {
         "a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("truncated");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            // Some of region A is in before the cut.
-            let early = 2 * PAGE;
-            assert_eq!(read(&mem, early, 8), a[early as usize..][..8]);
-            // Cut the file 1 MiB + 3 pages into region B's bytes: the
-            // rest of B is gone (A lies before B in the file).
-            let size = std::fs::metadata(&path).unwrap().len();
-            // B's bytes are last, before a 16-byte trailer (no bad ranges).
-            let b_off = size - 16 - B_LEN;
-            let keep = (1 << 20) + 3 * PAGE;
-            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            f.set_len(b_off + keep).unwrap();
-            let r = h.wait();
-            assert_eq!(r.fill.bad_outcome, BadOutcome::Poisoned);
-            let lost: u64 = r.bad.iter().map(|x| x.len).sum();
-            assert_eq!(
-                r.bad.first().map(|x| x.addr),
-                Some(GuestAddress(B + keep)),
-                "{:?}",
-                r.bad
-            );
-            assert_eq!(lost, B_LEN - keep, "{:?}", r.bad);
-            assert!(r.bad.iter().all(|x| x.kind == FaultKind::Vanished));
-            // Region A and B's first part restored.
-            assert_eq!(read(&mem, 0, A_LEN as usize), a);
-            assert_eq!(read(&mem, B, keep as usize), b[..keep as usize]);
-            // A lost page holds a poison marker: a read gets SIGBUS there
-            // (BUS_MCEERR_AR as for real poison where the kernel has
-            // CONFIG_MEMORY_FAILURE; without it, x86 reports BUS_ADRERR).
-            let mut buf = vec![0u8; PAGE as usize];
-            // SAFETY: guest RAM we own, read with the mc copy.
-            let e = unsafe {
-                foliokit::copy_mc_raw(
-                    buf.as_mut_ptr(),
-                    host(&mem, B + keep + 7 * PAGE),
-                    buf.len(),
-                    foliokit::CopyStrategy::Auto,
-                )
-            };
-            match e {
-                Err(foliokit::McError::Fault(f)) => {
-                    let memory_failure =
-                        std::path::Path::new("/proc/sys/vm/memory_failure_early_kill").exists();
-                    let want = if memory_failure {
-                        FaultKind::Poison
-                    } else {
-                        FaultKind::Vanished
-                    };
-                    assert_eq!(f.kind, want, "memory failure handling: {memory_failure}");
+            while_restoring("truncated", &paused(), |snap, mem, h| {
+                let Restoring { path, a, b } = snap;
+                // Some of region A is in before the cut.
+                let early = 2 * PAGE;
+                assert_eq!(read(mem, early, 8), a[early as usize..][..8]);
+                // Cut the file 1 MiB + 3 pages into region B's bytes: the
+                // rest of B is gone (A lies before B in the file).
+                let size = std::fs::metadata(path).unwrap().len();
+                // B's bytes are last, before a 16-byte trailer (no bad ranges).
+                let b_off = size - 16 - B_LEN;
+                let keep = (1 << 20) + 3 * PAGE;
+                let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                f.set_len(b_off + keep).unwrap();
+                let r = h.wait();
+                assert_eq!(r.fill.bad_outcome, BadOutcome::Poisoned);
+                let lost: u64 = r.bad.iter().map(|x| x.len).sum();
+                assert_eq!(
+                    r.bad.first().map(|x| x.addr),
+                    Some(GuestAddress(B + keep)),
+                    "{:?}",
+                    r.bad
+                );
+                assert_eq!(lost, B_LEN - keep, "{:?}", r.bad);
+                assert!(r.bad.iter().all(|x| x.kind == FaultKind::Vanished));
+                // Region A and B's first part restored.
+                assert_eq!(read(mem, 0, A_LEN as usize), *a);
+                assert_eq!(read(mem, B, keep as usize), b[..keep as usize]);
+                // A lost page holds a poison marker: a read gets SIGBUS there
+                // (BUS_MCEERR_AR as for real poison where the kernel has
+                // CONFIG_MEMORY_FAILURE; without it, x86 reports BUS_ADRERR).
+                let mut buf = vec![0u8; PAGE as usize];
+                // SAFETY: guest RAM we own, read with the mc copy.
+                let e = unsafe {
+                    foliokit::copy_mc_raw(
+                        buf.as_mut_ptr(),
+                        host(mem, B + keep + 7 * PAGE),
+                        buf.len(),
+                        foliokit::CopyStrategy::Auto,
+                    )
+                };
+                match e {
+                    Err(foliokit::McError::Fault(f)) => {
+                        let memory_failure =
+                            std::path::Path::new("/proc/sys/vm/memory_failure_early_kill").exists();
+                        let want = if memory_failure {
+                            FaultKind::Poison
+                        } else {
+                            FaultKind::Vanished
+                        };
+                        assert_eq!(f.kind, want, "memory failure handling: {memory_failure}");
+                    }
+                    other => panic!("a lost page read as {other:?}"),
                 }
-                other => panic!("a lost page read as {other:?}"),
-            }
-            let _ = std::fs::remove_file(&path);
+            });
         },
     );
 }
@@ -482,82 +494,81 @@ fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
         "cancel_keeps_what_was_filled_and_wait_fills_the_rest",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("cancel");
-            let mem = vm();
             let mut o = LazyRestoreOptions::default();
             o.fill.latency_budget = Duration::from_micros(1);
             o.fill.channels = 1;
-            let Some(h) = start(&mem, &path, &o) else {
-                return;
-            };
-            // Cancel at once: how far the fill got by then depends on
-            // scheduling (on an idle machine all 24 MiB can be in first).
-            h.cancel();
-            std::thread::sleep(Duration::from_millis(20));
-            let p1 = h.progress();
-            std::thread::sleep(Duration::from_millis(50));
-            let p2 = h.progress();
-            assert_eq!(
-                p1.filled_pages, p2.filled_pages,
-                "the fill went on after cancel"
-            );
-            if p2.done {
-                common::say("NOTE: the fill ended before the cancel was seen; only wait checked");
-            }
-            // Faults are still served while cancelled. The fill goes in
-            // address order, so the last folio is the last to come: out
-            // still unless a loaded machine let the fill reach it before
-            // the cancel was seen.
-            // (Address order is host address order: the region mapped
-            // higher comes last.)
-            let out = !p2.done && p2.filled_pages + p2.faulted_pages < p2.total_pages;
-            if host(&mem, B) > host(&mem, 0) {
+            while_restoring("cancel", &o, |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                // Cancel at once: how far the fill got by then depends on
+                // scheduling (on an idle machine all 24 MiB can be in first).
+                h.cancel();
+                std::thread::sleep(Duration::from_millis(20));
+                let p1 = h.progress();
+                std::thread::sleep(Duration::from_millis(50));
+                let p2 = h.progress();
                 assert_eq!(
-                    read(&mem, B + B_LEN - PAGE, PAGE as usize),
-                    b[(B_LEN - PAGE) as usize..]
+                    p1.filled_pages, p2.filled_pages,
+                    "the fill went on after cancel"
                 );
-            } else {
-                assert_eq!(
-                    read(&mem, A_LEN - PAGE, PAGE as usize),
-                    a[(A_LEN - PAGE) as usize..]
-                );
-            }
-            if out {
-                // The counts follow the install (which wakes us) closely.
-                let t = std::time::Instant::now();
-                while h.progress().faulted_pages == p2.faulted_pages {
-                    assert!(
-                        t.elapsed() < Duration::from_secs(5),
-                        "the fault was not counted: {p2:?} then {:?}",
-                        h.progress()
+                if p2.done {
+                    common::say(
+                        "NOTE: the fill ended before the cancel was seen; only wait checked",
                     );
-                    std::thread::yield_now();
                 }
-            } else {
-                common::say(
-                    "NOTE: the fill was done before the cancel; fault while cancelled not checked",
-                );
-            }
-            assert_eq!(h.progress().filled_pages, p2.filled_pages);
-            let r = h.wait();
-            assert!(r.fill.progress.done);
-            assert_eq!(read(&mem, 0, A_LEN as usize), a);
-            // Huge pages stayed huge: every whole 2 MiB folio of guest RAM
-            // went in as one (UFFDIO_MOVE of a staged THP).
-            let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-                .unwrap_or_default();
-            let ha = host(&mem, 0) as usize;
-            if thp.contains("[never]") {
-                skip("THP disabled: huge pages not checked");
-            } else {
-                let whole =
-                    ((ha + A_LEN as usize) / (2 << 20)).saturating_sub(ha.div_ceil(2 << 20));
-                // (smaps counts whole mappings; B's may be merged with A's.)
-                assert!(thp_bytes(ha, A_LEN as usize) >= (whole as u64) << 21);
-                assert!(r.fill.whole_folios >= whole as u64);
-            }
-            assert_eq!(read(&mem, B, B_LEN as usize), b);
-            let _ = std::fs::remove_file(&path);
+                // Faults are still served while cancelled. The fill goes in
+                // address order, so the last folio is the last to come: out
+                // still unless a loaded machine let the fill reach it before
+                // the cancel was seen.
+                // (Address order is host address order: the region mapped
+                // higher comes last.)
+                let out = !p2.done && p2.filled_pages + p2.faulted_pages < p2.total_pages;
+                if host(mem, B) > host(mem, 0) {
+                    assert_eq!(
+                        read(mem, B + B_LEN - PAGE, PAGE as usize),
+                        b[(B_LEN - PAGE) as usize..]
+                    );
+                } else {
+                    assert_eq!(
+                        read(mem, A_LEN - PAGE, PAGE as usize),
+                        a[(A_LEN - PAGE) as usize..]
+                    );
+                }
+                if out {
+                    // The counts follow the install (which wakes us) closely.
+                    let t = std::time::Instant::now();
+                    while h.progress().faulted_pages == p2.faulted_pages {
+                        assert!(
+                            t.elapsed() < Duration::from_secs(5),
+                            "the fault was not counted: {p2:?} then {:?}",
+                            h.progress()
+                        );
+                        std::thread::yield_now();
+                    }
+                } else {
+                    common::say(
+                        "NOTE: the fill was done before the cancel; fault while cancelled not checked",
+                    );
+                }
+                assert_eq!(h.progress().filled_pages, p2.filled_pages);
+                let r = h.wait();
+                assert!(r.fill.progress.done);
+                assert_eq!(read(mem, 0, A_LEN as usize), *a);
+                // Huge pages stayed huge: every whole 2 MiB folio of guest RAM
+                // went in as one (UFFDIO_MOVE of a staged THP).
+                let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                    .unwrap_or_default();
+                let ha = host(mem, 0) as usize;
+                if thp.contains("[never]") {
+                    skip("THP disabled: huge pages not checked");
+                } else {
+                    let whole =
+                        ((ha + A_LEN as usize) / (2 << 20)).saturating_sub(ha.div_ceil(2 << 20));
+                    // (smaps counts whole mappings; B's may be merged with A's.)
+                    assert!(thp_bytes(ha, A_LEN as usize) >= (whole as u64) << 21);
+                    assert!(r.fill.whole_folios >= whole as u64);
+                }
+                assert_eq!(read(mem, B, B_LEN as usize), *b);
+            });
         },
     );
 }
@@ -568,43 +579,40 @@ fn a_child_forked_during_the_fill_sees_the_snapshot() {
         "a_child_forked_during_the_fill_sees_the_snapshot",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("fork");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            // Part in, part discarded, most still to come.
-            assert_eq!(read(&mem, PAGE, 8), a[PAGE as usize..][..8]);
-            let gone = 8 << 20;
-            // SAFETY: discarding guest RAM we own.
-            let rc = unsafe {
-                libc::madvise(host(&mem, gone).cast(), PAGE as usize, libc::MADV_DONTNEED)
-            };
-            assert_eq!(rc, 0);
-            // SAFETY: the child only reads memory and exits.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                let good = read(&mem, 0, gone as usize) == a[..gone as usize]
-                    && read(&mem, gone, PAGE as usize).iter().all(|&x| x == 0)
-                    && read(&mem, gone + PAGE, (A_LEN - gone - PAGE) as usize)
-                        == a[(gone + PAGE) as usize..]
-                    && read(&mem, B, B_LEN as usize) == b;
-                // SAFETY: leaving the forked child without running the
-                // parent's destructors.
-                unsafe { libc::_exit(if good { 0 } else { 1 }) };
-            }
-            assert!(pid > 0);
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-            assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "the forked child saw wrong bytes (status {status:#x})"
-            );
-            let r = h.wait();
-            assert!(r.fill.forks >= 1);
-            assert_eq!(read(&mem, B, B_LEN as usize), b);
-            let _ = std::fs::remove_file(&path);
+            while_restoring("fork", &paused(), |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                // Part in, part discarded, most still to come.
+                assert_eq!(read(mem, PAGE, 8), a[PAGE as usize..][..8]);
+                let gone = 8 << 20;
+                // SAFETY: discarding guest RAM we own.
+                let rc = unsafe {
+                    libc::madvise(host(mem, gone).cast(), PAGE as usize, libc::MADV_DONTNEED)
+                };
+                assert_eq!(rc, 0);
+                // SAFETY: the child only reads memory and exits.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    let good = read(mem, 0, gone as usize) == a[..gone as usize]
+                        && read(mem, gone, PAGE as usize).iter().all(|&x| x == 0)
+                        && read(mem, gone + PAGE, (A_LEN - gone - PAGE) as usize)
+                            == a[(gone + PAGE) as usize..]
+                        && read(mem, B, B_LEN as usize) == *b;
+                    // SAFETY: leaving the forked child without running the
+                    // parent's destructors.
+                    unsafe { libc::_exit(if good { 0 } else { 1 }) };
+                }
+                assert!(pid > 0);
+                let mut status = 0;
+                // SAFETY: waiting for our own child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                    "the forked child saw wrong bytes (status {status:#x})"
+                );
+                let r = h.wait();
+                assert!(r.fill.forks >= 1);
+                assert_eq!(read(mem, B, B_LEN as usize), *b);
+            });
         },
     );
 }

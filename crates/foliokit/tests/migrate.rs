@@ -3,18 +3,11 @@
 
 mod common;
 
-use common::{in_child, pattern, TruncatedFile};
+use common::{in_child, node, pattern, TruncatedFile, MIB, PAGE};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, Path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-
-fn node() -> u32 {
-    system::numa_nodes()[0]
-}
 
 fn relocation_available() -> bool {
     let mut r = Region::new(2 * MIB, 2 * MIB).unwrap();

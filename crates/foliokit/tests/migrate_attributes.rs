@@ -11,8 +11,7 @@
 
 mod common;
 
-use common::{in_child, pattern, relocation_available, skip};
-use foliokit::mem::system;
+use common::{in_child, node, pattern, relocation_available, skip, MIB, PAGE};
 use foliokit::migrate::{
     migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path, Refusal,
 };
@@ -22,8 +21,6 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
 const GIB: usize = 1 << 30;
 /// Size of each neighbouring mapping.
 const NB: usize = 16 * PAGE;
@@ -32,15 +29,8 @@ const RW: libc::c_int = libc::PROT_READ | libc::PROT_WRITE;
 const PATHS: [Path; 3] = [Path::Relocate, Path::Auto, Path::Kernel];
 static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
 
-fn node() -> u32 {
-    system::numa_nodes()[0]
-}
-
 fn opts(path: Path) -> MigrateOptions {
-    MigrateOptions::default()
-        .path(path)
-        .batch_pages(256)
-        .channels(2)
+    common::opts(path, 256)
 }
 
 fn errno() -> io::Error {

@@ -12,8 +12,8 @@
 #[macro_use]
 mod common;
 
-use common::{in_child, pattern, skip};
-use foliokit::mem::{system, Region};
+use common::{in_child, node, pattern, skip, LIMIT, MIB, PAGE, RUN, THP};
+use foliokit::mem::Region;
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -22,49 +22,29 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize};
 use std::thread;
 use std::time::{Duration, Instant};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-const THP: usize = 2 << 20;
-/// How long each scenario keeps migrating.
-const RUN: Duration = Duration::from_millis(1500);
-/// A test child running longer than this has hung.
-const LIMIT: Duration = Duration::from_secs(60);
-
 on_both_paths!(dontneed_and_rewrite => relocate_dontneed_and_rewrite, kernel_dontneed_and_rewrite);
-on_both_paths!(munmap_hole => relocate_munmap_hole, kernel_munmap_hole);
-on_both_paths!(munmap_hole_then_new_mapping => relocate_munmap_hole_then_new_mapping, kernel_munmap_hole_then_new_mapping);
+on_both_paths!(|path| hole_cycles(path, false) => relocate_munmap_hole, kernel_munmap_hole);
+on_both_paths!(|path| hole_cycles(path, true) => relocate_munmap_hole_then_new_mapping, kernel_munmap_hole_then_new_mapping);
 on_both_paths!(mprotect_toggle => relocate_mprotect_toggle, kernel_mprotect_toggle);
 on_both_paths!(syscall_writes => relocate_syscall_writes, kernel_syscall_writes);
 on_both_paths!(o_direct_reads => relocate_o_direct_reads, kernel_o_direct_reads);
-on_both_paths!(futex_mutex => relocate_futex_mutex, kernel_futex_mutex);
+on_both_paths!(|path| mutex_scenario(path, libc::PTHREAD_PRIO_NONE) => relocate_futex_mutex, kernel_futex_mutex);
 
-/// Relocation cannot keep a priority-inheritance futex working (see
-/// [`pi_futex_cannot_wait_on_a_userfaultfd`]): its contract excludes such
-/// memory, so only the kernel path runs this scenario.
-#[test]
-fn kernel_pi_mutex() {
-    in_child("kernel_pi_mutex", LIMIT, || {
-        println!();
-        common::one_at_a_time();
-        mutex_scenario(Path::Kernel, libc::PTHREAD_PRIO_INHERIT)
-    })
-}
+scenario_test!(
+    /// Relocation cannot keep a priority-inheritance futex working (see
+    /// [`pi_futex_cannot_wait_on_a_userfaultfd`]): its contract excludes
+    /// such memory, so only the kernel path runs this scenario.
+    kernel_pi_mutex => mutex_scenario(Path::Kernel, libc::PTHREAD_PRIO_INHERIT)
+);
 on_both_paths!(fork_mid_migration => relocate_fork_mid_migration, kernel_fork_mid_migration);
-on_both_paths!(first_touch_4k => relocate_first_touch_4k, kernel_first_touch_4k);
-on_both_paths!(first_touch_thp => relocate_first_touch_thp, kernel_first_touch_thp);
+on_both_paths!(|path| first_touch(path, PAGE) => relocate_first_touch_4k, kernel_first_touch_4k);
+on_both_paths!(|path| first_touch(path, THP) => relocate_first_touch_thp, kernel_first_touch_thp);
 
 // ---------------------------------------------------------------------------
 // Shared pieces
 
-fn node() -> u32 {
-    system::numa_nodes()[0]
-}
-
 fn opts(path: Path) -> MigrateOptions {
-    MigrateOptions::default()
-        .path(path)
-        .channels(2)
-        .batch_pages(512)
+    common::opts(path, 512)
 }
 
 /// One migration of `[addr, addr + len)`.
@@ -514,14 +494,6 @@ fn dontneed_and_rewrite(path: Path) {
 
 // ---------------------------------------------------------------------------
 // 2. munmap of a sub-range while migrate loops (and a new mapping there)
-
-fn munmap_hole(path: Path) {
-    hole_cycles(path, false);
-}
-
-fn munmap_hole_then_new_mapping(path: Path) {
-    hole_cycles(path, true);
-}
 
 /// Cycles of: a fresh 8 MiB region (4 KiB and THP in turn), migrated over
 /// and over as a whole and in its two parts while another thread unmaps a
@@ -1056,10 +1028,6 @@ fn o_direct_reads(path: Path) {
 // FUTEX_WAKE, which wait on a userfaultfd like any kernel access) on both
 // paths, priority-inheritance ones on the kernel path only.
 
-fn futex_mutex(path: Path) {
-    mutex_scenario(path, libc::PTHREAD_PRIO_NONE)
-}
-
 fn mutex_scenario(path: Path, protocol: libc::c_int) {
     const LOCKS: usize = 4;
     let len = 16 * MIB;
@@ -1523,14 +1491,6 @@ fn wait_child(pid: libc::pid_t, limit: Duration) -> i32 {
 
 // ---------------------------------------------------------------------------
 // 8. First writes to never-touched pages
-
-fn first_touch_4k(path: Path) {
-    first_touch(path, PAGE);
-}
-
-fn first_touch_thp(path: Path) {
-    first_touch(path, THP);
-}
 
 /// A sparse 32 MiB range (every fourth 4 KiB page, or every third 2 MiB
 /// chunk, written before; the rest never touched) where a writer stores

@@ -11,6 +11,16 @@ use foliokit::mem::Region;
 
 pub const CANARY: u8 = 0xA5;
 
+/// The base page, a MiB, and a PMD-sized huge page (x86_64's 2 MiB).
+pub const PAGE: usize = 4096;
+pub const MIB: usize = 1 << 20;
+pub const THP: usize = 2 << 20;
+
+/// How long each concurrent migration scenario keeps migrating.
+pub const RUN: std::time::Duration = std::time::Duration::from_millis(1500);
+/// A migration scenario's test child running longer than this has hung.
+pub const LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Deterministic, position-dependent bytes (never all equal, never zero-only).
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -500,14 +510,7 @@ pub fn relocation_available() -> bool {
     r.as_mut_slice().fill(1);
     let o = MigrateOptions::default().path(Path::Relocate);
     // SAFETY: our own region, nobody else uses it.
-    match unsafe {
-        migrate(
-            r.as_mut_ptr(),
-            r.len(),
-            foliokit::mem::system::numa_nodes()[0],
-            &o,
-        )
-    } {
+    match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
         Ok(_) => true,
         Err(e @ MigrateError::Refused { .. }) => {
             skip(&format!("relocation unavailable here: {e}"));
@@ -573,33 +576,55 @@ pub fn one_at_a_time() {
     std::mem::forget(f);
 }
 
-/// Two tests per scenario `fn(foliokit::migrate::Path)`: relocation
-/// (skipped, saying why, where it is unavailable) and the kernel path,
-/// each in a child process with the caller's `LIMIT`, one at a time.
+/// The first NUMA node (every machine has it): where the migration tests
+/// move pages when any node will do.
+pub fn node() -> u32 {
+    foliokit::mem::system::numa_nodes()[0]
+}
+
+/// Migration options for the scenarios: `path`, batches of `batch_pages`,
+/// and two channels (the scenarios are built for two CPUs, see
+/// [`one_at_a_time`]).
+pub fn opts(
+    path: foliokit::migrate::Path,
+    batch_pages: usize,
+) -> foliokit::migrate::MigrateOptions {
+    foliokit::migrate::MigrateOptions::default()
+        .path(path)
+        .channels(2)
+        .batch_pages(batch_pages)
+}
+
+/// A migration scenario's test `$test`: `$body` runs in a child process
+/// (limit [`LIMIT`]), one at a time with the other scenarios.
 #[allow(unused_macros)]
-macro_rules! on_both_paths {
-    ($scenario:ident => $relocate:ident, $kernel:ident) => {
+macro_rules! scenario_test {
+    ($(#[$attr:meta])* $test:ident => $body:expr) => {
+        $(#[$attr])*
         #[test]
-        fn $relocate() {
-            crate::common::in_child(stringify!($relocate), LIMIT, || {
+        fn $test() {
+            crate::common::in_child(stringify!($test), crate::common::LIMIT, || {
                 // End libtest's "test NAME ... " line, so that the lines
                 // below start with SKIP:/NOTE: and the parent shows them.
                 println!();
                 crate::common::one_at_a_time();
-                if !crate::common::relocation_available() {
-                    return;
-                }
-                $scenario(foliokit::migrate::Path::Relocate)
+                $body
             })
         }
+    };
+}
 
-        #[test]
-        fn $kernel() {
-            crate::common::in_child(stringify!($kernel), LIMIT, || {
-                println!();
-                crate::common::one_at_a_time();
-                $scenario(foliokit::migrate::Path::Kernel)
-            })
-        }
+/// Two tests per scenario `fn(foliokit::migrate::Path)` (a function or a
+/// closure): relocation (skipped, saying why, where it is unavailable) and
+/// the kernel path, each a [`scenario_test`].
+#[allow(unused_macros)]
+macro_rules! on_both_paths {
+    ($scenario:expr => $relocate:ident, $kernel:ident) => {
+        scenario_test!($relocate => {
+            if crate::common::relocation_available() {
+                ($scenario)(foliokit::migrate::Path::Relocate)
+            }
+        });
+        scenario_test!($kernel => ($scenario)(foliokit::migrate::Path::Kernel));
     };
 }
