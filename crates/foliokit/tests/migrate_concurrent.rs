@@ -224,6 +224,21 @@ fn migrate_while(
     t
 }
 
+/// [`migrate_while`] for the run, then what each of `workers` (threads
+/// that end once `stop` is set) returned; `what` names them in a panic.
+fn migrate_then_join<T>(
+    addr: usize,
+    len: usize,
+    path: Path,
+    stop: &AtomicBool,
+    workers: Vec<thread::ScopedJoinHandle<'_, T>>,
+    what: &str,
+) -> (Tally, Vec<T>) {
+    let tally = migrate_while(addr, len, path, stop, || false);
+    let done = workers.into_iter().map(|w| w.join().expect(what)).collect();
+    (tally, done)
+}
+
 /// The lines of /proc/self/maps overlapping `[start, end)`:
 /// (start, end, perms).
 fn maps_overlapping(start: usize, end: usize) -> Vec<(usize, usize, String)> {
@@ -256,6 +271,22 @@ fn assert_mapped(start: usize, end: usize, perms: &str, what: &str) {
         at >= end,
         "{what}: {at:#x}..{end:#x} is not mapped ({maps:x?})"
     );
+}
+
+/// A `len`-byte THP region whose first `data_len` bytes hold
+/// `pattern(data_len, seed)` (returned too) and whose rest is the slots of
+/// a sweep writer, 512 bytes apart, initialised.
+fn data_then_slots(len: usize, data_len: usize, seed: u64) -> (Region, Vec<u8>, Slots) {
+    let mut r = Region::new(len, THP).expect("region");
+    let want = pattern(data_len, seed);
+    r.as_mut_slice()[..data_len].copy_from_slice(&want);
+    let slots = Slots {
+        at: r.as_mut_ptr() as usize + data_len,
+        n: (len - data_len) / 512,
+        stride: 512,
+    };
+    slots.init();
+    (r, want, slots)
 }
 
 /// Slots of a sweep writer: `n` u64 words `stride` bytes apart from `at`,
@@ -665,16 +696,8 @@ fn mprotect_toggle(path: Path) {
     let len = 16 * MIB;
     let data_len = 14 * MIB;
     let data_pages = data_len / PAGE;
-    let mut r = Region::new(len, THP).expect("region");
-    let want = pattern(data_len, 3);
-    r.as_mut_slice()[..data_len].copy_from_slice(&want);
+    let (mut r, want, slots) = data_then_slots(len, data_len, 3);
     let base = r.as_mut_ptr() as usize;
-    let slots = Slots {
-        at: base + data_len,
-        n: (len - data_len) / 512,
-        stride: 512,
-    };
-    slots.init();
     let stop = AtomicBool::new(false);
     let (stop, want_ref) = (&stop, &want);
     let mut refusals: Vec<String> = Vec::new();
@@ -784,12 +807,7 @@ fn syscall_writes(path: Path) {
                 })
             })
             .collect();
-        let tally = migrate_while(base, len, path, &stop, || false);
-        let done: Vec<_> = workers
-            .into_iter()
-            .map(|w| w.join().expect("io thread"))
-            .collect();
-        (tally, done)
+        migrate_then_join(base, len, path, &stop, workers, "io thread")
     });
     let mut counts = [0usize; 4];
     for (k, (shadow, c)) in done.iter().enumerate() {
@@ -1000,12 +1018,7 @@ fn o_direct_reads(path: Path) {
                 })
             })
             .collect();
-        let tally = migrate_while(base, len, path, &stop, || false);
-        let done: Vec<_> = workers
-            .into_iter()
-            .map(|w| w.join().expect("O_DIRECT thread"))
-            .collect();
-        (tally, done)
+        migrate_then_join(base, len, path, &stop, workers, "O_DIRECT thread")
     });
     for (k, (shadow, reads)) in done.iter().enumerate() {
         assert!(*reads > 0);
@@ -1098,12 +1111,7 @@ fn mutex_scenario(path: Path, protocol: libc::c_int) {
                 })
             })
             .collect();
-        let tally = migrate_while(base, len, path, &stop, || false);
-        let mine: Vec<_> = workers
-            .into_iter()
-            .map(|w| w.join().expect("locking thread"))
-            .collect();
-        (tally, mine)
+        migrate_then_join(base, len, path, &stop, workers, "locking thread")
     });
     for (j, (a, b)) in mine[0].iter().zip(&mine[1]).enumerate() {
         let want = a + b;
@@ -1220,16 +1228,8 @@ fn fork_mid_migration(path: Path) {
     const FORKS: usize = 6;
     let len = 16 * MIB;
     let data_len = 12 * MIB;
-    let mut r = Region::new(len, THP).expect("region");
-    let want = pattern(data_len, 7);
-    r.as_mut_slice()[..data_len].copy_from_slice(&want);
+    let (mut r, want, slots) = data_then_slots(len, data_len, 7);
     let base = r.as_mut_ptr() as usize;
-    let slots = Slots {
-        at: base + data_len,
-        n: (len - data_len) / 512,
-        stride: 512,
-    };
-    slots.init();
     let stop = AtomicBool::new(false);
     let forked = AtomicBool::new(false);
     // Milliseconds since `t0` (+1) at which a fork() began, 0 when none is
