@@ -955,34 +955,58 @@ fn migrate_ok(at: usize, len: usize, path: Path) -> Option<MigrateReport> {
     }
 }
 
+/// Each path in turn (relocation where available) on a fresh 4 MiB range
+/// advised `advice` (bytes from `seed`): `prepare` sees the range's address
+/// and its mappings before and makes what the child needs (in the parent:
+/// a forked child must not allocate); after the migration the mappings and
+/// the bytes are as they were, and a child forked then runs
+/// `child(at, len, prepared)`, which must exit 0 (else, it `fails`: what a
+/// non-zero exit means).
+fn fork_after_migration<P>(
+    advice: libc::c_int,
+    seed: u64,
+    mut prepare: impl FnMut(usize, &Snap) -> P,
+    mut child: impl FnMut(usize, usize, &P) -> i32,
+    fails: &str,
+) {
+    let reloc = relocation_available();
+    for path in PATHS {
+        if path == Path::Relocate && !reloc {
+            continue;
+        }
+        let len = 4 * MIB;
+        let (at, data) = advised(len, advice, seed);
+        let before = snapshot(at, len);
+        let prepared = prepare(at, &before);
+        if let Some(rep) = migrate_ok(at, len, path) {
+            check_report(&format!("{path:?}"), path, &rep, len / PAGE);
+            println!("NOTE: {path:?} -> {}", rep.path);
+        }
+        assert_same(&format!("{path:?}"), &before, &snapshot(at, len));
+        let code = in_fork(|| child(at, len, &prepared));
+        assert_eq!(
+            code, 0,
+            "{path:?}: a child forked after migration {fails} (exit {code})"
+        );
+        assert_bytes(
+            &format!("{path:?}: parent"),
+            &read_mem(at, len).unwrap(),
+            &data,
+        );
+        unmap(at, len);
+    }
+}
+
 #[test]
 fn wipeonfork_child_reads_zeros_after_migration() {
     in_child("wipeonfork_child_reads_zeros_after_migration", T, || {
-        let reloc = relocation_available();
-        for path in PATHS {
-            if path == Path::Relocate && !reloc {
-                continue;
-            }
-            let len = 4 * MIB;
-            let (at, data) = advised(len, libc::MADV_WIPEONFORK, 11);
-            let before = snapshot(at, len);
-            if let Some(rep) = migrate_ok(at, len, path) {
-                check_report(&format!("{path:?}"), path, &rep, len / PAGE);
-                println!("NOTE: {path:?} -> {}", rep.path);
-            }
-            assert_same(&format!("{path:?}"), &before, &snapshot(at, len));
-            let code = in_fork(|| if child_reads_zeros(at, len) { 0 } else { 1 });
-            assert_eq!(
-                code, 0,
-                "{path:?}: a child forked after migration did not read zeros in the wipe-on-fork range (exit {code})"
-            );
-            assert_bytes(
-                &format!("{path:?}: parent"),
-                &read_mem(at, len).unwrap(),
-                &data,
-            );
-            unmap(at, len);
-        }
+        fork_after_migration(
+            libc::MADV_WIPEONFORK,
+            11,
+            |_, _| {},
+            |at, len, ()| if child_reads_zeros(at, len) { 0 } else { 1 },
+            "did not read zeros in the wipe-on-fork range",
+        )
     });
 }
 
@@ -992,35 +1016,17 @@ fn dontfork_child_lacks_the_mapping_after_migration() {
         "dontfork_child_lacks_the_mapping_after_migration",
         T,
         || {
-            let reloc = relocation_available();
             let mut buf = vec![0u8; 8 * MIB];
-            for path in PATHS {
-                if path == Path::Relocate && !reloc {
-                    continue;
-                }
-                let len = 4 * MIB;
-                let (at, data) = advised(len, libc::MADV_DONTFORK, 12);
-                let before = snapshot(at, len);
-                assert!(before.vmas[0].line.starts_with(&format!("{at:x}-")));
-                if let Some(rep) = migrate_ok(at, len, path) {
-                    check_report(&format!("{path:?}"), path, &rep, len / PAGE);
-                    println!("NOTE: {path:?} -> {}", rep.path);
-                }
-                assert_same(&format!("{path:?}"), &before, &snapshot(at, len));
-                let needle = format!("\n{at:x}-").into_bytes();
-                let code = in_fork(|| child_lacks(at, len, &mut buf, &needle));
-                assert_eq!(
-                    code, 0,
-                    "{path:?}: a child forked after migration has the DONTFORK mapping \
-                 (20: mincore found it, 22: in its /proc/self/maps; exit {code})"
-                );
-                assert_bytes(
-                    &format!("{path:?}: parent"),
-                    &read_mem(at, len).unwrap(),
-                    &data,
-                );
-                unmap(at, len);
-            }
+            fork_after_migration(
+                libc::MADV_DONTFORK,
+                12,
+                |at, before| {
+                    assert!(before.vmas[0].line.starts_with(&format!("{at:x}-")));
+                    format!("\n{at:x}-").into_bytes()
+                },
+                |at, len, needle| child_lacks(at, len, &mut buf, needle),
+                "has the DONTFORK mapping (20: mincore found it, 22: in its /proc/self/maps)",
+            )
         },
     );
 }
