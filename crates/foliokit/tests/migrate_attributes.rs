@@ -859,29 +859,10 @@ fn fork_child(check: impl FnOnce() -> i32) -> libc::pid_t {
 /// The exit code of child `pid` (99 if it hung for 10 s and was killed,
 /// 100 + signal if a signal ended it).
 fn wait_child(pid: libc::pid_t) -> i32 {
-    let t = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: waits for our own child; `status` is ours.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        assert!(r >= 0, "waitpid: {}", errno());
-        if r == pid {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(10) {
-            // SAFETY: our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return 99;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        100 + libc::WTERMSIG(status)
+    match common::wait_for_child(pid, Duration::from_secs(10)) {
+        Err(_) => 99,
+        Ok(status) if libc::WIFEXITED(status) => libc::WEXITSTATUS(status),
+        Ok(status) => 100 + libc::WTERMSIG(status),
     }
 }
 

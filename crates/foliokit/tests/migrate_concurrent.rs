@@ -1467,26 +1467,9 @@ fn uffd_registered(addr: usize, len: usize) -> bool {
 
 /// Waits for a child; kills it and panics if it runs longer than `limit`.
 fn wait_child(pid: libc::pid_t, limit: Duration) -> i32 {
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: our own child; status is ours.
-        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        assert!(rc >= 0, "waitpid: {}", errno());
-        if rc == pid {
-            return status;
-        }
-        if t0.elapsed() > limit {
-            let was = common::blocked_in(pid);
-            // SAFETY: our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            panic!("forked child {pid} hung for {limit:?} and was killed; it was in {was}");
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_for_child(pid, limit).unwrap_or_else(|was| {
+        panic!("forked child {pid} hung for {limit:?} and was killed; it was in {was}")
+    })
 }
 
 // ---------------------------------------------------------------------------

@@ -371,26 +371,39 @@ pub fn in_forked_child(child: impl FnOnce() -> bool) {
         // handlers or destructors.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
+    match wait_for_child(pid, std::time::Duration::from_secs(20) * slowdown()) {
+        Ok(status) => assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child failed: status {status:#x}"
+        ),
+        Err(_) => panic!("forked child hung: killed after ~{} s", 20 * slowdown()),
+    }
+}
+
+/// Waits up to `limit` for our child `pid` to end and returns its wait
+/// status; if it runs longer, kills and reaps it and returns what it was
+/// blocked in ([`blocked_in`]).
+pub fn wait_for_child(pid: libc::pid_t, limit: std::time::Duration) -> Result<i32, String> {
+    let t0 = std::time::Instant::now();
     let mut status = 0;
-    for _ in 0..2000 * slowdown() {
+    loop {
         // SAFETY: waits for our own child; `status` is a valid out-pointer.
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
         if r == pid {
-            assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "child failed: status {status:#x}"
-            );
-            return;
+            return Ok(status);
         }
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        if t0.elapsed() > limit {
+            let was = blocked_in(pid);
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(was);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    // SAFETY: kills and reaps our own child.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
-    }
-    panic!("forked child hung: killed after ~{} s", 20 * slowdown());
 }
 
 /// Reads a byte of every 4 KiB page of `mem`: resolves the hinting faults
