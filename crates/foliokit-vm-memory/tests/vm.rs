@@ -8,7 +8,6 @@
 #[path = "../../foliokit/tests/common/mod.rs"]
 mod common;
 
-use std::os::fd::AsRawFd;
 
 use common::pattern;
 use foliokit::mem::resident_pages;
@@ -285,27 +284,15 @@ fn pages_vanishing_under_a_mapped_snapshot_are_reported_through_sigbus() {
         .open(&path)
         .unwrap();
     let len = saved.bytes_written as usize;
-    // SAFETY: a fresh read-only shared mapping of our own file.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(map, libc::MAP_FAILED);
+    let map = foliokit::lazy::Source::map_file(&file, len).expect("map the snapshot");
     // Cut 5 pages of region A's data and everything after it.
     let cut = PAGE + A_LEN - 5 * PAGE;
     file.set_len(cut).unwrap();
     let fresh = poisoned_canvas();
     // SAFETY: the mapping covers `len` bytes for the whole call; the pages
     // past the new end raise SIGBUS, which restore_raw reports.
-    let r = unsafe { restore_raw(&fresh, map.cast(), len) }.expect("restore");
-    // SAFETY: our own mapping, no longer used.
-    unsafe { libc::munmap(map, len) };
+    let r = unsafe { restore_raw(&fresh, map.as_ptr(), len) }.expect("restore");
+    drop(map);
     let expect = [(A + A_LEN - 5 * PAGE, 5 * PAGE), (B, B_LEN)];
     assert_eq!(
         r.bad,

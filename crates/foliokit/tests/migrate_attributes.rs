@@ -64,15 +64,9 @@ fn allocate_on_the_target_node() {
 
 fn map(at: Option<usize>, len: usize, prot: libc::c_int, extra: libc::c_int) -> usize {
     allocate_on_the_target_node();
-    let flags = libc::MAP_PRIVATE
-        | libc::MAP_ANONYMOUS
-        | extra
-        | if at.is_some() { libc::MAP_FIXED } else { 0 };
-    // SAFETY: a fresh anonymous mapping; with MAP_FIXED, `at` lies inside a
-    // reservation this test made and owns.
-    let p = unsafe { libc::mmap(at.unwrap_or(0) as *mut _, len, prot, flags, -1, 0) };
-    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", errno());
-    p as usize
+    // SAFETY: with `at`, it lies inside a reservation this test made and
+    // owns.
+    unsafe { common::map_anonymous(at, len, prot, libc::MAP_PRIVATE | extra) as usize }
 }
 
 fn unmap(at: usize, len: usize) {

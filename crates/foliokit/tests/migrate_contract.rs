@@ -586,7 +586,7 @@ fn folio_census(path: Path) {
         // the kernel's policy and not what this test is about. Relocation
         // copies into new folios on the same node all the same, so its
         // promise is checked whole; cross-node moves are guest_numa's.
-        let first = system::numa_nodes()[0];
+        let first = common::node();
         // SAFETY: our own region, used by nothing else meanwhile.
         unsafe { migrate(base as *mut u8, len, first, &MigrateOptions::default()) }
             .expect("place on the first node");

@@ -36,20 +36,17 @@ fn target_process() {
     let mib: usize = parts.next().and_then(|m| m.parse().ok()).unwrap_or(16);
     let fork = parts.next() == Some("fork");
     let len = mib << 20;
-    // SAFETY: a fresh private anonymous mapping.
+    // SAFETY: a fresh private mapping (no address given), never unmapped.
     let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+        common::map_anonymous(
+            None,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
+            libc::MAP_PRIVATE,
         )
     };
-    assert_ne!(p, libc::MAP_FAILED);
     // SAFETY: our mapping; advice only.
-    unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    unsafe { libc::madvise(p.cast(), len, libc::MADV_HUGEPAGE) };
     // An address, so the writer thread may take it (the mapping outlives
     // the scope below).
     let words = p as usize;

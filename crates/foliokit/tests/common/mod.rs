@@ -161,6 +161,41 @@ pub fn sweep_clear(what: &str, clear: &dyn Fn(&mut [u8])) {
     }
 }
 
+/// A fresh anonymous mapping of `len` bytes with `prot` and `flags`
+/// (`MAP_ANONYMOUS` is added, and `MAP_FIXED` with `at`); panics if mmap
+/// fails. For what [`Region`] does not make: shared or reserved memory,
+/// mappings at a chosen place, memory that is never unmapped.
+///
+/// # Safety
+/// With `at`, `[at, at + len)` is memory the caller owns and gives up.
+pub unsafe fn map_anonymous(
+    at: Option<usize>,
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+) -> *mut u8 {
+    let fixed = if at.is_some() { libc::MAP_FIXED } else { 0 };
+    // SAFETY: a fresh anonymous mapping; with `at`, over memory the caller
+    // gives up (this function's contract).
+    let p = unsafe {
+        libc::mmap(
+            at.unwrap_or(0) as *mut libc::c_void,
+            len,
+            prot,
+            flags | libc::MAP_ANONYMOUS | fixed,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(
+        p,
+        libc::MAP_FAILED,
+        "mmap: {}",
+        std::io::Error::last_os_error()
+    );
+    p.cast()
+}
+
 /// A huge-page-friendly region of `folios` folios of `folio_size`, filled
 /// with a pattern, for batch tests.
 pub fn filled_region(folio_size: usize, folios: usize, seed: u64) -> Region {
