@@ -8,7 +8,6 @@
 #[path = "../../foliokit/tests/common/mod.rs"]
 mod common;
 
-
 use common::pattern;
 use foliokit::mem::resident_pages;
 use foliokit::migrate::{MigrateOptions, Path};

@@ -135,6 +135,17 @@ pub(crate) fn check_folio_size(folio_size: usize) -> Result<(), BatchError> {
     Ok(())
 }
 
+/// Checks that a contiguous copy's destination and source are equally long.
+pub(crate) fn check_lengths(dst: &[u8], src: &[u8]) -> Result<(), BatchError> {
+    if dst.len() != src.len() {
+        return Err(BatchError::LengthMismatch {
+            dst: dst.len(),
+            src: src.len(),
+        });
+    }
+    Ok(())
+}
+
 /// Checks a contiguous copy batch — equal lengths, whole folios, aligned
 /// bases — and returns its folio count.
 pub(crate) fn check_contiguous_copy(
@@ -142,12 +153,7 @@ pub(crate) fn check_contiguous_copy(
     src: &[u8],
     folio_size: usize,
 ) -> Result<usize, BatchError> {
-    if dst.len() != src.len() {
-        return Err(BatchError::LengthMismatch {
-            dst: dst.len(),
-            src: src.len(),
-        });
-    }
+    check_lengths(dst, src)?;
     let n = folio_count("destination", dst.len(), folio_size)?;
     check_bases(
         &[

@@ -416,29 +416,10 @@ impl Uffd {
     pub fn read_all(&self) -> io::Result<Vec<Msg>> {
         let mut out = Vec::new();
         loop {
-            let mut buf = [RawMsg::default(); 16];
-            // SAFETY: the buffer is valid for its whole size; the kernel
-            // writes whole messages into it.
-            let n = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    std::mem::size_of_val(&buf),
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                return match e.raw_os_error() {
-                    Some(libc::EAGAIN) => Ok(out),
-                    Some(libc::EINTR) => continue,
-                    _ => Err(e),
-                };
-            }
-            let count = n as usize / std::mem::size_of::<RawMsg>();
-            for m in &buf[..count] {
-                out.extend(Self::decode(m));
-            }
-            if count < buf.len() {
+            out.reserve(16);
+            self.read_into(&mut out)?;
+            // `read_into` stops early only when no message is left.
+            if out.len() < out.capacity() {
                 return Ok(out);
             }
         }
