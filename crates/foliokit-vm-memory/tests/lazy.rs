@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{in_child, pattern, skip};
+use common::{in_child, pattern, skip, temp_path};
 use foliokit::lazy::{BadOutcome, LazyError};
 use foliokit_vm_memory::{
     restore_lazy, restore_lazy_from_path, snapshot_to_file, Error, FaultKind, LazyRestore,
@@ -50,12 +50,6 @@ fn vm() -> Ram {
         unsafe { libc::madvise(h.cast(), r.len() as usize, libc::MADV_HUGEPAGE) };
     }
     m
-}
-
-fn temp_path(what: &str) -> std::path::PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("foliokit-lazy-{what}-{}-{n}", std::process::id()))
 }
 
 /// The guest's bytes before the snapshot: a pattern per region.

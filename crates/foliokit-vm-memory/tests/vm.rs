@@ -8,7 +8,7 @@
 #[path = "../../foliokit/tests/common/mod.rs"]
 mod common;
 
-use common::pattern;
+use common::{pattern, temp_file, temp_path};
 use foliokit::mem::resident_pages;
 use foliokit::migrate::{MigrateOptions, Path};
 use foliokit_vm_memory::{
@@ -66,15 +66,6 @@ fn dirty_pages(mem: &GuestMemoryMmap<AtomicBitmap>, addr: u64, len: u64) -> Vec<
         .filter(|i| r.bitmap().dirty_at((off + i * PAGE) as usize))
         .map(|i| addr + i * PAGE)
         .collect()
-}
-
-fn temp_path(what: &str) -> std::path::PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!(
-        "foliokit-vm-test-{what}-{}-{n}",
-        std::process::id()
-    ))
 }
 
 #[test]
@@ -314,14 +305,7 @@ fn pages_vanishing_under_a_mapped_snapshot_are_reported_through_sigbus() {
 /// the restore leaves them unwritten and reports them.
 #[test]
 fn guest_ram_that_sigbuses_is_recorded_in_the_snapshot_and_skipped_on_restore() {
-    let path = temp_path("guest-ram");
-    let backing = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let (backing, path) = temp_file("guest-ram");
     backing.set_len(B_LEN).unwrap();
     let mem = GuestMemoryMmap::<AtomicBitmap>::from_ranges_with_files([
         (GuestAddress(A), A_LEN as usize, None),

@@ -205,6 +205,28 @@ pub fn filled_region(folio_size: usize, folios: usize, seed: u64) -> Region {
     r
 }
 
+/// A path in the temporary directory no other call (of any test process)
+/// returns: `foliokit-test-{what}-{pid}-{n}`.
+pub fn temp_path(what: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("foliokit-test-{what}-{}-{n}", std::process::id()))
+}
+
+/// A new, empty file at [`temp_path`]`(what)`, open for reading and
+/// writing; the caller removes it.
+pub fn temp_file(what: &str) -> (std::fs::File, std::path::PathBuf) {
+    let path = temp_path(what);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("temp file");
+    (file, path)
+}
+
 /// A shared file mapping whose file can be truncated underneath it, so that
 /// reading the pages past the new end raises SIGBUS (`BUS_ADRERR`) — the
 /// portable, unprivileged way to make source pages vanish.
@@ -221,16 +243,7 @@ impl TruncatedFile {
     pub fn new(len: usize, seed: u64, at: Option<*mut u8>) -> TruncatedFile {
         use std::io::Write;
         use std::os::fd::AsRawFd;
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("foliokit-test-{}-{n}", std::process::id()));
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .expect("temp file");
+        let (mut file, path) = temp_file("truncated");
         file.write_all(&pattern(len, seed))
             .expect("write temp file");
         let flags = libc::MAP_SHARED | if at.is_some() { libc::MAP_FIXED } else { 0 };
