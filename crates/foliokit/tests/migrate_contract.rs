@@ -91,15 +91,15 @@ fn signal_handler_stores(path: Path) {
     let base = r.as_mut_ptr() as usize;
     SIG_BASE.store(base, SeqCst);
     SIG_LEN.store(len, SeqCst);
-    // SAFETY: installs a handler that only touches the test's range and
-    // atomics; sigaction's argument is a zeroed, then filled, struct.
+    // SAFETY: a one-argument handler that only touches the test's range
+    // and atomics.
     unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = store_everywhere as *const () as usize;
-        libc::sigemptyset(&mut sa.sa_mask);
-        sa.sa_flags = libc::SA_RESTART;
-        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
-    }
+        common::set_handler(
+            libc::SIGUSR1,
+            store_everywhere as *const () as usize,
+            libc::SA_RESTART,
+        )
+    };
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() };
     let stop = AtomicBool::new(false);

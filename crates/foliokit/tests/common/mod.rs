@@ -303,6 +303,26 @@ impl Drop for TruncatedFile {
     }
 }
 
+/// Installs `handler` (an `extern "C"` function, as `usize`) for signal
+/// `sig` in this process, with `flags`; nothing but `sig` itself is
+/// blocked while it runs. Panics if sigaction fails.
+///
+/// # Safety
+/// `handler` has the signature `flags` selects (three arguments with
+/// `SA_SIGINFO`, else one), is async-signal-safe, and is right for every
+/// `sig` this process raises from now on.
+pub unsafe fn set_handler(sig: libc::c_int, handler: usize, flags: libc::c_int) {
+    // SAFETY: a zeroed, then filled, sigaction; the handler is the
+    // caller's to vouch for (this function's contract).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler;
+        sa.sa_flags = flags;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
 /// Set in a child process started by [`in_child`] to the test it runs.
 pub const CHILD_ENV: &str = "FOLIOKIT_TEST_CHILD";
 
