@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{filled_region, in_forked_child, pattern};
+use common::{filled_region, in_forked_child, pattern, PAGE};
 use foliokit::channels::{shared, Channel, ChannelError, ChannelPool, Completion, Op, Piece};
 use foliokit::mem::Region;
 use foliokit::strategy::CopyFn;
@@ -14,8 +14,6 @@ use foliokit::{ClearStrategy, CopyStrategy, Reuse, StrategyError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-const PAGE: usize = 4096;
 
 fn copy_fn(s: CopyStrategy) -> CopyFn {
     s.function().expect("strategy available")

@@ -6,14 +6,13 @@
 
 mod common;
 
-use common::{in_child, pattern, skip};
+use common::{in_child, pattern, skip, PAGE};
 use foliokit::mc::{copy_folios_mc, copy_mc, FaultKind, McError};
 use foliokit::mem::Region;
 use foliokit::{CopyOptions, CopyStrategy, Reuse, Strategy};
 use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
 use std::time::Duration;
 
-const PAGE: usize = 4096;
 const T: Duration = Duration::from_secs(120);
 
 /// si_code of the SIGBUS the injection itself raised (Linux 6.12 signals

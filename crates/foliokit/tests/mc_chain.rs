@@ -4,12 +4,10 @@
 
 mod common;
 
-use common::TruncatedFile;
+use common::{TruncatedFile, PAGE};
 use foliokit::mc::{copy_mc, FaultKind, McError};
 use foliokit::CopyStrategy;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-
-const PAGE: usize = 4096;
 
 static HIT: AtomicBool = AtomicBool::new(false);
 static FD: AtomicI32 = AtomicI32::new(-1);

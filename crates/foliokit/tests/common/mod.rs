@@ -82,6 +82,30 @@ impl Guarded {
     }
 }
 
+/// The strategies of `list` this machine can run; says why each other one
+/// is left out (as a skip).
+pub fn available<S: foliokit::Strategy>(list: &[S]) -> Vec<S> {
+    list.iter()
+        .copied()
+        .filter(|s| match s.unavailable() {
+            None => true,
+            Some(why) => {
+                skip(&format!("{} {}: {why}", S::OP, s.name()));
+                false
+            }
+        })
+        .collect()
+}
+
+/// The strategies this machine cannot run (they must be refused).
+pub fn unavailable<S: foliokit::Strategy>() -> Vec<S> {
+    S::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.unavailable().is_some())
+        .collect()
+}
+
 /// Lengths for the sweeps: every small size, and the edges around vector
 /// widths, lines, pages and a huge page.
 pub fn sweep_lengths() -> Vec<usize> {
