@@ -155,31 +155,20 @@ fn length_and_count_mismatches() {
 fn overlaps_are_rejected() {
     let (src, mut dst) = pair(4);
     let d = dst.as_mut_ptr();
-    let o = CopyOptions::default();
-    // Two destinations on the same folio.
-    let e = unsafe {
+    let s = src.as_ptr();
+    for (dsts, srcs) in [
+        // Two destinations on the same folio.
+        ([d, d], [s, s.wrapping_add(PAGE)]),
+        // A destination that is also a source (of another pair).
+        (
+            [d, d.wrapping_add(PAGE)],
+            [d.wrapping_add(PAGE).cast_const(), s],
+        ),
+    ] {
         // SAFETY: rejected before any pointer is used.
-        copy_folios_raw(
-            &[d, d],
-            &[src.as_ptr(), src.as_ptr().wrapping_add(PAGE)],
-            PAGE,
-            o,
-        )
+        let e = unsafe { copy_folios_raw(&dsts, &srcs, PAGE, CopyOptions::default()) }.unwrap_err();
+        assert!(matches!(e, BatchError::Overlap { .. }), "{e}");
     }
-    .unwrap_err();
-    assert!(matches!(e, BatchError::Overlap { .. }), "{e}");
-    // A destination that is also a source (of another pair).
-    let e = unsafe {
-        // SAFETY: as above.
-        copy_folios_raw(
-            &[d, d.wrapping_add(PAGE)],
-            &[d.wrapping_add(PAGE).cast_const(), src.as_ptr()],
-            PAGE,
-            o,
-        )
-    }
-    .unwrap_err();
-    assert!(matches!(e, BatchError::Overlap { .. }), "{e}");
     // Overlapping clear targets: 2-page folios one page apart.
     let e = unsafe {
         // SAFETY: as above.

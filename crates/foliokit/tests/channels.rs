@@ -467,6 +467,14 @@ fn pieces_count_once_and_only_for_their_own_batch() {
     }
 }
 
+/// A source of `folios` folios of `folio` bytes filled from `seed`, and a
+/// destination like it, for [`copies_through`].
+fn fork_buffers(folio: usize, folios: usize, seed: u64) -> (Region, Region) {
+    let src = filled_region(folio, folios, seed);
+    let dst = Region::new(src.len(), folio).unwrap();
+    (src, dst)
+}
+
 /// Copies `src` into `dst` (equal, whole folios) through `pool`, returning
 /// whether every byte arrived. Used in a forked child: no panics, no output.
 fn copies_through(pool: &ChannelPool, dst: &mut Region, src: &Region, folio: usize) -> bool {
@@ -495,8 +503,7 @@ fn shared_pool_works_after_fork() {
         Duration::from_secs(60),
         || {
             let folio = 4 * PAGE;
-            let src = filled_region(folio, 4, 11);
-            let mut dst = Region::new(src.len(), folio).unwrap();
+            let (src, mut dst) = fork_buffers(folio, 4, 11);
             let inherited = shared(2).unwrap();
             assert!(
                 copies_through(&inherited, &mut dst, &src, folio),
@@ -536,8 +543,7 @@ fn fork_while_another_thread_holds_the_pool_lock() {
         Duration::from_secs(60),
         || {
             let folio = 2 * PAGE;
-            let src = filled_region(folio, 2, 12);
-            let mut dst = Region::new(src.len(), folio).unwrap();
+            let (src, mut dst) = fork_buffers(folio, 2, 12);
             assert!(copies_through(&shared(2).unwrap(), &mut dst, &src, folio));
             foliokit::channels::hold_shared_lock(|| {
                 std::thread::scope(|s| {

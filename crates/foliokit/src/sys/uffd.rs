@@ -161,6 +161,15 @@ fn ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<()> {
     }
 }
 
+/// The outcome of a ranged ioctl of `len` bytes whose struct reports the
+/// bytes done in `done` (or a negative errno, none done) when it fails.
+fn partial(res: io::Result<()>, done: i64, len: usize) -> Result<usize, Partial> {
+    res.map(|()| len).map_err(|error| Partial {
+        done: usize::try_from(done).unwrap_or(0).min(len),
+        error,
+    })
+}
+
 fn range(start: usize, len: usize) -> Range {
     Range {
         start: start as u64,
@@ -289,14 +298,8 @@ impl Uffd {
             mode: 0,
             result: 0,
         };
-        match ioctl(&self.fd, req, &mut t) {
-            Ok(()) => Ok(len),
-            Err(error) => Err(Partial {
-                // The kernel stores bytes done, or a negative errno.
-                done: usize::try_from(t.result).unwrap_or(0).min(len),
-                error,
-            }),
-        }
+        let res = ioctl(&self.fd, req, &mut t);
+        partial(res, t.result, len)
     }
 
     /// `UFFDIO_MOVE`: moves the pages of `[src, src + len)` to `dst`, which
@@ -323,13 +326,8 @@ impl Uffd {
             mode: 0,
             updated: 0,
         };
-        match ioctl(&self.fd, UFFDIO_POISON, &mut p) {
-            Ok(()) => Ok(len),
-            Err(error) => Err(Partial {
-                done: usize::try_from(p.updated).unwrap_or(0).min(len),
-                error,
-            }),
-        }
+        let res = ioctl(&self.fd, UFFDIO_POISON, &mut p);
+        partial(res, p.updated, len)
     }
 
     /// `UFFDIO_WAKE`: wakes the threads waiting on `[start, start + len)`
