@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{in_child, pattern, skip, temp_path};
-use foliokit::lazy::{BadOutcome, LazyError};
+use foliokit::lazy::{
+    fill_lazily, BadOutcome, LazyError, LazyFill, LazyOptions, LazyRefusal, Segment, Source,
+};
 use foliokit_vm_memory::{
     restore_lazy, restore_lazy_from_path, snapshot_to_file, Error, FaultKind, LazyRestore,
     LazyRestoreOptions,
@@ -156,6 +158,35 @@ fn read(mem: &Ram, addr: u64, len: usize) -> Vec<u8> {
 
 fn host(mem: &Ram, addr: u64) -> *mut u8 {
     mem.get_host_address(GuestAddress(addr)).unwrap()
+}
+
+/// A snapshot-like file holding `data` (already unlinked), open for
+/// reading.
+fn data_file(what: &str, data: &[u8]) -> std::fs::File {
+    let path = temp_path(what);
+    std::fs::write(&path, data).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    file
+}
+
+/// Starts foliokit's lazy fill of `seg` from the first `seg.len` bytes of
+/// `file`, or says why it cannot run here and returns None.
+///
+/// # Safety
+/// As [`fill_lazily`]: `seg` is a range of ours, untouched until the fill
+/// ends.
+unsafe fn start_fill(seg: Segment, file: &std::fs::File, o: &LazyOptions) -> Option<LazyFill> {
+    let src = Source::map_file(file, seg.len).unwrap();
+    // SAFETY: forwarded contract.
+    match unsafe { fill_lazily(&[seg], src, o) } {
+        Ok(h) => Some(h),
+        Err(LazyError::Refused(why)) => {
+            skip(&format!("lazy fill unavailable here: {why}"));
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
 }
 
 #[test]
@@ -440,44 +471,41 @@ fn a_lost_page_the_guest_discards_reads_zeros_not_sigbus() {
         "a_lost_page_the_guest_discards_reads_zeros_not_sigbus",
         LIMIT,
         || {
-            let (path, _a, b) = snapshot_file("discard-lost");
-            let mem = vm();
             // Paused: only faults are served, so every step below is the
             // fault path's, and a touch that is never answered hangs until
             // the deadline.
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            let size = std::fs::metadata(&path).unwrap().len();
-            let b_off = size - 16 - B_LEN;
-            let keep = 4 << 20;
-            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            f.set_len(b_off + keep).unwrap();
-            let lost = B + keep + 5 * PAGE;
-            // The first touch finds the snapshot page gone: poisoned.
-            assert!(
-                matches!(read_mc(&mem, lost), Err(foliokit::McError::Fault(_))),
-                "a lost snapshot page must not read as bytes"
-            );
-            // The guest discards it (a balloon): from now on it expects
-            // zeros there, during the fill and after it.
-            // SAFETY: discarding guest RAM we own.
-            let rc = unsafe {
-                libc::madvise(host(&mem, lost).cast(), PAGE as usize, libc::MADV_DONTNEED)
-            };
-            assert_eq!(rc, 0);
-            assert_eq!(read_mc(&mem, lost).ok(), Some(vec![0; PAGE as usize]));
-            assert_eq!(read(&mem, B, 8), b[..8]);
-            let r = h.wait();
-            assert_eq!(read(&mem, lost, PAGE as usize), vec![0; PAGE as usize]);
-            assert!(
-                r.bad
-                    .iter()
-                    .any(|x| x.addr.0 <= lost && lost < x.addr.0 + x.len),
-                "the lost page stays in the report: {:?}",
-                r.bad
-            );
-            let _ = std::fs::remove_file(&path);
+            while_restoring("discard-lost", &paused(), |snap, mem, h| {
+                let Restoring { path, b, .. } = snap;
+                let size = std::fs::metadata(path).unwrap().len();
+                let b_off = size - 16 - B_LEN;
+                let keep = 4 << 20;
+                let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                f.set_len(b_off + keep).unwrap();
+                let lost = B + keep + 5 * PAGE;
+                // The first touch finds the snapshot page gone: poisoned.
+                assert!(
+                    matches!(read_mc(mem, lost), Err(foliokit::McError::Fault(_))),
+                    "a lost snapshot page must not read as bytes"
+                );
+                // The guest discards it (a balloon): from now on it expects
+                // zeros there, during the fill and after it.
+                // SAFETY: discarding guest RAM we own.
+                let rc = unsafe {
+                    libc::madvise(host(mem, lost).cast(), PAGE as usize, libc::MADV_DONTNEED)
+                };
+                assert_eq!(rc, 0);
+                assert_eq!(read_mc(mem, lost).ok(), Some(vec![0; PAGE as usize]));
+                assert_eq!(read(mem, B, 8), b[..8]);
+                let r = h.wait();
+                assert_eq!(read(mem, lost, PAGE as usize), vec![0; PAGE as usize]);
+                assert!(
+                    r.bad
+                        .iter()
+                        .any(|x| x.addr.0 <= lost && lost < x.addr.0 + x.len),
+                    "the lost page stays in the report: {:?}",
+                    r.bad
+                );
+            });
         },
     );
 }
@@ -635,7 +663,6 @@ fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
         "uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp",
         LIMIT,
         || {
-            use foliokit::lazy::{fill_lazily, LazyOptions, Segment, Source};
             let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
                 .unwrap_or_default();
             if thp.contains("[never]") {
@@ -644,10 +671,7 @@ fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
             }
             let len = 4usize << 20;
             let data = pattern(len, 3);
-            let path = temp_path("thp");
-            std::fs::write(&path, &data).unwrap();
-            let file = std::fs::File::open(&path).unwrap();
-            let _ = std::fs::remove_file(&path);
+            let file = data_file("thp", &data);
             for (folio, want_huge) in [(4096usize, false), (2 << 20, true)] {
                 let mut r = foliokit::mem::Region::unpopulated(len, 2 << 20).unwrap();
                 let seg = Segment {
@@ -659,16 +683,10 @@ fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
                     folio_size: folio,
                     ..LazyOptions::default()
                 };
-                let src = Source::map_file(&file, len).unwrap();
                 // SAFETY: a fresh region of ours, untouched until the
                 // fill ends.
-                let h = match unsafe { fill_lazily(&[seg], src, &o) } {
-                    Ok(h) => h,
-                    Err(LazyError::Refused(why)) => {
-                        skip(&format!("lazy fill unavailable here: {why}"));
-                        return;
-                    }
-                    Err(e) => panic!("{e}"),
+                let Some(h) = (unsafe { start_fill(seg, &file, &o) }) else {
+                    return;
                 };
                 let rep = h.wait();
                 assert!(r.as_slice() == &data[..], "folio {folio}: wrong bytes");
@@ -691,13 +709,9 @@ fn shared_memory_is_refused_unless_the_caller_opts_in() {
         "shared_memory_is_refused_unless_the_caller_opts_in",
         LIMIT,
         || {
-            use foliokit::lazy::{fill_lazily, LazyOptions, LazyRefusal, Segment, Source};
             let len = 2usize << 20;
             let data = pattern(len, 9);
-            let path = temp_path("shared");
-            std::fs::write(&path, &data).unwrap();
-            let file = std::fs::File::open(&path).unwrap();
-            let _ = std::fs::remove_file(&path);
+            let file = data_file("shared", &data);
             // A memfd mapped shared: guest RAM a vhost-user backend shares.
             // SAFETY: a fresh memfd, sized and mapped here, ours alone.
             let ram = unsafe {
@@ -765,46 +779,43 @@ fn mremap_dontunmap_during_the_fill_never_hangs_a_thread() {
         "mremap_dontunmap_during_the_fill_never_hangs_a_thread",
         LIMIT,
         || {
-            let (path, a, _b) = snapshot_file("mremap");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            let (off, len) = (4usize << 20, 2usize << 20);
-            let old = host(&mem, off as u64);
-            // Move 2 MiB of guest RAM elsewhere and keep the old range
-            // mapped (and empty): what a VMM taking a range out does.
-            // SAFETY: moving guest RAM we own; nothing else uses it.
-            let new = unsafe {
-                libc::mremap(
-                    old.cast(),
-                    len,
-                    len,
-                    libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP,
-                )
-            };
-            let moved = (new != libc::MAP_FAILED).then_some(new as *const u8);
-            match moved {
-                // The moved pages arrive where they went, with their bytes;
-                // the old range reads zeros, as the kernel gives there.
-                Some(new) => {
-                    assert_eq!(read_host(new, len), a[off..off + len]);
-                    assert_eq!(
-                        read_host(old, 2 * PAGE as usize),
-                        vec![0; 2 * PAGE as usize]
-                    );
+            while_restoring("mremap", &paused(), |snap, mem, h| {
+                let Restoring { a, .. } = snap;
+                let (off, len) = (4usize << 20, 2usize << 20);
+                let old = host(mem, off as u64);
+                // Move 2 MiB of guest RAM elsewhere and keep the old range
+                // mapped (and empty): what a VMM taking a range out does.
+                // SAFETY: moving guest RAM we own; nothing else uses it.
+                let new = unsafe {
+                    libc::mremap(
+                        old.cast(),
+                        len,
+                        len,
+                        libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP,
+                    )
+                };
+                let moved = (new != libc::MAP_FAILED).then_some(new as *const u8);
+                match moved {
+                    // The moved pages arrive where they went, with their bytes;
+                    // the old range reads zeros, as the kernel gives there.
+                    Some(new) => {
+                        assert_eq!(read_host(new, len), a[off..off + len]);
+                        assert_eq!(
+                            read_host(old, 2 * PAGE as usize),
+                            vec![0; 2 * PAGE as usize]
+                        );
+                    }
+                    // Linux 6.18 refuses MREMAP_DONTUNMAP on a range registered
+                    // with REMAP events; then nothing moved.
+                    None => skip(&format!(
+                        "mremap(MREMAP_DONTUNMAP) refused here ({}): that half is not tried",
+                        std::io::Error::last_os_error()
+                    )),
                 }
-                // Linux 6.18 refuses MREMAP_DONTUNMAP on a range registered
-                // with REMAP events; then nothing moved.
-                None => skip(&format!(
-                    "mremap(MREMAP_DONTUNMAP) refused here ({}): that half is not tried",
-                    std::io::Error::last_os_error()
-                )),
-            }
-            let r = h.wait();
-            assert!(r.bad.is_empty(), "{:?}", r.bad);
-            assert_eq!(read_host(moved.unwrap_or(old), len), a[off..off + len]);
-            let _ = std::fs::remove_file(&path);
+                let r = h.wait();
+                assert!(r.bad.is_empty(), "{:?}", r.bad);
+                assert_eq!(read_host(moved.unwrap_or(old), len), a[off..off + len]);
+            });
         },
     );
 }
@@ -815,29 +826,23 @@ fn a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail() {
         "a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail",
         LIMIT,
         || {
-            use foliokit::lazy::{fill_lazily, LazyOptions, Segment, Source};
             let len = 2usize << 20;
             let data = pattern(len, 5);
-            let path = temp_path("grow");
-            std::fs::write(&path, &data).unwrap();
-            let file = std::fs::File::open(&path).unwrap();
-            let _ = std::fs::remove_file(&path);
+            let file = data_file("grow", &data);
             // Room for twice the range, of which the range keeps the first
             // half; the second is held (PROT_NONE, so the fill's own
             // mappings cannot land there) until the range grows into it.
-            // SAFETY: a fresh private mapping, ours alone.
+            // SAFETY: a fresh private mapping (no address given), ours
+            // alone; its second half is inside it.
             let base = unsafe {
-                let p = libc::mmap(
-                    std::ptr::null_mut(),
+                let p = common::map_anonymous(
+                    None,
                     2 * len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
+                    libc::MAP_PRIVATE,
                 );
-                assert_ne!(p, libc::MAP_FAILED);
-                libc::mprotect(p.cast::<u8>().add(len).cast(), len, libc::PROT_NONE);
-                p.cast::<u8>()
+                libc::mprotect(p.add(len).cast(), len, libc::PROT_NONE);
+                p
             };
             let seg = Segment {
                 addr: base as usize,
@@ -848,15 +853,9 @@ fn a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail() {
                 start_cancelled: true,
                 ..LazyOptions::default()
             };
-            let src = Source::map_file(&file, len).unwrap();
             // SAFETY: our own untouched mapping.
-            let h = match unsafe { fill_lazily(&[seg], src, &o) } {
-                Ok(h) => h,
-                Err(LazyError::Refused(why)) => {
-                    skip(&format!("lazy fill unavailable here: {why}"));
-                    return;
-                }
-                Err(e) => panic!("{e}"),
+            let Some(h) = (unsafe { start_fill(seg, &file, &o) }) else {
+                return;
             };
             // SAFETY: giving back the held half, then growing our own
             // mapping into it in place (no MAYMOVE).
