@@ -126,6 +126,21 @@ struct Restoring {
     b: Vec<u8>,
 }
 
+impl Restoring {
+    /// Cuts the snapshot file `keep` bytes into region B's data: the rest
+    /// of B is gone (A lies before B in the file).
+    fn cut_b(&self, keep: u64) {
+        let size = std::fs::metadata(&self.path).unwrap().len();
+        // B's bytes are last, before a 16-byte trailer (no bad ranges).
+        let b_off = size - 16 - B_LEN;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .unwrap();
+        f.set_len(b_off + keep).unwrap();
+    }
+}
+
 /// Snapshots a patterned guest to a file (named after `what`), starts a
 /// lazy restore of it into fresh guest RAM with `opts` (or says why it
 /// cannot run here and returns), runs `body` with the RAM and the restore,
@@ -160,24 +175,34 @@ fn host(mem: &Ram, addr: u64) -> *mut u8 {
     mem.get_host_address(GuestAddress(addr)).unwrap()
 }
 
-/// A snapshot-like file holding `data` (already unlinked), open for
-/// reading.
-fn data_file(what: &str, data: &[u8]) -> std::fs::File {
+/// `pattern(len, seed)`, and a file holding it (already unlinked) open
+/// for reading: a snapshot's bytes for a bare fill.
+fn data_file(what: &str, len: usize, seed: u64) -> (Vec<u8>, std::fs::File) {
+    let data = pattern(len, seed);
     let path = temp_path(what);
-    std::fs::write(&path, data).unwrap();
+    std::fs::write(&path, &data).unwrap();
     let file = std::fs::File::open(&path).unwrap();
     let _ = std::fs::remove_file(&path);
-    file
+    (data, file)
 }
 
-/// Starts foliokit's lazy fill of `seg` from the first `seg.len` bytes of
-/// `file`, or says why it cannot run here and returns None.
+/// Starts foliokit's lazy fill of `[addr, addr + len)` from the first
+/// `len` bytes of `file`, or says why it cannot run here and returns None.
 ///
 /// # Safety
-/// As [`fill_lazily`]: `seg` is a range of ours, untouched until the fill
-/// ends.
-unsafe fn start_fill(seg: Segment, file: &std::fs::File, o: &LazyOptions) -> Option<LazyFill> {
-    let src = Source::map_file(file, seg.len).unwrap();
+/// As [`fill_lazily`]: the range is ours, untouched until the fill ends.
+unsafe fn start_fill(
+    addr: usize,
+    len: usize,
+    file: &std::fs::File,
+    o: &LazyOptions,
+) -> Option<LazyFill> {
+    let seg = Segment {
+        addr,
+        len,
+        offset: 0,
+    };
+    let src = Source::map_file(file, len).unwrap();
     // SAFETY: forwarded contract.
     match unsafe { fill_lazily(&[seg], src, o) } {
         Ok(h) => Some(h),
@@ -392,18 +417,14 @@ fn a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages() {
         LIMIT,
         || {
             while_restoring("truncated", &paused(), |snap, mem, h| {
-                let Restoring { path, a, b } = snap;
+                let Restoring { a, b, .. } = snap;
                 // Some of region A is in before the cut.
                 let early = 2 * PAGE;
                 assert_eq!(read(mem, early, 8), a[early as usize..][..8]);
                 // Cut the file 1 MiB + 3 pages into region B's bytes: the
                 // rest of B is gone (A lies before B in the file).
-                let size = std::fs::metadata(path).unwrap().len();
-                // B's bytes are last, before a 16-byte trailer (no bad ranges).
-                let b_off = size - 16 - B_LEN;
                 let keep = (1 << 20) + 3 * PAGE;
-                let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-                f.set_len(b_off + keep).unwrap();
+                snap.cut_b(keep);
                 let r = h.wait();
                 assert_eq!(r.fill.bad_outcome, BadOutcome::Poisoned);
                 let lost: u64 = r.bad.iter().map(|x| x.len).sum();
@@ -475,12 +496,9 @@ fn a_lost_page_the_guest_discards_reads_zeros_not_sigbus() {
             // fault path's, and a touch that is never answered hangs until
             // the deadline.
             while_restoring("discard-lost", &paused(), |snap, mem, h| {
-                let Restoring { path, b, .. } = snap;
-                let size = std::fs::metadata(path).unwrap().len();
-                let b_off = size - 16 - B_LEN;
+                let Restoring { b, .. } = snap;
                 let keep = 4 << 20;
-                let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-                f.set_len(b_off + keep).unwrap();
+                snap.cut_b(keep);
                 let lost = B + keep + 5 * PAGE;
                 // The first touch finds the snapshot page gone: poisoned.
                 assert!(
@@ -670,27 +688,22 @@ fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
                 return;
             }
             let len = 4usize << 20;
-            let data = pattern(len, 3);
-            let file = data_file("thp", &data);
+            let (data, file) = data_file("thp", len, 3);
             for (folio, want_huge) in [(4096usize, false), (2 << 20, true)] {
                 let mut r = foliokit::mem::Region::unpopulated(len, 2 << 20).unwrap();
-                let seg = Segment {
-                    addr: r.as_mut_ptr() as usize,
-                    len,
-                    offset: 0,
-                };
+                let addr = r.as_mut_ptr() as usize;
                 let o = LazyOptions {
                     folio_size: folio,
                     ..LazyOptions::default()
                 };
                 // SAFETY: a fresh region of ours, untouched until the
                 // fill ends.
-                let Some(h) = (unsafe { start_fill(seg, &file, &o) }) else {
+                let Some(h) = (unsafe { start_fill(addr, len, &file, &o) }) else {
                     return;
                 };
                 let rep = h.wait();
                 assert!(r.as_slice() == &data[..], "folio {folio}: wrong bytes");
-                let huge = thp_bytes(seg.addr, len);
+                let huge = thp_bytes(addr, len);
                 if want_huge {
                     assert_eq!(huge, len as u64, "moved-in THPs were split");
                     assert_eq!(rep.whole_folios, 2);
@@ -710,8 +723,7 @@ fn shared_memory_is_refused_unless_the_caller_opts_in() {
         LIMIT,
         || {
             let len = 2usize << 20;
-            let data = pattern(len, 9);
-            let file = data_file("shared", &data);
+            let (data, file) = data_file("shared", len, 9);
             // A memfd mapped shared: guest RAM a vhost-user backend shares.
             // SAFETY: a fresh memfd, sized and mapped here, ours alone.
             let ram = unsafe {
@@ -827,8 +839,7 @@ fn a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail() {
         LIMIT,
         || {
             let len = 2usize << 20;
-            let data = pattern(len, 5);
-            let file = data_file("grow", &data);
+            let (data, file) = data_file("grow", len, 5);
             // Room for twice the range, of which the range keeps the first
             // half; the second is held (PROT_NONE, so the fill's own
             // mappings cannot land there) until the range grows into it.
@@ -844,17 +855,12 @@ fn a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail() {
                 libc::mprotect(p.add(len).cast(), len, libc::PROT_NONE);
                 p
             };
-            let seg = Segment {
-                addr: base as usize,
-                len,
-                offset: 0,
-            };
             let o = LazyOptions {
                 start_cancelled: true,
                 ..LazyOptions::default()
             };
             // SAFETY: our own untouched mapping.
-            let Some(h) = (unsafe { start_fill(seg, &file, &o) }) else {
+            let Some(h) = (unsafe { start_fill(base as usize, len, &file, &o) }) else {
                 return;
             };
             // SAFETY: giving back the held half, then growing our own
