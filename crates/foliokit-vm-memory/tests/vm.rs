@@ -13,7 +13,7 @@ use foliokit::mem::resident_pages;
 use foliokit::migrate::{MigrateOptions, Path};
 use foliokit_vm_memory::{
     migrate_range, prefault, prefault_range, restore_from_bytes, restore_from_file, restore_raw,
-    snapshot, snapshot_to_file, BadRange, Error, FaultKind,
+    snapshot, snapshot_to_file, BadRange, Error, FaultKind, SnapshotReport,
 };
 use vm_memory::bitmap::{AtomicBitmap, Bitmap};
 use vm_memory::{
@@ -44,6 +44,16 @@ fn fill(mem: &GuestMemoryMmap<AtomicBitmap>, seed: u64) {
         let p = pattern(r.len() as usize, seed ^ r.start_addr().0);
         mem.write_slice(&p, r.start_addr()).expect("write guest");
     }
+}
+
+/// Guest RAM filled from `seed` ([`fill`]), its snapshot in memory, and
+/// the snapshot's report.
+fn snapshot_of(seed: u64) -> (GuestMemoryMmap<AtomicBitmap>, Vec<u8>, SnapshotReport) {
+    let mem = vm();
+    fill(&mem, seed);
+    let mut image = Vec::new();
+    let saved = snapshot(&mem, &mut image).expect("snapshot");
+    (mem, image, saved)
 }
 
 fn read(mem: &GuestMemoryMmap<AtomicBitmap>, addr: u64, len: u64) -> Vec<u8> {
@@ -144,10 +154,7 @@ fn prefault_range_spans_regions_and_refuses_holes_and_read_only_memory() {
 
 #[test]
 fn snapshot_restore_round_trip_is_exact_and_marks_everything_dirty() {
-    let mem = vm();
-    fill(&mem, 1);
-    let mut image = Vec::new();
-    let saved = snapshot(&mem, &mut image).expect("snapshot");
+    let (mem, image, saved) = snapshot_of(1);
     assert!(saved.bad.is_empty());
     assert_eq!(saved.guest_bytes, A_LEN + B_LEN);
     assert_eq!(saved.bytes_written, image.len() as u64);
@@ -350,10 +357,7 @@ fn guest_ram_that_sigbuses_is_recorded_in_the_snapshot_and_skipped_on_restore() 
 
 #[test]
 fn restore_refuses_a_foreign_layout_or_a_damaged_header_untouched() {
-    let mem = vm();
-    fill(&mem, 5);
-    let mut image = Vec::new();
-    snapshot(&mem, &mut image).unwrap();
+    let (_mem, image, _) = snapshot_of(5);
     // Guest memory without region B.
     let other =
         GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(GuestAddress(A), A_LEN as usize)]).unwrap();
@@ -449,10 +453,7 @@ fn migrate_a_guest_range_to_node_0() {
 /// byte-exact (the page's readable tail would read as zeros, not data).
 #[test]
 fn a_snapshot_cut_mid_page_loses_exactly_the_bytes_past_the_cut() {
-    let mem = vm();
-    fill(&mem, 7);
-    let mut image = Vec::new();
-    snapshot(&mem, &mut image).unwrap();
+    let (mem, image, _) = snapshot_of(7);
     let data_end = (PAGE + A_LEN + B_LEN) as usize;
     let cut = data_end - 2 * PAGE as usize - 100;
     let fresh = poisoned_canvas();
