@@ -9,20 +9,10 @@ use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, Path
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Whether relocation can run here, probed on the THP-backed memory these
+/// tests migrate.
 fn relocation_available() -> bool {
-    let mut r = Region::new(2 * MIB, 2 * MIB).unwrap();
-    let o = MigrateOptions::default().path(Path::Relocate);
-    // SAFETY: our own region, no other users.
-    match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
-        Err(e @ MigrateError::Refused { .. }) => {
-            common::skip(&format!("relocation checks: {e}"));
-            false
-        }
-        other => {
-            other.unwrap();
-            true
-        }
-    }
+    common::relocation_available_on(2 * MIB)
 }
 
 /// Migrates `r` over and over for `run_for` while two writers store

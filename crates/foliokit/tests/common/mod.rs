@@ -608,10 +608,17 @@ pub fn skip(reason: &str) {
     say(&format!("SKIP: {reason}"));
 }
 
-/// Whether relocation can run in this process; prints why not.
+/// Whether relocation can run in this process (on 4 KiB pages); prints
+/// why not.
 pub fn relocation_available() -> bool {
+    relocation_available_on(4096)
+}
+
+/// Whether relocation can run in this process on a 2 MiB region of
+/// `folio`-sized folios; prints why not.
+pub fn relocation_available_on(folio: usize) -> bool {
     use foliokit::migrate::{migrate, MigrateError, MigrateOptions, Path};
-    let mut r = Region::new(2 << 20, 4096).expect("region");
+    let mut r = Region::new(2 << 20, folio).expect("region");
     r.as_mut_slice().fill(1);
     let o = MigrateOptions::default().path(Path::Relocate);
     // SAFETY: our own region, nobody else uses it.
