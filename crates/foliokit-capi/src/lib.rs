@@ -19,10 +19,16 @@ mod nt;
 mod process;
 mod runtime;
 
+// The workspace's one test harness (guarded buffers, truncatable files,
+// child processes), as the other crates' tests use it; it names the
+// library `foliokit`, which this crate's own library is called.
+#[cfg(test)]
+extern crate fk as foliokit;
+#[cfg(test)]
+#[path = "../../foliokit/tests/common/mod.rs"]
+mod common;
 #[cfg(test)]
 mod layout;
-#[cfg(test)]
-mod test_util;
 #[cfg(test)]
 #[path = "../version.rs"]
 mod version;

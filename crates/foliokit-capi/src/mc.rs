@@ -62,8 +62,8 @@ pub unsafe extern "C" fn fk_copy_mc(
 mod tests {
     use super::*;
     use crate::error::{msg, INTERNAL};
-    use crate::test_util::Map;
     use fk::mc::FaultKind;
+    use fk::mem::Region;
     use std::ffi::c_int;
 
     #[test]
@@ -87,47 +87,25 @@ mod tests {
 
     #[test]
     fn copy_mc_reports_a_vanished_page_as_efault() {
-        use std::os::fd::AsRawFd;
         const PAGE: usize = 4096;
-        let path = std::env::temp_dir().join(format!("fk_capi_vanish_{}", std::process::id()));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        f.set_len(4 * PAGE as u64).unwrap();
-        // SAFETY: a fresh shared mapping of our file; checked below.
-        let src = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4 * PAGE,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(src, libc::MAP_FAILED);
-        f.set_len(2 * PAGE as u64).unwrap();
-        let dst = Map::new(4 * PAGE);
+        let src = crate::common::TruncatedFile::new(4 * PAGE, 1, None);
+        src.truncate(2 * PAGE);
+        let mut dst = Region::new(4 * PAGE, PAGE).expect("region");
+        let dst = dst.as_mut_ptr();
         let (mut not_copied, mut bad) = (0usize, 0usize);
         // SAFETY: both ranges are mapped for 4 pages (the source's last two
         // raise SIGBUS, which is what fk_copy_mc survives).
         let rc = unsafe {
             fk_copy_mc(
-                dst.0.cast(),
-                src,
+                dst.cast(),
+                src.as_ptr().cast(),
                 4 * PAGE,
                 std::ptr::null(),
                 &mut not_copied,
                 &mut bad,
             )
         };
-        // SAFETY: our mapping.
-        unsafe { libc::munmap(src, 4 * PAGE) };
+        drop(src);
         assert_eq!((rc, not_copied, bad), (-libc::EFAULT, 2 * PAGE, 2));
         // NULL pointers with length 0: installs the handler, copies nothing.
         // SAFETY: nothing is read or written.
@@ -146,8 +124,8 @@ mod tests {
         // SAFETY: both ranges lie in our mapping.
         let rc = unsafe {
             fk_copy_mc(
-                dst.0.cast(),
-                dst.0.add(PAGE).cast(),
+                dst.cast(),
+                dst.add(PAGE).cast(),
                 2 * PAGE,
                 std::ptr::null(),
                 std::ptr::null_mut(),

@@ -107,14 +107,14 @@ pub unsafe extern "C" fn fk_migrate(
 mod tests {
     use super::*;
     use crate::error::msg;
-    use crate::test_util::Map;
+    use fk::mem::Region;
     use std::mem::size_of;
 
     #[test]
     fn migrate_checks_its_structs_before_moving_anything() {
-        let m = Map::new(1 << 21);
-        // SAFETY: m is 2 MiB of mapped memory of ours.
-        unsafe { m.0.write_bytes(0x5a, m.1) };
+        let mut m = Region::new(1 << 21, 4096).expect("region");
+        m.as_mut_slice().fill(0x5a);
+        let (p, len) = (m.as_mut_ptr(), m.len());
         let opts = |path| FkMigrateOpts {
             size: size_of::<FkMigrateOpts>(),
             path,
@@ -124,34 +124,32 @@ mod tests {
             size: size_of::<FkMigrateResult>(),
             ..Default::default()
         };
-        // SAFETY: for all calls, valid memory and structs.
+        // SAFETY: for all calls, valid memory (m, 2 MiB of ours) and structs.
         unsafe {
             assert_eq!(
-                fk_migrate(m.0.cast(), m.1, 0, &opts(7), &mut out),
+                fk_migrate(p.cast(), len, 0, &opts(7), &mut out),
                 -libc::EINVAL
             );
             assert_eq!(
-                fk_migrate(m.0.cast(), m.1, 0, &opts(-1), &mut out),
+                fk_migrate(p.cast(), len, 0, &opts(-1), &mut out),
                 -libc::EINVAL
             );
             let mut small = FkMigrateResult { size: 8, ..out };
-            let rc = fk_migrate(m.0.cast(), m.1, 0, &opts(FK_PATH_KERNEL), &mut small);
+            let rc = fk_migrate(p.cast(), len, 0, &opts(FK_PATH_KERNEL), &mut small);
             assert_eq!(rc, -libc::EINVAL);
             assert_eq!(small.size, 8, "nothing written on error");
             // Node 0 always exists: the kernel path succeeds and fills `out`.
-            let rc = fk_migrate(m.0.cast(), m.1, 0, &opts(FK_PATH_KERNEL), &mut out);
+            let rc = fk_migrate(p.cast(), len, 0, &opts(FK_PATH_KERNEL), &mut out);
             assert_eq!(rc, 0, "{}", msg(rc));
             assert_eq!(out.size, size_of::<FkMigrateResult>());
             assert_eq!(out.relocated, 0);
             assert!(out.batches >= 1);
             assert_eq!(
-                fk_migrate(m.0.cast(), m.1, 0, std::ptr::null(), std::ptr::null_mut()),
+                fk_migrate(p.cast(), len, 0, std::ptr::null(), std::ptr::null_mut()),
                 0
             );
-            assert!(std::slice::from_raw_parts(m.0, m.1)
-                .iter()
-                .all(|&x| x == 0x5a));
         }
+        assert!(m.as_slice().iter().all(|&x| x == 0x5a));
     }
 }
 

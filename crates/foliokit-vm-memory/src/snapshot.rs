@@ -18,7 +18,6 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
@@ -584,43 +583,20 @@ pub fn restore_from_file<B: Bitmap>(
     let map_len = layout.data_end.max(size).max(1);
     let map_len_usize = usize::try_from(map_len)
         .map_err(|_| bad_format("snapshot larger than the address space"))?;
-    // SAFETY: a fresh read-only shared mapping of our own file descriptor;
-    // nothing else is mapped or replaced.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            map_len_usize,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(Error::Io {
+    // foliokit's read-only shared mapping of a snapshot file, the one its
+    // lazy fill reads; unmapped when dropped, after the restore.
+    let map =
+        foliokit::lazy::Source::map_file(file, map_len_usize).map_err(|source| Error::Io {
             what: "mapping the snapshot",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    let _unmap = Unmap(p, map_len_usize);
+            source,
+        })?;
     let mut img = Image {
-        ptr: p.cast(),
+        ptr: map.as_ptr(),
         mapped: map_len,
         known_end: size,
         file: Some(file),
     };
     restore_image(mem, &mut img, Some(layout))
-}
-
-/// Unmaps a mapping when dropped.
-struct Unmap(*mut libc::c_void, usize);
-
-impl Drop for Unmap {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was made by restore_from_file and nothing
-        // refers to it any more.
-        unsafe { libc::munmap(self.0, self.1) };
-    }
 }
 
 /// [`restore_from_file`] for a snapshot held in memory (e.g. the buffer

@@ -17,8 +17,10 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{in_child, pattern, skip};
-use foliokit::lazy::{BadOutcome, LazyError};
+use common::{in_child, pattern, skip, temp_path};
+use foliokit::lazy::{
+    fill_lazily, BadOutcome, LazyError, LazyFill, LazyOptions, LazyRefusal, Segment, Source,
+};
 use foliokit_vm_memory::{
     restore_lazy, restore_lazy_from_path, snapshot_to_file, Error, FaultKind, LazyRestore,
     LazyRestoreOptions,
@@ -50,12 +52,6 @@ fn vm() -> Ram {
         unsafe { libc::madvise(h.cast(), r.len() as usize, libc::MADV_HUGEPAGE) };
     }
     m
-}
-
-fn temp_path(what: &str) -> std::path::PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("foliokit-lazy-{what}-{}-{n}", std::process::id()))
 }
 
 /// The guest's bytes before the snapshot: a pattern per region.
@@ -122,6 +118,47 @@ fn thp_bytes(addr: usize, len: usize) -> u64 {
     total
 }
 
+/// A patterned guest's snapshot (its file, and each region's expected
+/// bytes), being restored lazily into fresh guest RAM with `opts`.
+struct Restoring {
+    path: std::path::PathBuf,
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+impl Restoring {
+    /// Cuts the snapshot file `keep` bytes into region B's data: the rest
+    /// of B is gone (A lies before B in the file).
+    fn cut_b(&self, keep: u64) {
+        let size = std::fs::metadata(&self.path).unwrap().len();
+        // B's bytes are last, before a 16-byte trailer (no bad ranges).
+        let b_off = size - 16 - B_LEN;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .unwrap();
+        f.set_len(b_off + keep).unwrap();
+    }
+}
+
+/// Snapshots a patterned guest to a file (named after `what`), starts a
+/// lazy restore of it into fresh guest RAM with `opts` (or says why it
+/// cannot run here and returns), runs `body` with the RAM and the restore,
+/// then removes the file.
+fn while_restoring(
+    what: &str,
+    opts: &LazyRestoreOptions,
+    body: impl FnOnce(&Restoring, &Ram, LazyRestore<'_>),
+) {
+    let (path, a, b) = snapshot_file(what);
+    let snap = Restoring { path, a, b };
+    let mem = vm();
+    if let Some(h) = start(&mem, &snap.path, opts) {
+        body(&snap, &mem, h);
+    }
+    let _ = std::fs::remove_file(&snap.path);
+}
+
 fn paused() -> LazyRestoreOptions {
     let mut o = LazyRestoreOptions::default();
     o.fill.start_cancelled = true;
@@ -138,14 +175,51 @@ fn host(mem: &Ram, addr: u64) -> *mut u8 {
     mem.get_host_address(GuestAddress(addr)).unwrap()
 }
 
+/// `pattern(len, seed)`, and a file holding it (already unlinked) open
+/// for reading: a snapshot's bytes for a bare fill.
+fn data_file(what: &str, len: usize, seed: u64) -> (Vec<u8>, std::fs::File) {
+    let data = pattern(len, seed);
+    let path = temp_path(what);
+    std::fs::write(&path, &data).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    (data, file)
+}
+
+/// Starts foliokit's lazy fill of `[addr, addr + len)` from the first
+/// `len` bytes of `file`, or says why it cannot run here and returns None.
+///
+/// # Safety
+/// As [`fill_lazily`]: the range is ours, untouched until the fill ends.
+unsafe fn start_fill(
+    addr: usize,
+    len: usize,
+    file: &std::fs::File,
+    o: &LazyOptions,
+) -> Option<LazyFill> {
+    let seg = Segment {
+        addr,
+        len,
+        offset: 0,
+    };
+    let src = Source::map_file(file, len).unwrap();
+    // SAFETY: forwarded contract.
+    match unsafe { fill_lazily(&[seg], src, o) } {
+        Ok(h) => Some(h),
+        Err(LazyError::Refused(why)) => {
+            skip(&format!("lazy fill unavailable here: {why}"));
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 #[test]
 fn vcpus_read_and_write_during_the_fill_and_nothing_is_lost() {
     in_child(
         "vcpus_read_and_write_during_the_fill_and_nothing_is_lost",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("vcpus");
-            let mem = vm();
             let mut o = LazyRestoreOptions::default();
             // A small budget: many batches, so the vCPUs race the fill.
             o.fill.latency_budget = Duration::from_micros(300);
@@ -153,93 +227,92 @@ fn vcpus_read_and_write_during_the_fill_and_nothing_is_lost() {
             // concurrency (the other tests run the default).
             o.fill.serve_during_batches = true;
             o.first = vec![GuestAddress(B + (4 << 20))];
-            let Some(h) = start(&mem, &path, &o) else {
-                return;
-            };
-            const VCPUS: u64 = 3;
-            let stop = AtomicBool::new(false);
-            let pages = (A_LEN + B_LEN) / PAGE;
-            let page_addr = |i: u64| {
-                if i < A_LEN / PAGE {
-                    i * PAGE
-                } else {
-                    B + (i - A_LEN / PAGE) * PAGE
-                }
-            };
-            // Each vCPU owns the pages i with i % VCPUS == k: it writes
-            // a stamp there (the last one must survive); any page it reads
-            // holds the snapshot's byte or some vCPU's stamp.
-            let written: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..VCPUS)
-                    .map(|k| {
-                        let (mem, stop, a, b) = (&mem, &stop, &a, &b);
-                        s.spawn(move || {
-                            let mut x = 0x9e37_79b9u64 ^ k;
-                            let mut mine = Vec::new();
-                            let mut n = 0;
-                            while !stop.load(Ordering::Relaxed) || n < 2000 {
-                                x ^= x << 13;
-                                x ^= x >> 7;
-                                x ^= x << 17;
-                                let i = x % pages;
-                                // Past the stamp (the page's first 8 bytes).
-                                let at = page_addr(i) + 8 + (x >> 40) % (PAGE - 16);
-                                let v: u64 = mem.read_obj(GuestAddress(at)).unwrap();
-                                let off = (if at >= B { at - B } else { at }) as usize;
-                                let snap = if at >= B { b } else { a };
-                                let want =
-                                    u64::from_le_bytes(snap[off..off + 8].try_into().unwrap());
-                                assert!(
-                                    v == want || v >> 56 == 0xAB,
-                                    "vCPU {k} read {v:#x} at {at:#x}, snapshot has {want:#x}"
-                                );
-                                if i % VCPUS == k {
-                                    let p = page_addr(i);
-                                    let stamp = 0xAB << 56 | (n as u64) << 8 | k;
-                                    mem.write_obj(stamp, GuestAddress(p)).unwrap();
-                                    mine.push((p, stamp));
+            while_restoring("vcpus", &o, |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                const VCPUS: u64 = 3;
+                let stop = AtomicBool::new(false);
+                let pages = (A_LEN + B_LEN) / PAGE;
+                let page_addr = |i: u64| {
+                    if i < A_LEN / PAGE {
+                        i * PAGE
+                    } else {
+                        B + (i - A_LEN / PAGE) * PAGE
+                    }
+                };
+                // Each vCPU owns the pages i with i % VCPUS == k: it writes
+                // a stamp there (the last one must survive); any page it reads
+                // holds the snapshot's byte or some vCPU's stamp.
+                let written: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
+                    let hs: Vec<_> = (0..VCPUS)
+                        .map(|k| {
+                            let (mem, stop, a, b) = (&mem, &stop, &a, &b);
+                            s.spawn(move || {
+                                let mut x = 0x9e37_79b9u64 ^ k;
+                                let mut mine = Vec::new();
+                                let mut n = 0;
+                                while !stop.load(Ordering::Relaxed) || n < 2000 {
+                                    x ^= x << 13;
+                                    x ^= x >> 7;
+                                    x ^= x << 17;
+                                    let i = x % pages;
+                                    // Past the stamp (the page's first 8 bytes).
+                                    let at = page_addr(i) + 8 + (x >> 40) % (PAGE - 16);
+                                    let v: u64 = mem.read_obj(GuestAddress(at)).unwrap();
+                                    let off = (if at >= B { at - B } else { at }) as usize;
+                                    let snap = if at >= B { b } else { a };
+                                    let want =
+                                        u64::from_le_bytes(snap[off..off + 8].try_into().unwrap());
+                                    assert!(
+                                        v == want || v >> 56 == 0xAB,
+                                        "vCPU {k} read {v:#x} at {at:#x}, snapshot has {want:#x}"
+                                    );
+                                    if i % VCPUS == k {
+                                        let p = page_addr(i);
+                                        let stamp = 0xAB << 56 | (n as u64) << 8 | k;
+                                        mem.write_obj(stamp, GuestAddress(p)).unwrap();
+                                        mine.push((p, stamp));
+                                    }
+                                    n += 1;
                                 }
-                                n += 1;
-                            }
-                            mine
+                                mine
+                            })
                         })
-                    })
-                    .collect();
-                let r = h.wait();
-                stop.store(true, Ordering::Relaxed);
-                assert!(r.bad.is_empty(), "{:?}", r.bad);
-                assert!(r.fill.progress.done);
-                let p = r.fill.progress;
-                assert_eq!(
-                    p.faulted_pages + p.filled_pages + p.skipped_pages,
-                    p.total_pages,
-                    "{p:?}"
-                );
-                common::say(&format!(
-                    "NOTE: {} faults, {} pages faulted in, {} filled, {} batches, {} whole folios",
-                    p.faults, p.faulted_pages, p.filled_pages, r.fill.batches, r.fill.whole_folios
-                ));
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
+                        .collect();
+                    let r = h.wait();
+                    stop.store(true, Ordering::Relaxed);
+                    assert!(r.bad.is_empty(), "{:?}", r.bad);
+                    assert!(r.fill.progress.done);
+                    let p = r.fill.progress;
+                    assert_eq!(
+                        p.faulted_pages + p.filled_pages + p.skipped_pages,
+                        p.total_pages,
+                        "{p:?}"
+                    );
+                    common::say(&format!(
+                        "NOTE: {} faults, {} pages faulted in, {} filled, {} batches, {} whole folios",
+                        p.faults, p.faulted_pages, p.filled_pages, r.fill.batches, r.fill.whole_folios
+                    ));
+                    hs.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                // Last stamp per page wins; everything else is the snapshot.
+                let mut last = std::collections::HashMap::new();
+                for w in &written {
+                    for &(p, s) in w {
+                        last.insert(p, s);
+                    }
+                }
+                for i in 0..pages {
+                    let p = page_addr(i);
+                    let got = read(mem, p, PAGE as usize);
+                    let off = (if p >= B { p - B } else { p }) as usize;
+                    let snap = if p >= B { &b } else { &a };
+                    let mut want = snap[off..off + PAGE as usize].to_vec();
+                    if let Some(s) = last.get(&p) {
+                        want[..8].copy_from_slice(&s.to_le_bytes());
+                    }
+                    assert!(got == want, "page {p:#x} differs after the fill");
+                }
             });
-            // Last stamp per page wins; everything else is the snapshot.
-            let mut last = std::collections::HashMap::new();
-            for w in &written {
-                for &(p, s) in w {
-                    last.insert(p, s);
-                }
-            }
-            for i in 0..pages {
-                let p = page_addr(i);
-                let got = read(&mem, p, PAGE as usize);
-                let off = (if p >= B { p - B } else { p }) as usize;
-                let snap = if p >= B { &b } else { &a };
-                let mut want = snap[off..off + PAGE as usize].to_vec();
-                if let Some(s) = last.get(&p) {
-                    want[..8].copy_from_slice(&s.to_le_bytes());
-                }
-                assert!(got == want, "page {p:#x} differs after the fill");
-            }
-            let _ = std::fs::remove_file(&path);
         },
     );
 }
@@ -250,49 +323,44 @@ fn dontneed_during_the_fill_is_never_brought_back() {
         "dontneed_during_the_fill_is_never_brought_back",
         LIMIT,
         || {
-            let (path, a, _) = snapshot_file("dontneed");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            // One page touched (filled with its folio), then discarded; a
-            // range never touched, discarded before the fill gets there.
-            let touched = 3 * PAGE;
-            assert_eq!(read(&mem, touched, 8), a[touched as usize..][..8]);
-            let far = 6 << 20;
-            for (at, len) in [(touched, PAGE), (far, 3 << 20)] {
-                // SAFETY: discarding guest RAM we own (a balloon would).
-                let rc = unsafe {
-                    libc::madvise(host(&mem, at).cast(), len as usize, libc::MADV_DONTNEED)
-                };
-                assert_eq!(rc, 0);
-            }
-            // A discarded page touched during the fill reads zeros.
-            assert!(read(&mem, far + PAGE, PAGE as usize)
-                .iter()
-                .all(|&x| x == 0));
-            let r = h.wait();
-            assert!(
-                r.fill.progress.skipped_pages >= (3 << 20) / PAGE,
-                "{:?}",
-                r.fill.progress
-            );
-            assert!(read(&mem, touched, PAGE as usize).iter().all(|&x| x == 0));
-            assert!(read(&mem, far, 3 << 20).iter().all(|&x| x == 0));
-            // Its neighbours came from the snapshot.
-            assert_eq!(
-                read(&mem, touched + PAGE, PAGE as usize),
-                a[(touched + PAGE) as usize..][..PAGE as usize]
-            );
-            assert_eq!(
-                read(&mem, far - PAGE, PAGE as usize),
-                a[(far - PAGE) as usize..][..PAGE as usize]
-            );
-            assert_eq!(
-                read(&mem, far + (3 << 20), PAGE as usize),
-                a[(far + (3 << 20)) as usize..][..PAGE as usize]
-            );
-            let _ = std::fs::remove_file(&path);
+            while_restoring("dontneed", &paused(), |snap, mem, h| {
+                let Restoring { a, .. } = snap;
+                // One page touched (filled with its folio), then discarded; a
+                // range never touched, discarded before the fill gets there.
+                let touched = 3 * PAGE;
+                assert_eq!(read(mem, touched, 8), a[touched as usize..][..8]);
+                let far = 6 << 20;
+                for (at, len) in [(touched, PAGE), (far, 3 << 20)] {
+                    // SAFETY: discarding guest RAM we own (a balloon would).
+                    let rc = unsafe {
+                        libc::madvise(host(mem, at).cast(), len as usize, libc::MADV_DONTNEED)
+                    };
+                    assert_eq!(rc, 0);
+                }
+                // A discarded page touched during the fill reads zeros.
+                assert!(read(mem, far + PAGE, PAGE as usize).iter().all(|&x| x == 0));
+                let r = h.wait();
+                assert!(
+                    r.fill.progress.skipped_pages >= (3 << 20) / PAGE,
+                    "{:?}",
+                    r.fill.progress
+                );
+                assert!(read(mem, touched, PAGE as usize).iter().all(|&x| x == 0));
+                assert!(read(mem, far, 3 << 20).iter().all(|&x| x == 0));
+                // Its neighbours came from the snapshot.
+                assert_eq!(
+                    read(mem, touched + PAGE, PAGE as usize),
+                    a[(touched + PAGE) as usize..][..PAGE as usize]
+                );
+                assert_eq!(
+                    read(mem, far - PAGE, PAGE as usize),
+                    a[(far - PAGE) as usize..][..PAGE as usize]
+                );
+                assert_eq!(
+                    read(mem, far + (3 << 20), PAGE as usize),
+                    a[(far + (3 << 20)) as usize..][..PAGE as usize]
+                );
+            });
         },
     );
 }
@@ -303,44 +371,41 @@ fn a_device_thread_reading_into_guest_ram_waits_for_the_fill() {
         "a_device_thread_reading_into_guest_ram_waits_for_the_fill",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("device");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            // A "virtio block" read: 3 pages from a file into guest RAM
-            // nobody touched yet, in the middle of a folio. The kernel's
-            // copy_to_user waits on the userfaultfd instead of failing.
-            let data = pattern(3 * PAGE as usize, 5);
-            let dpath = temp_path("disk");
-            std::fs::File::create(&dpath)
-                .unwrap()
-                .write_all(&data)
+            while_restoring("device", &paused(), |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                // A "virtio block" read: 3 pages from a file into guest RAM
+                // nobody touched yet, in the middle of a folio. The kernel's
+                // copy_to_user waits on the userfaultfd instead of failing.
+                let data = pattern(3 * PAGE as usize, 5);
+                let dpath = temp_path("disk");
+                std::fs::File::create(&dpath)
+                    .unwrap()
+                    .write_all(&data)
+                    .unwrap();
+                let disk = std::fs::File::open(&dpath).unwrap();
+                let at = B + (2 << 20) + 5 * PAGE;
+                let dst = host(mem, at) as usize;
+                let n = std::thread::spawn(move || {
+                    // SAFETY: reading into guest RAM we own, as a device would.
+                    unsafe { libc::read(disk.as_raw_fd(), dst as *mut libc::c_void, data.len()) }
+                })
+                .join()
                 .unwrap();
-            let disk = std::fs::File::open(&dpath).unwrap();
-            let at = B + (2 << 20) + 5 * PAGE;
-            let dst = host(&mem, at) as usize;
-            let n = std::thread::spawn(move || {
-                // SAFETY: reading into guest RAM we own, as a device would.
-                unsafe { libc::read(disk.as_raw_fd(), dst as *mut libc::c_void, data.len()) }
-            })
-            .join()
-            .unwrap();
-            assert_eq!(n, 3 * PAGE as isize, "read(2) into unfilled guest RAM");
-            let r = h.wait();
-            assert!(r.bad.is_empty());
-            let data = pattern(3 * PAGE as usize, 5);
-            assert_eq!(read(&mem, at, data.len()), data);
-            // Around it: the snapshot.
-            let off = (at - B) as usize;
-            assert_eq!(read(&mem, B, off), b[..off]);
-            assert_eq!(
-                read(&mem, at + 3 * PAGE, PAGE as usize),
-                b[off + 3 * PAGE as usize..][..PAGE as usize]
-            );
-            assert_eq!(read(&mem, 0, A_LEN as usize), a);
-            let _ = std::fs::remove_file(&path);
-            let _ = std::fs::remove_file(&dpath);
+                assert_eq!(n, 3 * PAGE as isize, "read(2) into unfilled guest RAM");
+                let r = h.wait();
+                assert!(r.bad.is_empty());
+                let data = pattern(3 * PAGE as usize, 5);
+                assert_eq!(read(mem, at, data.len()), data);
+                // Around it: the snapshot.
+                let off = (at - B) as usize;
+                assert_eq!(read(mem, B, off), b[..off]);
+                assert_eq!(
+                    read(mem, at + 3 * PAGE, PAGE as usize),
+                    b[off + 3 * PAGE as usize..][..PAGE as usize]
+                );
+                assert_eq!(read(mem, 0, A_LEN as usize), *a);
+                let _ = std::fs::remove_file(&dpath);
+            });
         },
     );
 }
@@ -351,63 +416,56 @@ fn a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages() {
         "a_snapshot_truncated_mid_fill_poisons_exactly_the_lost_pages",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("truncated");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            // Some of region A is in before the cut.
-            let early = 2 * PAGE;
-            assert_eq!(read(&mem, early, 8), a[early as usize..][..8]);
-            // Cut the file 1 MiB + 3 pages into region B's bytes: the
-            // rest of B is gone (A lies before B in the file).
-            let size = std::fs::metadata(&path).unwrap().len();
-            // B's bytes are last, before a 16-byte trailer (no bad ranges).
-            let b_off = size - 16 - B_LEN;
-            let keep = (1 << 20) + 3 * PAGE;
-            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            f.set_len(b_off + keep).unwrap();
-            let r = h.wait();
-            assert_eq!(r.fill.bad_outcome, BadOutcome::Poisoned);
-            let lost: u64 = r.bad.iter().map(|x| x.len).sum();
-            assert_eq!(
-                r.bad.first().map(|x| x.addr),
-                Some(GuestAddress(B + keep)),
-                "{:?}",
-                r.bad
-            );
-            assert_eq!(lost, B_LEN - keep, "{:?}", r.bad);
-            assert!(r.bad.iter().all(|x| x.kind == FaultKind::Vanished));
-            // Region A and B's first part restored.
-            assert_eq!(read(&mem, 0, A_LEN as usize), a);
-            assert_eq!(read(&mem, B, keep as usize), b[..keep as usize]);
-            // A lost page holds a poison marker: a read gets SIGBUS there
-            // (BUS_MCEERR_AR as for real poison where the kernel has
-            // CONFIG_MEMORY_FAILURE; without it, x86 reports BUS_ADRERR).
-            let mut buf = vec![0u8; PAGE as usize];
-            // SAFETY: guest RAM we own, read with the mc copy.
-            let e = unsafe {
-                foliokit::copy_mc_raw(
-                    buf.as_mut_ptr(),
-                    host(&mem, B + keep + 7 * PAGE),
-                    buf.len(),
-                    foliokit::CopyStrategy::Auto,
-                )
-            };
-            match e {
-                Err(foliokit::McError::Fault(f)) => {
-                    let memory_failure =
-                        std::path::Path::new("/proc/sys/vm/memory_failure_early_kill").exists();
-                    let want = if memory_failure {
-                        FaultKind::Poison
-                    } else {
-                        FaultKind::Vanished
-                    };
-                    assert_eq!(f.kind, want, "memory failure handling: {memory_failure}");
+            while_restoring("truncated", &paused(), |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                // Some of region A is in before the cut.
+                let early = 2 * PAGE;
+                assert_eq!(read(mem, early, 8), a[early as usize..][..8]);
+                // Cut the file 1 MiB + 3 pages into region B's bytes: the
+                // rest of B is gone (A lies before B in the file).
+                let keep = (1 << 20) + 3 * PAGE;
+                snap.cut_b(keep);
+                let r = h.wait();
+                assert_eq!(r.fill.bad_outcome, BadOutcome::Poisoned);
+                let lost: u64 = r.bad.iter().map(|x| x.len).sum();
+                assert_eq!(
+                    r.bad.first().map(|x| x.addr),
+                    Some(GuestAddress(B + keep)),
+                    "{:?}",
+                    r.bad
+                );
+                assert_eq!(lost, B_LEN - keep, "{:?}", r.bad);
+                assert!(r.bad.iter().all(|x| x.kind == FaultKind::Vanished));
+                // Region A and B's first part restored.
+                assert_eq!(read(mem, 0, A_LEN as usize), *a);
+                assert_eq!(read(mem, B, keep as usize), b[..keep as usize]);
+                // A lost page holds a poison marker: a read gets SIGBUS there
+                // (BUS_MCEERR_AR as for real poison where the kernel has
+                // CONFIG_MEMORY_FAILURE; without it, x86 reports BUS_ADRERR).
+                let mut buf = vec![0u8; PAGE as usize];
+                // SAFETY: guest RAM we own, read with the mc copy.
+                let e = unsafe {
+                    foliokit::copy_mc_raw(
+                        buf.as_mut_ptr(),
+                        host(mem, B + keep + 7 * PAGE),
+                        buf.len(),
+                        foliokit::CopyStrategy::Auto,
+                    )
+                };
+                match e {
+                    Err(foliokit::McError::Fault(f)) => {
+                        let memory_failure =
+                            std::path::Path::new("/proc/sys/vm/memory_failure_early_kill").exists();
+                        let want = if memory_failure {
+                            FaultKind::Poison
+                        } else {
+                            FaultKind::Vanished
+                        };
+                        assert_eq!(f.kind, want, "memory failure handling: {memory_failure}");
+                    }
+                    other => panic!("a lost page read as {other:?}"),
                 }
-                other => panic!("a lost page read as {other:?}"),
-            }
-            let _ = std::fs::remove_file(&path);
+            });
         },
     );
 }
@@ -434,44 +492,38 @@ fn a_lost_page_the_guest_discards_reads_zeros_not_sigbus() {
         "a_lost_page_the_guest_discards_reads_zeros_not_sigbus",
         LIMIT,
         || {
-            let (path, _a, b) = snapshot_file("discard-lost");
-            let mem = vm();
             // Paused: only faults are served, so every step below is the
             // fault path's, and a touch that is never answered hangs until
             // the deadline.
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            let size = std::fs::metadata(&path).unwrap().len();
-            let b_off = size - 16 - B_LEN;
-            let keep = 4 << 20;
-            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            f.set_len(b_off + keep).unwrap();
-            let lost = B + keep + 5 * PAGE;
-            // The first touch finds the snapshot page gone: poisoned.
-            assert!(
-                matches!(read_mc(&mem, lost), Err(foliokit::McError::Fault(_))),
-                "a lost snapshot page must not read as bytes"
-            );
-            // The guest discards it (a balloon): from now on it expects
-            // zeros there, during the fill and after it.
-            // SAFETY: discarding guest RAM we own.
-            let rc = unsafe {
-                libc::madvise(host(&mem, lost).cast(), PAGE as usize, libc::MADV_DONTNEED)
-            };
-            assert_eq!(rc, 0);
-            assert_eq!(read_mc(&mem, lost).ok(), Some(vec![0; PAGE as usize]));
-            assert_eq!(read(&mem, B, 8), b[..8]);
-            let r = h.wait();
-            assert_eq!(read(&mem, lost, PAGE as usize), vec![0; PAGE as usize]);
-            assert!(
-                r.bad
-                    .iter()
-                    .any(|x| x.addr.0 <= lost && lost < x.addr.0 + x.len),
-                "the lost page stays in the report: {:?}",
-                r.bad
-            );
-            let _ = std::fs::remove_file(&path);
+            while_restoring("discard-lost", &paused(), |snap, mem, h| {
+                let Restoring { b, .. } = snap;
+                let keep = 4 << 20;
+                snap.cut_b(keep);
+                let lost = B + keep + 5 * PAGE;
+                // The first touch finds the snapshot page gone: poisoned.
+                assert!(
+                    matches!(read_mc(mem, lost), Err(foliokit::McError::Fault(_))),
+                    "a lost snapshot page must not read as bytes"
+                );
+                // The guest discards it (a balloon): from now on it expects
+                // zeros there, during the fill and after it.
+                // SAFETY: discarding guest RAM we own.
+                let rc = unsafe {
+                    libc::madvise(host(mem, lost).cast(), PAGE as usize, libc::MADV_DONTNEED)
+                };
+                assert_eq!(rc, 0);
+                assert_eq!(read_mc(mem, lost).ok(), Some(vec![0; PAGE as usize]));
+                assert_eq!(read(mem, B, 8), b[..8]);
+                let r = h.wait();
+                assert_eq!(read(mem, lost, PAGE as usize), vec![0; PAGE as usize]);
+                assert!(
+                    r.bad
+                        .iter()
+                        .any(|x| x.addr.0 <= lost && lost < x.addr.0 + x.len),
+                    "the lost page stays in the report: {:?}",
+                    r.bad
+                );
+            });
         },
     );
 }
@@ -482,82 +534,81 @@ fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
         "cancel_keeps_what_was_filled_and_wait_fills_the_rest",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("cancel");
-            let mem = vm();
             let mut o = LazyRestoreOptions::default();
             o.fill.latency_budget = Duration::from_micros(1);
             o.fill.channels = 1;
-            let Some(h) = start(&mem, &path, &o) else {
-                return;
-            };
-            // Cancel at once: how far the fill got by then depends on
-            // scheduling (on an idle machine all 24 MiB can be in first).
-            h.cancel();
-            std::thread::sleep(Duration::from_millis(20));
-            let p1 = h.progress();
-            std::thread::sleep(Duration::from_millis(50));
-            let p2 = h.progress();
-            assert_eq!(
-                p1.filled_pages, p2.filled_pages,
-                "the fill went on after cancel"
-            );
-            if p2.done {
-                common::say("NOTE: the fill ended before the cancel was seen; only wait checked");
-            }
-            // Faults are still served while cancelled. The fill goes in
-            // address order, so the last folio is the last to come: out
-            // still unless a loaded machine let the fill reach it before
-            // the cancel was seen.
-            // (Address order is host address order: the region mapped
-            // higher comes last.)
-            let out = !p2.done && p2.filled_pages + p2.faulted_pages < p2.total_pages;
-            if host(&mem, B) > host(&mem, 0) {
+            while_restoring("cancel", &o, |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                // Cancel at once: how far the fill got by then depends on
+                // scheduling (on an idle machine all 24 MiB can be in first).
+                h.cancel();
+                std::thread::sleep(Duration::from_millis(20));
+                let p1 = h.progress();
+                std::thread::sleep(Duration::from_millis(50));
+                let p2 = h.progress();
                 assert_eq!(
-                    read(&mem, B + B_LEN - PAGE, PAGE as usize),
-                    b[(B_LEN - PAGE) as usize..]
+                    p1.filled_pages, p2.filled_pages,
+                    "the fill went on after cancel"
                 );
-            } else {
-                assert_eq!(
-                    read(&mem, A_LEN - PAGE, PAGE as usize),
-                    a[(A_LEN - PAGE) as usize..]
-                );
-            }
-            if out {
-                // The counts follow the install (which wakes us) closely.
-                let t = std::time::Instant::now();
-                while h.progress().faulted_pages == p2.faulted_pages {
-                    assert!(
-                        t.elapsed() < Duration::from_secs(5),
-                        "the fault was not counted: {p2:?} then {:?}",
-                        h.progress()
+                if p2.done {
+                    common::say(
+                        "NOTE: the fill ended before the cancel was seen; only wait checked",
                     );
-                    std::thread::yield_now();
                 }
-            } else {
-                common::say(
-                    "NOTE: the fill was done before the cancel; fault while cancelled not checked",
-                );
-            }
-            assert_eq!(h.progress().filled_pages, p2.filled_pages);
-            let r = h.wait();
-            assert!(r.fill.progress.done);
-            assert_eq!(read(&mem, 0, A_LEN as usize), a);
-            // Huge pages stayed huge: every whole 2 MiB folio of guest RAM
-            // went in as one (UFFDIO_MOVE of a staged THP).
-            let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-                .unwrap_or_default();
-            let ha = host(&mem, 0) as usize;
-            if thp.contains("[never]") {
-                skip("THP disabled: huge pages not checked");
-            } else {
-                let whole =
-                    ((ha + A_LEN as usize) / (2 << 20)).saturating_sub(ha.div_ceil(2 << 20));
-                // (smaps counts whole mappings; B's may be merged with A's.)
-                assert!(thp_bytes(ha, A_LEN as usize) >= (whole as u64) << 21);
-                assert!(r.fill.whole_folios >= whole as u64);
-            }
-            assert_eq!(read(&mem, B, B_LEN as usize), b);
-            let _ = std::fs::remove_file(&path);
+                // Faults are still served while cancelled. The fill goes in
+                // address order, so the last folio is the last to come: out
+                // still unless a loaded machine let the fill reach it before
+                // the cancel was seen.
+                // (Address order is host address order: the region mapped
+                // higher comes last.)
+                let out = !p2.done && p2.filled_pages + p2.faulted_pages < p2.total_pages;
+                if host(mem, B) > host(mem, 0) {
+                    assert_eq!(
+                        read(mem, B + B_LEN - PAGE, PAGE as usize),
+                        b[(B_LEN - PAGE) as usize..]
+                    );
+                } else {
+                    assert_eq!(
+                        read(mem, A_LEN - PAGE, PAGE as usize),
+                        a[(A_LEN - PAGE) as usize..]
+                    );
+                }
+                if out {
+                    // The counts follow the install (which wakes us) closely.
+                    let t = std::time::Instant::now();
+                    while h.progress().faulted_pages == p2.faulted_pages {
+                        assert!(
+                            t.elapsed() < Duration::from_secs(5),
+                            "the fault was not counted: {p2:?} then {:?}",
+                            h.progress()
+                        );
+                        std::thread::yield_now();
+                    }
+                } else {
+                    common::say(
+                        "NOTE: the fill was done before the cancel; fault while cancelled not checked",
+                    );
+                }
+                assert_eq!(h.progress().filled_pages, p2.filled_pages);
+                let r = h.wait();
+                assert!(r.fill.progress.done);
+                assert_eq!(read(mem, 0, A_LEN as usize), *a);
+                // Huge pages stayed huge: every whole 2 MiB folio of guest RAM
+                // went in as one (UFFDIO_MOVE of a staged THP).
+                let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                    .unwrap_or_default();
+                let ha = host(mem, 0) as usize;
+                if thp.contains("[never]") {
+                    skip("THP disabled: huge pages not checked");
+                } else {
+                    let whole =
+                        ((ha + A_LEN as usize) / (2 << 20)).saturating_sub(ha.div_ceil(2 << 20));
+                    // (smaps counts whole mappings; B's may be merged with A's.)
+                    assert!(thp_bytes(ha, A_LEN as usize) >= (whole as u64) << 21);
+                    assert!(r.fill.whole_folios >= whole as u64);
+                }
+                assert_eq!(read(mem, B, B_LEN as usize), *b);
+            });
         },
     );
 }
@@ -568,43 +619,40 @@ fn a_child_forked_during_the_fill_sees_the_snapshot() {
         "a_child_forked_during_the_fill_sees_the_snapshot",
         LIMIT,
         || {
-            let (path, a, b) = snapshot_file("fork");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            // Part in, part discarded, most still to come.
-            assert_eq!(read(&mem, PAGE, 8), a[PAGE as usize..][..8]);
-            let gone = 8 << 20;
-            // SAFETY: discarding guest RAM we own.
-            let rc = unsafe {
-                libc::madvise(host(&mem, gone).cast(), PAGE as usize, libc::MADV_DONTNEED)
-            };
-            assert_eq!(rc, 0);
-            // SAFETY: the child only reads memory and exits.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                let good = read(&mem, 0, gone as usize) == a[..gone as usize]
-                    && read(&mem, gone, PAGE as usize).iter().all(|&x| x == 0)
-                    && read(&mem, gone + PAGE, (A_LEN - gone - PAGE) as usize)
-                        == a[(gone + PAGE) as usize..]
-                    && read(&mem, B, B_LEN as usize) == b;
-                // SAFETY: leaving the forked child without running the
-                // parent's destructors.
-                unsafe { libc::_exit(if good { 0 } else { 1 }) };
-            }
-            assert!(pid > 0);
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-            assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "the forked child saw wrong bytes (status {status:#x})"
-            );
-            let r = h.wait();
-            assert!(r.fill.forks >= 1);
-            assert_eq!(read(&mem, B, B_LEN as usize), b);
-            let _ = std::fs::remove_file(&path);
+            while_restoring("fork", &paused(), |snap, mem, h| {
+                let Restoring { a, b, .. } = snap;
+                // Part in, part discarded, most still to come.
+                assert_eq!(read(mem, PAGE, 8), a[PAGE as usize..][..8]);
+                let gone = 8 << 20;
+                // SAFETY: discarding guest RAM we own.
+                let rc = unsafe {
+                    libc::madvise(host(mem, gone).cast(), PAGE as usize, libc::MADV_DONTNEED)
+                };
+                assert_eq!(rc, 0);
+                // SAFETY: the child only reads memory and exits.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    let good = read(mem, 0, gone as usize) == a[..gone as usize]
+                        && read(mem, gone, PAGE as usize).iter().all(|&x| x == 0)
+                        && read(mem, gone + PAGE, (A_LEN - gone - PAGE) as usize)
+                            == a[(gone + PAGE) as usize..]
+                        && read(mem, B, B_LEN as usize) == *b;
+                    // SAFETY: leaving the forked child without running the
+                    // parent's destructors.
+                    unsafe { libc::_exit(if good { 0 } else { 1 }) };
+                }
+                assert!(pid > 0);
+                let mut status = 0;
+                // SAFETY: waiting for our own child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                    "the forked child saw wrong bytes (status {status:#x})"
+                );
+                let r = h.wait();
+                assert!(r.fill.forks >= 1);
+                assert_eq!(read(mem, B, B_LEN as usize), *b);
+            });
         },
     );
 }
@@ -633,7 +681,6 @@ fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
         "uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp",
         LIMIT,
         || {
-            use foliokit::lazy::{fill_lazily, LazyOptions, Segment, Source};
             let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
                 .unwrap_or_default();
             if thp.contains("[never]") {
@@ -641,36 +688,22 @@ fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
                 return;
             }
             let len = 4usize << 20;
-            let data = pattern(len, 3);
-            let path = temp_path("thp");
-            std::fs::write(&path, &data).unwrap();
-            let file = std::fs::File::open(&path).unwrap();
-            let _ = std::fs::remove_file(&path);
+            let (data, file) = data_file("thp", len, 3);
             for (folio, want_huge) in [(4096usize, false), (2 << 20, true)] {
                 let mut r = foliokit::mem::Region::unpopulated(len, 2 << 20).unwrap();
-                let seg = Segment {
-                    addr: r.as_mut_ptr() as usize,
-                    len,
-                    offset: 0,
-                };
+                let addr = r.as_mut_ptr() as usize;
                 let o = LazyOptions {
                     folio_size: folio,
                     ..LazyOptions::default()
                 };
-                let src = Source::map_file(&file, len).unwrap();
                 // SAFETY: a fresh region of ours, untouched until the
                 // fill ends.
-                let h = match unsafe { fill_lazily(&[seg], src, &o) } {
-                    Ok(h) => h,
-                    Err(LazyError::Refused(why)) => {
-                        skip(&format!("lazy fill unavailable here: {why}"));
-                        return;
-                    }
-                    Err(e) => panic!("{e}"),
+                let Some(h) = (unsafe { start_fill(addr, len, &file, &o) }) else {
+                    return;
                 };
                 let rep = h.wait();
                 assert!(r.as_slice() == &data[..], "folio {folio}: wrong bytes");
-                let huge = thp_bytes(seg.addr, len);
+                let huge = thp_bytes(addr, len);
                 if want_huge {
                     assert_eq!(huge, len as u64, "moved-in THPs were split");
                     assert_eq!(rep.whole_folios, 2);
@@ -689,13 +722,8 @@ fn shared_memory_is_refused_unless_the_caller_opts_in() {
         "shared_memory_is_refused_unless_the_caller_opts_in",
         LIMIT,
         || {
-            use foliokit::lazy::{fill_lazily, LazyOptions, LazyRefusal, Segment, Source};
             let len = 2usize << 20;
-            let data = pattern(len, 9);
-            let path = temp_path("shared");
-            std::fs::write(&path, &data).unwrap();
-            let file = std::fs::File::open(&path).unwrap();
-            let _ = std::fs::remove_file(&path);
+            let (data, file) = data_file("shared", len, 9);
             // A memfd mapped shared: guest RAM a vhost-user backend shares.
             // SAFETY: a fresh memfd, sized and mapped here, ours alone.
             let ram = unsafe {
@@ -763,46 +791,43 @@ fn mremap_dontunmap_during_the_fill_never_hangs_a_thread() {
         "mremap_dontunmap_during_the_fill_never_hangs_a_thread",
         LIMIT,
         || {
-            let (path, a, _b) = snapshot_file("mremap");
-            let mem = vm();
-            let Some(h) = start(&mem, &path, &paused()) else {
-                return;
-            };
-            let (off, len) = (4usize << 20, 2usize << 20);
-            let old = host(&mem, off as u64);
-            // Move 2 MiB of guest RAM elsewhere and keep the old range
-            // mapped (and empty): what a VMM taking a range out does.
-            // SAFETY: moving guest RAM we own; nothing else uses it.
-            let new = unsafe {
-                libc::mremap(
-                    old.cast(),
-                    len,
-                    len,
-                    libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP,
-                )
-            };
-            let moved = (new != libc::MAP_FAILED).then_some(new as *const u8);
-            match moved {
-                // The moved pages arrive where they went, with their bytes;
-                // the old range reads zeros, as the kernel gives there.
-                Some(new) => {
-                    assert_eq!(read_host(new, len), a[off..off + len]);
-                    assert_eq!(
-                        read_host(old, 2 * PAGE as usize),
-                        vec![0; 2 * PAGE as usize]
-                    );
+            while_restoring("mremap", &paused(), |snap, mem, h| {
+                let Restoring { a, .. } = snap;
+                let (off, len) = (4usize << 20, 2usize << 20);
+                let old = host(mem, off as u64);
+                // Move 2 MiB of guest RAM elsewhere and keep the old range
+                // mapped (and empty): what a VMM taking a range out does.
+                // SAFETY: moving guest RAM we own; nothing else uses it.
+                let new = unsafe {
+                    libc::mremap(
+                        old.cast(),
+                        len,
+                        len,
+                        libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP,
+                    )
+                };
+                let moved = (new != libc::MAP_FAILED).then_some(new as *const u8);
+                match moved {
+                    // The moved pages arrive where they went, with their bytes;
+                    // the old range reads zeros, as the kernel gives there.
+                    Some(new) => {
+                        assert_eq!(read_host(new, len), a[off..off + len]);
+                        assert_eq!(
+                            read_host(old, 2 * PAGE as usize),
+                            vec![0; 2 * PAGE as usize]
+                        );
+                    }
+                    // Linux 6.18 refuses MREMAP_DONTUNMAP on a range registered
+                    // with REMAP events; then nothing moved.
+                    None => skip(&format!(
+                        "mremap(MREMAP_DONTUNMAP) refused here ({}): that half is not tried",
+                        std::io::Error::last_os_error()
+                    )),
                 }
-                // Linux 6.18 refuses MREMAP_DONTUNMAP on a range registered
-                // with REMAP events; then nothing moved.
-                None => skip(&format!(
-                    "mremap(MREMAP_DONTUNMAP) refused here ({}): that half is not tried",
-                    std::io::Error::last_os_error()
-                )),
-            }
-            let r = h.wait();
-            assert!(r.bad.is_empty(), "{:?}", r.bad);
-            assert_eq!(read_host(moved.unwrap_or(old), len), a[off..off + len]);
-            let _ = std::fs::remove_file(&path);
+                let r = h.wait();
+                assert!(r.bad.is_empty(), "{:?}", r.bad);
+                assert_eq!(read_host(moved.unwrap_or(old), len), a[off..off + len]);
+            });
         },
     );
 }
@@ -813,48 +838,30 @@ fn a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail() {
         "a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail",
         LIMIT,
         || {
-            use foliokit::lazy::{fill_lazily, LazyOptions, Segment, Source};
             let len = 2usize << 20;
-            let data = pattern(len, 5);
-            let path = temp_path("grow");
-            std::fs::write(&path, &data).unwrap();
-            let file = std::fs::File::open(&path).unwrap();
-            let _ = std::fs::remove_file(&path);
+            let (data, file) = data_file("grow", len, 5);
             // Room for twice the range, of which the range keeps the first
             // half; the second is held (PROT_NONE, so the fill's own
             // mappings cannot land there) until the range grows into it.
-            // SAFETY: a fresh private mapping, ours alone.
+            // SAFETY: a fresh private mapping (no address given), ours
+            // alone; its second half is inside it.
             let base = unsafe {
-                let p = libc::mmap(
-                    std::ptr::null_mut(),
+                let p = common::map_anonymous(
+                    None,
                     2 * len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
+                    libc::MAP_PRIVATE,
                 );
-                assert_ne!(p, libc::MAP_FAILED);
-                libc::mprotect(p.cast::<u8>().add(len).cast(), len, libc::PROT_NONE);
-                p.cast::<u8>()
-            };
-            let seg = Segment {
-                addr: base as usize,
-                len,
-                offset: 0,
+                libc::mprotect(p.add(len).cast(), len, libc::PROT_NONE);
+                p
             };
             let o = LazyOptions {
                 start_cancelled: true,
                 ..LazyOptions::default()
             };
-            let src = Source::map_file(&file, len).unwrap();
             // SAFETY: our own untouched mapping.
-            let h = match unsafe { fill_lazily(&[seg], src, &o) } {
-                Ok(h) => h,
-                Err(LazyError::Refused(why)) => {
-                    skip(&format!("lazy fill unavailable here: {why}"));
-                    return;
-                }
-                Err(e) => panic!("{e}"),
+            let Some(h) = (unsafe { start_fill(base as usize, len, &file, &o) }) else {
+                return;
             };
             // SAFETY: giving back the held half, then growing our own
             // mapping into it in place (no MAYMOVE).

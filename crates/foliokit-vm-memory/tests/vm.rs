@@ -8,14 +8,12 @@
 #[path = "../../foliokit/tests/common/mod.rs"]
 mod common;
 
-use std::os::fd::AsRawFd;
-
-use common::pattern;
+use common::{pattern, temp_file, temp_path};
 use foliokit::mem::resident_pages;
 use foliokit::migrate::{MigrateOptions, Path};
 use foliokit_vm_memory::{
     migrate_range, prefault, prefault_range, restore_from_bytes, restore_from_file, restore_raw,
-    snapshot, snapshot_to_file, BadRange, Error, FaultKind,
+    snapshot, snapshot_to_file, BadRange, Error, FaultKind, SnapshotReport,
 };
 use vm_memory::bitmap::{AtomicBitmap, Bitmap};
 use vm_memory::{
@@ -48,6 +46,16 @@ fn fill(mem: &GuestMemoryMmap<AtomicBitmap>, seed: u64) {
     }
 }
 
+/// Guest RAM filled from `seed` ([`fill`]), its snapshot in memory, and
+/// the snapshot's report.
+fn snapshot_of(seed: u64) -> (GuestMemoryMmap<AtomicBitmap>, Vec<u8>, SnapshotReport) {
+    let mem = vm();
+    fill(&mem, seed);
+    let mut image = Vec::new();
+    let saved = snapshot(&mem, &mut image).expect("snapshot");
+    (mem, image, saved)
+}
+
 fn read(mem: &GuestMemoryMmap<AtomicBitmap>, addr: u64, len: u64) -> Vec<u8> {
     let mut v = vec![0u8; len as usize];
     mem.read_slice(&mut v, GuestAddress(addr))
@@ -68,15 +76,6 @@ fn dirty_pages(mem: &GuestMemoryMmap<AtomicBitmap>, addr: u64, len: u64) -> Vec<
         .filter(|i| r.bitmap().dirty_at((off + i * PAGE) as usize))
         .map(|i| addr + i * PAGE)
         .collect()
-}
-
-fn temp_path(what: &str) -> std::path::PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!(
-        "foliokit-vm-test-{what}-{}-{n}",
-        std::process::id()
-    ))
 }
 
 #[test]
@@ -155,10 +154,7 @@ fn prefault_range_spans_regions_and_refuses_holes_and_read_only_memory() {
 
 #[test]
 fn snapshot_restore_round_trip_is_exact_and_marks_everything_dirty() {
-    let mem = vm();
-    fill(&mem, 1);
-    let mut image = Vec::new();
-    let saved = snapshot(&mem, &mut image).expect("snapshot");
+    let (mem, image, saved) = snapshot_of(1);
     assert!(saved.bad.is_empty());
     assert_eq!(saved.guest_bytes, A_LEN + B_LEN);
     assert_eq!(saved.bytes_written, image.len() as u64);
@@ -285,27 +281,15 @@ fn pages_vanishing_under_a_mapped_snapshot_are_reported_through_sigbus() {
         .open(&path)
         .unwrap();
     let len = saved.bytes_written as usize;
-    // SAFETY: a fresh read-only shared mapping of our own file.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(map, libc::MAP_FAILED);
+    let map = foliokit::lazy::Source::map_file(&file, len).expect("map the snapshot");
     // Cut 5 pages of region A's data and everything after it.
     let cut = PAGE + A_LEN - 5 * PAGE;
     file.set_len(cut).unwrap();
     let fresh = poisoned_canvas();
     // SAFETY: the mapping covers `len` bytes for the whole call; the pages
     // past the new end raise SIGBUS, which restore_raw reports.
-    let r = unsafe { restore_raw(&fresh, map.cast(), len) }.expect("restore");
-    // SAFETY: our own mapping, no longer used.
-    unsafe { libc::munmap(map, len) };
+    let r = unsafe { restore_raw(&fresh, map.as_ptr(), len) }.expect("restore");
+    drop(map);
     let expect = [(A + A_LEN - 5 * PAGE, 5 * PAGE), (B, B_LEN)];
     assert_eq!(
         r.bad,
@@ -328,14 +312,7 @@ fn pages_vanishing_under_a_mapped_snapshot_are_reported_through_sigbus() {
 /// the restore leaves them unwritten and reports them.
 #[test]
 fn guest_ram_that_sigbuses_is_recorded_in_the_snapshot_and_skipped_on_restore() {
-    let path = temp_path("guest-ram");
-    let backing = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let (backing, path) = temp_file("guest-ram");
     backing.set_len(B_LEN).unwrap();
     let mem = GuestMemoryMmap::<AtomicBitmap>::from_ranges_with_files([
         (GuestAddress(A), A_LEN as usize, None),
@@ -380,10 +357,7 @@ fn guest_ram_that_sigbuses_is_recorded_in_the_snapshot_and_skipped_on_restore() 
 
 #[test]
 fn restore_refuses_a_foreign_layout_or_a_damaged_header_untouched() {
-    let mem = vm();
-    fill(&mem, 5);
-    let mut image = Vec::new();
-    snapshot(&mem, &mut image).unwrap();
+    let (_mem, image, _) = snapshot_of(5);
     // Guest memory without region B.
     let other =
         GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(GuestAddress(A), A_LEN as usize)]).unwrap();
@@ -479,10 +453,7 @@ fn migrate_a_guest_range_to_node_0() {
 /// byte-exact (the page's readable tail would read as zeros, not data).
 #[test]
 fn a_snapshot_cut_mid_page_loses_exactly_the_bytes_past_the_cut() {
-    let mem = vm();
-    fill(&mem, 7);
-    let mut image = Vec::new();
-    snapshot(&mem, &mut image).unwrap();
+    let (mem, image, _) = snapshot_of(7);
     let data_end = (PAGE + A_LEN + B_LEN) as usize;
     let cut = data_end - 2 * PAGE as usize - 100;
     let fresh = poisoned_canvas();

@@ -135,8 +135,8 @@ pub(crate) fn check_folio_size(folio_size: usize) -> Result<(), BatchError> {
     Ok(())
 }
 
-/// Checks that a copy's destination and source have the same length.
-pub(crate) fn check_same_len(dst: &[u8], src: &[u8]) -> Result<(), BatchError> {
+/// Checks that a copy's destination and source are equally long.
+pub(crate) fn check_lengths(dst: &[u8], src: &[u8]) -> Result<(), BatchError> {
     if dst.len() != src.len() {
         return Err(BatchError::LengthMismatch {
             dst: dst.len(),
@@ -153,7 +153,7 @@ pub(crate) fn check_contiguous_copy(
     src: &[u8],
     folio_size: usize,
 ) -> Result<usize, BatchError> {
-    check_same_len(dst, src)?;
+    check_lengths(dst, src)?;
     let n = folio_count("destination", dst.len(), folio_size)?;
     check_bases(
         &[

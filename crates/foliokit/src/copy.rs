@@ -48,12 +48,7 @@ pub fn copy(
     src: &[u8],
     strategy: CopyStrategy,
 ) -> Result<CopyStrategy, BatchError> {
-    if dst.len() != src.len() {
-        return Err(BatchError::LengthMismatch {
-            dst: dst.len(),
-            src: src.len(),
-        });
-    }
+    batch::check_lengths(dst, src)?;
     // SAFETY: the slices are valid for their (equal) lengths, and a `&mut`
     // and a `&` slice cannot overlap; this call holds the only references.
     unsafe { copy_raw(dst.as_mut_ptr(), src.as_ptr(), dst.len(), strategy) }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{filled_region, pattern};
+use common::{filled_region, pattern, PAGE};
 use foliokit::mem::Region;
 use foliokit::{
     clear_folios, clear_folios_raw, copy_folios, copy_folios_raw, BatchError, ClearOptions,
@@ -11,22 +11,12 @@ use foliokit::{
 };
 use proptest::prelude::*;
 
-const PAGE: usize = 4096;
-
-fn available<S: Strategy>() -> Vec<S> {
-    S::ALL
-        .iter()
-        .copied()
-        .filter(|s| s.unavailable().is_none())
-        .collect()
-}
-
 fn copy_strategy() -> impl proptest::strategy::Strategy<Value = CopyStrategy> {
-    proptest::sample::select(available::<CopyStrategy>())
+    proptest::sample::select(common::available(CopyStrategy::ALL))
 }
 
 fn clear_strategy() -> impl proptest::strategy::Strategy<Value = ClearStrategy> {
-    proptest::sample::select(available::<ClearStrategy>())
+    proptest::sample::select(common::available(ClearStrategy::ALL))
 }
 
 fn reuse() -> impl proptest::strategy::Strategy<Value = Reuse> {
@@ -165,31 +155,20 @@ fn length_and_count_mismatches() {
 fn overlaps_are_rejected() {
     let (src, mut dst) = pair(4);
     let d = dst.as_mut_ptr();
-    let o = CopyOptions::default();
-    // Two destinations on the same folio.
-    let e = unsafe {
+    let s = src.as_ptr();
+    for (dsts, srcs) in [
+        // Two destinations on the same folio.
+        ([d, d], [s, s.wrapping_add(PAGE)]),
+        // A destination that is also a source (of another pair).
+        (
+            [d, d.wrapping_add(PAGE)],
+            [d.wrapping_add(PAGE).cast_const(), s],
+        ),
+    ] {
         // SAFETY: rejected before any pointer is used.
-        copy_folios_raw(
-            &[d, d],
-            &[src.as_ptr(), src.as_ptr().wrapping_add(PAGE)],
-            PAGE,
-            o,
-        )
+        let e = unsafe { copy_folios_raw(&dsts, &srcs, PAGE, CopyOptions::default()) }.unwrap_err();
+        assert!(matches!(e, BatchError::Overlap { .. }), "{e}");
     }
-    .unwrap_err();
-    assert!(matches!(e, BatchError::Overlap { .. }), "{e}");
-    // A destination that is also a source (of another pair).
-    let e = unsafe {
-        // SAFETY: as above.
-        copy_folios_raw(
-            &[d, d.wrapping_add(PAGE)],
-            &[d.wrapping_add(PAGE).cast_const(), src.as_ptr()],
-            PAGE,
-            o,
-        )
-    }
-    .unwrap_err();
-    assert!(matches!(e, BatchError::Overlap { .. }), "{e}");
     // Overlapping clear targets: 2-page folios one page apart.
     let e = unsafe {
         // SAFETY: as above.
@@ -272,16 +251,13 @@ fn strategy_lists_parse_and_refuse() {
         parse_list::<CopyStrategy>(" , "),
         Err(StrategyError::Empty { .. })
     ));
-    for s in ClearStrategy::ALL
-        .iter()
-        .filter(|s| s.unavailable().is_some())
-    {
+    for s in common::unavailable::<ClearStrategy>() {
         let e = parse_list::<ClearStrategy>(s.name()).unwrap_err();
         assert!(matches!(e, StrategyError::Unavailable { .. }));
         // And the batch API refuses it too, writing nothing.
         let mut dst = Region::new(PAGE, PAGE).unwrap();
         dst.as_mut_slice().fill(0xEE);
-        let o = ClearOptions::default().strategy(*s);
+        let o = ClearOptions::default().strategy(s);
         assert!(matches!(
             clear_folios(dst.as_mut_slice(), PAGE, o),
             Err(BatchError::Strategy(_))

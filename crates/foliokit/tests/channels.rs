@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{filled_region, in_forked_child, pattern};
+use common::{filled_region, in_forked_child, pattern, PAGE};
 use foliokit::channels::{shared, Channel, ChannelError, ChannelPool, Completion, Op, Piece};
 use foliokit::mem::Region;
 use foliokit::strategy::CopyFn;
@@ -15,22 +15,79 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const PAGE: usize = 4096;
-
 fn copy_fn(s: CopyStrategy) -> CopyFn {
     s.function().expect("strategy available")
+}
+
+/// The addresses of folio `i` of `folio` bytes from `base`, for each `i` of
+/// `order` in turn.
+fn folio_addrs(
+    base: *const u8,
+    order: impl IntoIterator<Item = usize>,
+    folio: usize,
+) -> Vec<*const u8> {
+    order
+        .into_iter()
+        .map(|i| base.wrapping_add(i * folio))
+        .collect()
+}
+
+/// [`folio_addrs`] of a destination.
+fn folio_dsts(base: *mut u8, order: impl IntoIterator<Item = usize>, folio: usize) -> Vec<*mut u8> {
+    folio_addrs(base, order, folio)
+        .into_iter()
+        .map(<*const u8>::cast_mut)
+        .collect()
+}
+
+/// A test channel that handles its pieces one by one, in order, on the
+/// submitting thread: [`Inline`] of it is the channel.
+///
+/// # Safety
+/// Implementing it is the promise that `piece` keeps a channel's promises
+/// for the one piece it is given ([`Channel::submit`]): it runs `op` on
+/// that piece's ranges at most once, drains, and only then reports it.
+unsafe trait OnCaller: Send + Sync {
+    const NAME: &'static str;
+
+    /// Handles piece `p` of a batch being submitted.
+    ///
+    /// # Safety
+    /// [`Channel::submit`]'s contract for `p`.
+    unsafe fn piece(&self, p: &Piece, op: Op, done: &Completion);
+}
+
+/// The channel of an [`OnCaller`].
+struct Inline<T>(T);
+
+// SAFETY: hands each piece once, in order, to `T::piece`, which keeps the
+// promises (`OnCaller`'s contract) under the submit contract forwarded.
+unsafe impl<T: OnCaller> Channel for Inline<T> {
+    fn name(&self) -> &str {
+        T::NAME
+    }
+
+    unsafe fn submit(
+        &self,
+        pieces: Vec<Piece>,
+        op: Op,
+        done: Arc<Completion>,
+    ) -> Result<(), ChannelError> {
+        for p in &pieces {
+            // SAFETY: forwarded submit contract, for this piece.
+            unsafe { self.0.piece(p, op, &done) };
+        }
+        Ok(())
+    }
 }
 
 /// Copies `folios` folios of `folio` bytes with `pool`, checks every byte.
 fn check(pool: &ChannelPool, folios: usize, folio: usize, s: CopyStrategy) {
     let src = filled_region(folio, folios, (folios * folio) as u64);
     let mut dst = Region::new(folio * folios, PAGE).unwrap();
-    let d = dst.as_mut_ptr();
     // Reverse the pairing so a piece copied to the wrong place shows.
-    let dsts: Vec<*mut u8> = (0..folios).map(|i| d.wrapping_add(i * folio)).collect();
-    let srcs: Vec<*const u8> = (0..folios)
-        .map(|i| src.as_ptr().wrapping_add((folios - 1 - i) * folio))
-        .collect();
+    let dsts = folio_dsts(dst.as_mut_ptr(), 0..folios, folio);
+    let srcs = folio_addrs(src.as_ptr(), (0..folios).rev(), folio);
     // SAFETY: every folio is inside a live region; nothing else touches them.
     let t = unsafe { pool.copy_folios(&dsts, &srcs, folio, copy_fn(s)) }.expect("copy batch");
     assert!(
@@ -73,8 +130,7 @@ fn every_byte_lands_for_any_folio_to_channel_ratio() {
 fn check_clear(pool: &ChannelPool, folios: usize, folio: usize) {
     let mut r = filled_region(folio, folios + 1, 9);
     let canary = r.as_slice()[folios * folio..].to_vec();
-    let d = r.as_mut_ptr();
-    let dsts: Vec<*mut u8> = (0..folios).map(|i| d.wrapping_add(i * folio)).collect();
+    let dsts = folio_dsts(r.as_mut_ptr(), 0..folios, folio);
     let clear = foliokit::ClearStrategy::Nt;
     let f = clear.function().unwrap_or(unsafe_zero);
     // SAFETY: every folio is inside the live region; nothing else touches it.
@@ -106,26 +162,12 @@ fn clears_spread_across_channels_zero_exactly_the_batch() {
     }
 }
 
-/// A channel that refuses all work, like a full hardware queue.
-struct Refuses;
-
-// SAFETY: refuses every batch and touches no piece.
-unsafe impl Channel for Refuses {
-    fn name(&self) -> &str {
-        "refuses"
-    }
-
-    unsafe fn submit(&self, _: Vec<Piece>, _: Op, _: Arc<Completion>) -> Result<(), ChannelError> {
-        Err(ChannelError::Stopped("refuses".into()))
-    }
-}
-
 #[test]
 fn refused_work_is_finished_on_the_calling_thread() {
     let pool = ChannelPool::of(vec![
-        Box::new(Refuses),
+        Box::new(Refuses::default()),
         Box::new(foliokit::channels::CpuChannel::new(0)),
-        Box::new(Refuses),
+        Box::new(Refuses::default()),
     ])
     .unwrap();
     for (folios, folio) in [(1, 8 * PAGE), (6, 2 * PAGE)] {
@@ -136,60 +178,36 @@ fn refused_work_is_finished_on_the_calling_thread() {
     assert_ne!(pattern(64, 1), pattern(64, 2));
 }
 
+/// A piece a [`Recording`] ran: (dst, len, first folio, folios covered).
+type Ran = (usize, usize, usize, usize);
+
 /// A channel that runs its pieces on the submitting thread and records
-/// them: (dst, len, first folio, folios covered).
-struct Recording(Mutex<Vec<(usize, usize, usize, usize)>>);
+/// them. Clones share the record.
+#[derive(Clone, Default)]
+struct Recording(Arc<Mutex<Vec<Ran>>>);
 
-// SAFETY: runs each piece once, on the submitting thread, drains, then reports it.
-unsafe impl Channel for Recording {
-    fn name(&self) -> &str {
-        "recording"
-    }
+// SAFETY: runs the piece once, drains, then reports it.
+unsafe impl OnCaller for Recording {
+    const NAME: &'static str = "recording";
 
-    unsafe fn submit(
-        &self,
-        pieces: Vec<Piece>,
-        op: Op,
-        done: Arc<Completion>,
-    ) -> Result<(), ChannelError> {
-        for p in &pieces {
-            // SAFETY: forwarded submit contract.
-            unsafe { op.run(p) };
-            foliokit::nt::drain();
-            self.0
-                .lock()
-                .unwrap()
-                .push((p.dst() as usize, p.len(), p.folio(), p.folios()));
-            done.piece_done(p);
-        }
-        Ok(())
+    unsafe fn piece(&self, p: &Piece, op: Op, done: &Completion) {
+        // SAFETY: forwarded submit contract.
+        unsafe { op.run(p) };
+        foliokit::nt::drain();
+        self.0
+            .lock()
+            .unwrap()
+            .push((p.dst() as usize, p.len(), p.folio(), p.folios()));
+        done.piece_done(p);
     }
 }
 
 #[test]
 fn channels_get_contiguous_runs_with_the_first_folio_on_its_own() {
-    let recs: Vec<Arc<Recording>> = (0..3)
-        .map(|_| Arc::new(Recording(Mutex::new(Vec::new()))))
-        .collect();
-    struct Shared(Arc<Recording>);
-    // SAFETY: forwards to the inner channel, which keeps the promises.
-    unsafe impl Channel for Shared {
-        fn name(&self) -> &str {
-            "shared-recording"
-        }
-        unsafe fn submit(
-            &self,
-            p: Vec<Piece>,
-            op: Op,
-            d: Arc<Completion>,
-        ) -> Result<(), ChannelError> {
-            // SAFETY: forwarded submit contract.
-            unsafe { self.0.submit(p, op, d) }
-        }
-    }
+    let recs: Vec<Recording> = (0..3).map(|_| Recording::default()).collect();
     let pool = ChannelPool::of(
         recs.iter()
-            .map(|r| Box::new(Shared(r.clone())) as Box<dyn Channel>)
+            .map(|r| Box::new(Inline(r.clone())) as Box<dyn Channel>)
             .collect(),
     )
     .unwrap();
@@ -201,10 +219,8 @@ fn channels_get_contiguous_runs_with_the_first_folio_on_its_own() {
     // destination is swapped with folio 8's: runs must break there.
     let mut order: Vec<usize> = (0..folios).collect();
     order.swap(7, 8);
-    let dsts: Vec<*mut u8> = order.iter().map(|&i| d.wrapping_add(i * folio)).collect();
-    let srcs: Vec<*const u8> = (0..folios)
-        .map(|i| src.as_ptr().wrapping_add(i * folio))
-        .collect();
+    let dsts = folio_dsts(d, order.iter().copied(), folio);
+    let srcs = folio_addrs(src.as_ptr(), 0..folios, folio);
     // SAFETY: every folio lies in a live region that nothing else touches.
     let t = unsafe { pool.copy_folios(&dsts, &srcs, folio, copy_fn(CopyStrategy::Movsb)) }.unwrap();
     assert!(t.first_folio <= t.done);
@@ -234,7 +250,7 @@ fn channels_get_contiguous_runs_with_the_first_folio_on_its_own() {
         }
     }
     // Clears merge too (their sources are null).
-    let dsts: Vec<*mut u8> = (0..folios).map(|i| d.wrapping_add(i * folio)).collect();
+    let dsts = folio_dsts(d, 0..folios, folio);
     for r in &recs {
         r.0.lock().unwrap().clear();
     }
@@ -299,19 +315,21 @@ fn an_idle_channel_takes_over_a_late_ones_share() {
     );
 }
 
-/// A channel that counts the batches it is offered and refuses them (so a
-/// pool that reached it would still finish the work on the CPU).
-struct Counting(Arc<AtomicUsize>);
+/// A channel that refuses all work, like a full hardware queue, and counts
+/// the batches it was offered (a pool that reached it still finishes the
+/// work on the CPU).
+#[derive(Default)]
+struct Refuses(Arc<AtomicUsize>);
 
-// SAFETY: runs each piece once with the given op, drains, then reports it.
-unsafe impl Channel for Counting {
+// SAFETY: refuses every batch and touches no piece.
+unsafe impl Channel for Refuses {
     fn name(&self) -> &str {
-        "counting"
+        "refuses"
     }
 
     unsafe fn submit(&self, _: Vec<Piece>, _: Op, _: Arc<Completion>) -> Result<(), ChannelError> {
         self.0.fetch_add(1, Ordering::Relaxed);
-        Err(ChannelError::Stopped("counting".into()))
+        Err(ChannelError::Stopped("refuses".into()))
     }
 }
 
@@ -321,8 +339,8 @@ unsafe impl Channel for Counting {
 fn bad_batches_are_refused_before_any_work() {
     let offered = Arc::new(AtomicUsize::new(0));
     let spy = ChannelPool::of(vec![
-        Box::new(Counting(offered.clone())),
-        Box::new(Counting(offered.clone())),
+        Box::new(Refuses(offered.clone())),
+        Box::new(Refuses(offered.clone())),
     ])
     .unwrap();
     let cpu = ChannelPool::cpu(2).unwrap();
@@ -409,29 +427,21 @@ type Reports = Arc<Mutex<Vec<bool>>>;
 /// could end the batch while another channel is still writing.
 struct ReportsTwice(Reports);
 
-// SAFETY: runs each piece once and drains before reporting; the repeat report is what the test checks is ignored.
-unsafe impl Channel for ReportsTwice {
-    fn name(&self) -> &str {
-        "reports-twice"
-    }
+// SAFETY: runs the piece once and drains before reporting; the repeat
+// report is what the test checks is ignored.
+unsafe impl OnCaller for ReportsTwice {
+    const NAME: &'static str = "reports-twice";
 
-    unsafe fn submit(
-        &self,
-        pieces: Vec<Piece>,
-        op: Op,
-        done: Arc<Completion>,
-    ) -> Result<(), ChannelError> {
+    unsafe fn piece(&self, p: &Piece, op: Op, done: &Completion) {
         let mut seen = self.0.lock().unwrap();
-        for p in &pieces {
-            // SAFETY: the pool's contract: the piece is valid until reported.
-            unsafe { op.run(p) };
-            seen.push(done.piece_done(p));
-            seen.push(done.piece_done(p));
-            // SAFETY: this piece is never run or submitted.
-            let forged = unsafe { Piece::new(p.dst(), p.src(), p.len(), p.folio()) };
-            seen.push(done.piece_done(&forged));
-        }
-        Ok(())
+        // SAFETY: the pool's contract: the piece is valid until reported.
+        unsafe { op.run(p) };
+        foliokit::nt::drain();
+        seen.push(done.piece_done(p));
+        seen.push(done.piece_done(p));
+        // SAFETY: this piece is never run or submitted.
+        let forged = unsafe { Piece::new(p.dst(), p.src(), p.len(), p.folio()) };
+        seen.push(done.piece_done(&forged));
     }
 }
 
@@ -439,7 +449,7 @@ unsafe impl Channel for ReportsTwice {
 fn pieces_count_once_and_only_for_their_own_batch() {
     let reports: Reports = Arc::default();
     let pool = ChannelPool::of(vec![
-        Box::new(ReportsTwice(reports.clone())),
+        Box::new(Inline(ReportsTwice(reports.clone()))),
         Box::new(foliokit::channels::CpuChannel::new(0)),
     ])
     .unwrap();
@@ -457,17 +467,21 @@ fn pieces_count_once_and_only_for_their_own_batch() {
     }
 }
 
+/// A source of `folios` folios of `folio` bytes filled from `seed`, and a
+/// destination like it, for [`copies_through`].
+fn fork_buffers(folio: usize, folios: usize, seed: u64) -> (Region, Region) {
+    let src = filled_region(folio, folios, seed);
+    let dst = Region::new(src.len(), folio).unwrap();
+    (src, dst)
+}
+
 /// Copies `src` into `dst` (equal, whole folios) through `pool`, returning
 /// whether every byte arrived. Used in a forked child: no panics, no output.
 fn copies_through(pool: &ChannelPool, dst: &mut Region, src: &Region, folio: usize) -> bool {
     dst.as_mut_slice().fill(0);
     let n = src.len() / folio;
-    let dsts: Vec<*mut u8> = (0..n)
-        .map(|i| dst.as_mut_ptr().wrapping_add(i * folio))
-        .collect();
-    let srcs: Vec<*const u8> = (0..n)
-        .map(|i| src.as_ptr().wrapping_add(i * folio))
-        .collect();
+    let dsts = folio_dsts(dst.as_mut_ptr(), 0..n, folio);
+    let srcs = folio_addrs(src.as_ptr(), 0..n, folio);
     let Ok(copy) = CopyStrategy::Libc.function() else {
         return false;
     };
@@ -489,8 +503,7 @@ fn shared_pool_works_after_fork() {
         Duration::from_secs(60),
         || {
             let folio = 4 * PAGE;
-            let src = filled_region(folio, 4, 11);
-            let mut dst = Region::new(src.len(), folio).unwrap();
+            let (src, mut dst) = fork_buffers(folio, 4, 11);
             let inherited = shared(2).unwrap();
             assert!(
                 copies_through(&inherited, &mut dst, &src, folio),
@@ -530,8 +543,7 @@ fn fork_while_another_thread_holds_the_pool_lock() {
         Duration::from_secs(60),
         || {
             let folio = 2 * PAGE;
-            let src = filled_region(folio, 2, 12);
-            let mut dst = Region::new(src.len(), folio).unwrap();
+            let (src, mut dst) = fork_buffers(folio, 2, 12);
             assert!(copies_through(&shared(2).unwrap(), &mut dst, &src, folio));
             foliokit::channels::hold_shared_lock(|| {
                 std::thread::scope(|s| {
@@ -556,30 +568,21 @@ fn fork_while_another_thread_holds_the_pool_lock() {
 /// piece: it copies the first half, drains, and reports the piece failed.
 struct FailsHalf;
 
-// SAFETY: runs the first half of each piece once, drains, then reports it failed with that count.
-unsafe impl Channel for FailsHalf {
-    fn name(&self) -> &str {
-        "fails-half"
-    }
+// SAFETY: runs the first half of the piece once, drains, then reports it
+// failed with that count.
+unsafe impl OnCaller for FailsHalf {
+    const NAME: &'static str = "fails-half";
 
-    unsafe fn submit(
-        &self,
-        pieces: Vec<Piece>,
-        op: Op,
-        done: Arc<Completion>,
-    ) -> Result<(), ChannelError> {
-        for p in &pieces {
-            let half = p.len() / 2;
-            // SAFETY: the first half of a piece we were given (submit
-            // contract); run once, not touched after it is reported.
-            unsafe {
-                let part = Piece::new(p.dst(), p.src(), half, p.folio());
-                op.run(&part);
-            }
-            foliokit::nt::drain();
-            done.piece_failed(p, half);
+    unsafe fn piece(&self, p: &Piece, op: Op, done: &Completion) {
+        let half = p.len() / 2;
+        // SAFETY: the first half of a piece we were given (submit
+        // contract); run once, not touched after it is reported.
+        unsafe {
+            let part = Piece::new(p.dst(), p.src(), half, p.folio());
+            op.run(&part);
         }
-        Ok(())
+        foliokit::nt::drain();
+        done.piece_failed(p, half);
     }
 }
 
@@ -587,11 +590,8 @@ unsafe impl Channel for FailsHalf {
 fn batch_buffers(folios: usize, folio: usize) -> (Region, Region, Vec<*mut u8>, Vec<*const u8>) {
     let src = filled_region(folio, folios, 99);
     let mut dst = Region::new(folio * folios, PAGE).unwrap();
-    let d = dst.as_mut_ptr();
-    let dsts = (0..folios).map(|i| d.wrapping_add(i * folio)).collect();
-    let srcs = (0..folios)
-        .map(|i| src.as_ptr().wrapping_add(i * folio))
-        .collect();
+    let dsts = folio_dsts(dst.as_mut_ptr(), 0..folios, folio);
+    let srcs = folio_addrs(src.as_ptr(), 0..folios, folio);
     (src, dst, dsts, srcs)
 }
 
@@ -639,7 +639,7 @@ fn dropping_a_batch_waits_for_it() {
 
 #[test]
 fn a_failed_piece_is_reported_with_what_it_copied_and_the_blocking_call_finishes_it() {
-    let pool = ChannelPool::of(vec![Box::new(FailsHalf)]).unwrap();
+    let pool = ChannelPool::of(vec![Box::new(Inline(FailsHalf))]).unwrap();
     let (folios, folio) = (4, 16 * PAGE);
     let (src, mut dst, dsts, srcs) = batch_buffers(folios, folio);
     // SAFETY: as above.
@@ -722,12 +722,8 @@ fn small_blocking_batches_stay_on_the_calling_thread() {
     for (folios, inline) in [(min / PAGE - 1, true), (min / PAGE, false)] {
         let src = filled_region(PAGE, folios, folios as u64);
         let mut dst = Region::new(PAGE * folios, PAGE).unwrap();
-        let dsts: Vec<*mut u8> = (0..folios)
-            .map(|i| dst.as_mut_ptr().wrapping_add(i * PAGE))
-            .collect();
-        let srcs: Vec<*const u8> = (0..folios)
-            .map(|i| src.as_ptr().wrapping_add(i * PAGE))
-            .collect();
+        let dsts = folio_dsts(dst.as_mut_ptr(), 0..folios, PAGE);
+        let srcs = folio_addrs(src.as_ptr(), 0..folios, PAGE);
         RAN_ON.lock().unwrap().clear();
         // SAFETY: every folio is inside a live region; nothing else touches them.
         let t = unsafe { pool.copy_folios(&dsts, &srcs, PAGE, recording_copy) }.unwrap();

@@ -7,13 +7,11 @@
 
 mod common;
 
-use common::{in_child, pattern, relocation_available, say, skip, touch_pages};
+use common::{in_child, pattern, relocation_available, say, skip, touch_pages, PAGE, THP};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateOptions, MigratePath, Path};
 use std::time::Duration;
 
-const PAGE: usize = 4096;
-const THP: usize = 2 << 20;
 const T: Duration = Duration::from_secs(180);
 
 /// Online nodes, or `None` (skip printed) with fewer than two.

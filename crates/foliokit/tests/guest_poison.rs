@@ -6,14 +6,13 @@
 
 mod common;
 
-use common::{in_child, pattern, skip};
+use common::{in_child, pattern, skip, PAGE};
 use foliokit::mc::{copy_folios_mc, copy_mc, FaultKind, McError};
 use foliokit::mem::Region;
 use foliokit::{CopyOptions, CopyStrategy, Reuse, Strategy};
 use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
 use std::time::Duration;
 
-const PAGE: usize = 4096;
 const T: Duration = Duration::from_secs(120);
 
 /// si_code of the SIGBUS the injection itself raised (Linux 6.12 signals
@@ -29,15 +28,15 @@ extern "C" fn on_injection(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
 /// kernels raise at once is recorded instead of killing the process. `None`
 /// (with the reason printed) where the kernel refuses.
 fn poison(at: *mut u8) -> Option<i32> {
-    // SAFETY: a zeroed sigaction with our SA_SIGINFO handler, installed for
+    // SAFETY: our three-argument SA_SIGINFO handler, installed for
     // SIGBUS in this test process only; foliokit's own handler, installed
     // later, chains faults that are not its own to this one.
     unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_injection as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+        common::set_handler(
+            libc::SIGBUS,
+            on_injection as *const () as usize,
+            libc::SA_SIGINFO,
+        );
     }
     // SAFETY: `at` is a page of the caller's own region; poisoning takes it
     // away for good, which is what the test wants.

@@ -4,12 +4,10 @@
 
 mod common;
 
-use common::TruncatedFile;
+use common::{TruncatedFile, PAGE};
 use foliokit::mc::{copy_mc, FaultKind, McError};
 use foliokit::CopyStrategy;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-
-const PAGE: usize = 4096;
 
 static HIT: AtomicBool = AtomicBool::new(false);
 static FD: AtomicI32 = AtomicI32::new(-1);
@@ -40,11 +38,11 @@ fn a_foreign_fault_reaches_the_handler_installed_before_foliokit() {
     LEN.store(len, Ordering::SeqCst);
     // SAFETY: installing a handler whose body is async-signal-safe.
     unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = apps_handler as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+        common::set_handler(
+            libc::SIGBUS,
+            apps_handler as *const () as usize,
+            libc::SA_SIGINFO,
+        );
     }
     // foliokit installs its handler on first use, on top of the app's.
     let mut d = [0u8; 8];

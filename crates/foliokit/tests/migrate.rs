@@ -3,33 +3,16 @@
 
 mod common;
 
-use common::{in_child, pattern, TruncatedFile};
+use common::{in_child, node, pattern, TruncatedFile, MIB, PAGE};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, Path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-
-fn node() -> u32 {
-    system::numa_nodes()[0]
-}
-
+/// Whether relocation can run here, probed on the THP-backed memory these
+/// tests migrate.
 fn relocation_available() -> bool {
-    let mut r = Region::new(2 * MIB, 2 * MIB).unwrap();
-    let o = MigrateOptions::default().path(Path::Relocate);
-    // SAFETY: our own region, no other users.
-    match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
-        Err(e @ MigrateError::Refused { .. }) => {
-            common::skip(&format!("relocation checks: {e}"));
-            false
-        }
-        other => {
-            other.unwrap();
-            true
-        }
-    }
+    common::relocation_available_on(2 * MIB)
 }
 
 /// Migrates `r` over and over for `run_for` while two writers store
@@ -155,10 +138,7 @@ fn relocation_under_writers_and_readers_loses_nothing() {
     if !relocation_available() {
         return;
     }
-    let o = MigrateOptions::default()
-        .path(Path::Relocate)
-        .channels(2)
-        .batch_pages(512);
+    let o = common::opts(Path::Relocate, 512);
     let n = migrate_under_load(32 * MIB, Duration::from_secs(2), &o);
     assert!(n >= 1);
 }
@@ -168,11 +148,7 @@ fn stress_relocation_for_ten_seconds_with_two_writers() {
     if !relocation_available() {
         return;
     }
-    let o = MigrateOptions::default()
-        .path(Path::Relocate)
-        .channels(2)
-        .batch_pages(2048)
-        .latency_budget(Some(Duration::from_millis(2)));
+    let o = common::opts(Path::Relocate, 2048).latency_budget(Some(Duration::from_millis(2)));
     let n = migrate_under_load(64 * MIB, Duration::from_secs(10), &o);
     eprintln!("stress: {n} migrations of 64 MiB in 10 s, nothing lost");
     assert!(n >= 1);
@@ -301,36 +277,33 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
     }
     assert!(r.as_slice() == &p[..]);
     // Shared anonymous memory on the relocation path.
-    // SAFETY: a fresh shared mapping of our own.
+    // SAFETY: a fresh shared mapping of our own (no address given).
     let shared = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+        common::map_anonymous(
+            None,
             MIB,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
+            libc::MAP_SHARED,
         )
     };
-    assert_ne!(shared, libc::MAP_FAILED);
     // SAFETY: our mapping; rejected before use.
     unsafe {
-        (shared as *mut u8).write_bytes(7, MIB);
-        let e = migrate(shared.cast(), MIB, node(), &o).unwrap_err();
+        shared.write_bytes(7, MIB);
+        let e = migrate(shared, MIB, node(), &o).unwrap_err();
         assert!(matches!(e, MigrateError::Refused { .. }), "{e}");
         assert!(std::slice::from_raw_parts(shared as *const u8, MIB)
             .iter()
             .all(|&b| b == 7));
         // Auto falls back to the kernel path and says why.
         let auto = o.path(Path::Auto);
-        let rep = migrate(shared.cast(), MIB, node(), &auto).unwrap();
+        let rep = migrate(shared, MIB, node(), &auto).unwrap();
         assert_eq!(rep.path, MigratePath::Kernel);
         assert!(
             rep.notes.iter().any(|n| n.contains("shared")),
             "{:?}",
             rep.notes
         );
-        libc::munmap(shared, MIB);
+        libc::munmap(shared.cast(), MIB);
     }
     // File-backed memory on the relocation path.
     let file = TruncatedFile::new(MIB, 3, None);
@@ -353,10 +326,7 @@ fn relocation_of_a_range_that_is_not_whole_folios() {
     let len = 2 * MIB + 3 * PAGE;
     // One batch per folio, and one batch holding the folio and the tail.
     for batch_pages in [512, 4096] {
-        let o = MigrateOptions::default()
-            .path(Path::Relocate)
-            .channels(2)
-            .batch_pages(batch_pages);
+        let o = common::opts(Path::Relocate, batch_pages);
         // SAFETY: a sub-range of our own region, no other users.
         let rep = unsafe { migrate(r.as_mut_ptr().add(MIB), len, node(), &o) }.unwrap();
         assert_eq!(rep.bytes, len);

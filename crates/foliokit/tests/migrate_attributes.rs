@@ -11,8 +11,7 @@
 
 mod common;
 
-use common::{in_child, pattern, relocation_available, skip};
-use foliokit::mem::system;
+use common::{in_child, node, pattern, relocation_available, skip, MIB, PAGE};
 use foliokit::migrate::{
     migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path, Refusal,
 };
@@ -22,8 +21,6 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
 const GIB: usize = 1 << 30;
 /// Size of each neighbouring mapping.
 const NB: usize = 16 * PAGE;
@@ -32,15 +29,8 @@ const RW: libc::c_int = libc::PROT_READ | libc::PROT_WRITE;
 const PATHS: [Path; 3] = [Path::Relocate, Path::Auto, Path::Kernel];
 static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
 
-fn node() -> u32 {
-    system::numa_nodes()[0]
-}
-
 fn opts(path: Path) -> MigrateOptions {
-    MigrateOptions::default()
-        .path(path)
-        .batch_pages(256)
-        .channels(2)
+    common::opts(path, 256)
 }
 
 fn errno() -> io::Error {
@@ -74,15 +64,9 @@ fn allocate_on_the_target_node() {
 
 fn map(at: Option<usize>, len: usize, prot: libc::c_int, extra: libc::c_int) -> usize {
     allocate_on_the_target_node();
-    let flags = libc::MAP_PRIVATE
-        | libc::MAP_ANONYMOUS
-        | extra
-        | if at.is_some() { libc::MAP_FIXED } else { 0 };
-    // SAFETY: a fresh anonymous mapping; with MAP_FIXED, `at` lies inside a
-    // reservation this test made and owns.
-    let p = unsafe { libc::mmap(at.unwrap_or(0) as *mut _, len, prot, flags, -1, 0) };
-    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", errno());
-    p as usize
+    // SAFETY: with `at`, it lies inside a reservation this test made and
+    // owns.
+    unsafe { common::map_anonymous(at, len, prot, libc::MAP_PRIVATE | extra) as usize }
 }
 
 fn unmap(at: usize, len: usize) {
@@ -869,29 +853,10 @@ fn fork_child(check: impl FnOnce() -> i32) -> libc::pid_t {
 /// The exit code of child `pid` (99 if it hung for 10 s and was killed,
 /// 100 + signal if a signal ended it).
 fn wait_child(pid: libc::pid_t) -> i32 {
-    let t = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: waits for our own child; `status` is ours.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        assert!(r >= 0, "waitpid: {}", errno());
-        if r == pid {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(10) {
-            // SAFETY: our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return 99;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        100 + libc::WTERMSIG(status)
+    match common::wait_for_child(pid, Duration::from_secs(10)) {
+        Err(_) => 99,
+        Ok(status) if libc::WIFEXITED(status) => libc::WEXITSTATUS(status),
+        Ok(status) => 100 + libc::WTERMSIG(status),
     }
 }
 
@@ -965,34 +930,58 @@ fn migrate_ok(at: usize, len: usize, path: Path) -> Option<MigrateReport> {
     }
 }
 
+/// Each path in turn (relocation where available) on a fresh 4 MiB range
+/// advised `advice` (bytes from `seed`): `prepare` sees the range's address
+/// and its mappings before and makes what the child needs (in the parent:
+/// a forked child must not allocate); after the migration the mappings and
+/// the bytes are as they were, and a child forked then runs
+/// `child(at, len, prepared)`, which must exit 0 (else, it `fails`: what a
+/// non-zero exit means).
+fn fork_after_migration<P>(
+    advice: libc::c_int,
+    seed: u64,
+    mut prepare: impl FnMut(usize, &Snap) -> P,
+    mut child: impl FnMut(usize, usize, &P) -> i32,
+    fails: &str,
+) {
+    let reloc = relocation_available();
+    for path in PATHS {
+        if path == Path::Relocate && !reloc {
+            continue;
+        }
+        let len = 4 * MIB;
+        let (at, data) = advised(len, advice, seed);
+        let before = snapshot(at, len);
+        let prepared = prepare(at, &before);
+        if let Some(rep) = migrate_ok(at, len, path) {
+            check_report(&format!("{path:?}"), path, &rep, len / PAGE);
+            println!("NOTE: {path:?} -> {}", rep.path);
+        }
+        assert_same(&format!("{path:?}"), &before, &snapshot(at, len));
+        let code = in_fork(|| child(at, len, &prepared));
+        assert_eq!(
+            code, 0,
+            "{path:?}: a child forked after migration {fails} (exit {code})"
+        );
+        assert_bytes(
+            &format!("{path:?}: parent"),
+            &read_mem(at, len).unwrap(),
+            &data,
+        );
+        unmap(at, len);
+    }
+}
+
 #[test]
 fn wipeonfork_child_reads_zeros_after_migration() {
     in_child("wipeonfork_child_reads_zeros_after_migration", T, || {
-        let reloc = relocation_available();
-        for path in PATHS {
-            if path == Path::Relocate && !reloc {
-                continue;
-            }
-            let len = 4 * MIB;
-            let (at, data) = advised(len, libc::MADV_WIPEONFORK, 11);
-            let before = snapshot(at, len);
-            if let Some(rep) = migrate_ok(at, len, path) {
-                check_report(&format!("{path:?}"), path, &rep, len / PAGE);
-                println!("NOTE: {path:?} -> {}", rep.path);
-            }
-            assert_same(&format!("{path:?}"), &before, &snapshot(at, len));
-            let code = in_fork(|| if child_reads_zeros(at, len) { 0 } else { 1 });
-            assert_eq!(
-                code, 0,
-                "{path:?}: a child forked after migration did not read zeros in the wipe-on-fork range (exit {code})"
-            );
-            assert_bytes(
-                &format!("{path:?}: parent"),
-                &read_mem(at, len).unwrap(),
-                &data,
-            );
-            unmap(at, len);
-        }
+        fork_after_migration(
+            libc::MADV_WIPEONFORK,
+            11,
+            |_, _| {},
+            |at, len, ()| if child_reads_zeros(at, len) { 0 } else { 1 },
+            "did not read zeros in the wipe-on-fork range",
+        )
     });
 }
 
@@ -1002,35 +991,17 @@ fn dontfork_child_lacks_the_mapping_after_migration() {
         "dontfork_child_lacks_the_mapping_after_migration",
         T,
         || {
-            let reloc = relocation_available();
             let mut buf = vec![0u8; 8 * MIB];
-            for path in PATHS {
-                if path == Path::Relocate && !reloc {
-                    continue;
-                }
-                let len = 4 * MIB;
-                let (at, data) = advised(len, libc::MADV_DONTFORK, 12);
-                let before = snapshot(at, len);
-                assert!(before.vmas[0].line.starts_with(&format!("{at:x}-")));
-                if let Some(rep) = migrate_ok(at, len, path) {
-                    check_report(&format!("{path:?}"), path, &rep, len / PAGE);
-                    println!("NOTE: {path:?} -> {}", rep.path);
-                }
-                assert_same(&format!("{path:?}"), &before, &snapshot(at, len));
-                let needle = format!("\n{at:x}-").into_bytes();
-                let code = in_fork(|| child_lacks(at, len, &mut buf, &needle));
-                assert_eq!(
-                    code, 0,
-                    "{path:?}: a child forked after migration has the DONTFORK mapping \
-                 (20: mincore found it, 22: in its /proc/self/maps; exit {code})"
-                );
-                assert_bytes(
-                    &format!("{path:?}: parent"),
-                    &read_mem(at, len).unwrap(),
-                    &data,
-                );
-                unmap(at, len);
-            }
+            fork_after_migration(
+                libc::MADV_DONTFORK,
+                12,
+                |at, before| {
+                    assert!(before.vmas[0].line.starts_with(&format!("{at:x}-")));
+                    format!("\n{at:x}-").into_bytes()
+                },
+                |at, len, needle| child_lacks(at, len, &mut buf, needle),
+                "has the DONTFORK mapping (20: mincore found it, 22: in its /proc/self/maps)",
+            )
         },
     );
 }

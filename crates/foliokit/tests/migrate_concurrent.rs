@@ -12,8 +12,8 @@
 #[macro_use]
 mod common;
 
-use common::{in_child, pattern, skip};
-use foliokit::mem::{system, Region};
+use common::{in_child, node, pattern, skip, LIMIT, MIB, PAGE, RUN, THP};
+use foliokit::mem::Region;
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -22,49 +22,29 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize};
 use std::thread;
 use std::time::{Duration, Instant};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-const THP: usize = 2 << 20;
-/// How long each scenario keeps migrating.
-const RUN: Duration = Duration::from_millis(1500);
-/// A test child running longer than this has hung.
-const LIMIT: Duration = Duration::from_secs(60);
-
 on_both_paths!(dontneed_and_rewrite => relocate_dontneed_and_rewrite, kernel_dontneed_and_rewrite);
-on_both_paths!(munmap_hole => relocate_munmap_hole, kernel_munmap_hole);
-on_both_paths!(munmap_hole_then_new_mapping => relocate_munmap_hole_then_new_mapping, kernel_munmap_hole_then_new_mapping);
+on_both_paths!(|path| hole_cycles(path, false) => relocate_munmap_hole, kernel_munmap_hole);
+on_both_paths!(|path| hole_cycles(path, true) => relocate_munmap_hole_then_new_mapping, kernel_munmap_hole_then_new_mapping);
 on_both_paths!(mprotect_toggle => relocate_mprotect_toggle, kernel_mprotect_toggle);
 on_both_paths!(syscall_writes => relocate_syscall_writes, kernel_syscall_writes);
 on_both_paths!(o_direct_reads => relocate_o_direct_reads, kernel_o_direct_reads);
-on_both_paths!(futex_mutex => relocate_futex_mutex, kernel_futex_mutex);
+on_both_paths!(|path| mutex_scenario(path, libc::PTHREAD_PRIO_NONE) => relocate_futex_mutex, kernel_futex_mutex);
 
-/// Relocation cannot keep a priority-inheritance futex working (see
-/// [`pi_futex_cannot_wait_on_a_userfaultfd`]): its contract excludes such
-/// memory, so only the kernel path runs this scenario.
-#[test]
-fn kernel_pi_mutex() {
-    in_child("kernel_pi_mutex", LIMIT, || {
-        println!();
-        common::one_at_a_time();
-        mutex_scenario(Path::Kernel, libc::PTHREAD_PRIO_INHERIT)
-    })
-}
+scenario_test!(
+    /// Relocation cannot keep a priority-inheritance futex working (see
+    /// [`pi_futex_cannot_wait_on_a_userfaultfd`]): its contract excludes
+    /// such memory, so only the kernel path runs this scenario.
+    kernel_pi_mutex => mutex_scenario(Path::Kernel, libc::PTHREAD_PRIO_INHERIT)
+);
 on_both_paths!(fork_mid_migration => relocate_fork_mid_migration, kernel_fork_mid_migration);
-on_both_paths!(first_touch_4k => relocate_first_touch_4k, kernel_first_touch_4k);
-on_both_paths!(first_touch_thp => relocate_first_touch_thp, kernel_first_touch_thp);
+on_both_paths!(|path| first_touch(path, PAGE) => relocate_first_touch_4k, kernel_first_touch_4k);
+on_both_paths!(|path| first_touch(path, THP) => relocate_first_touch_thp, kernel_first_touch_thp);
 
 // ---------------------------------------------------------------------------
 // Shared pieces
 
-fn node() -> u32 {
-    system::numa_nodes()[0]
-}
-
 fn opts(path: Path) -> MigrateOptions {
-    MigrateOptions::default()
-        .path(path)
-        .channels(2)
-        .batch_pages(512)
+    common::opts(path, 512)
 }
 
 /// One migration of `[addr, addr + len)`.
@@ -244,6 +224,21 @@ fn migrate_while(
     t
 }
 
+/// [`migrate_while`] for the run, then what each of `workers` (threads
+/// that end once `stop` is set) returned; `what` names them in a panic.
+fn migrate_then_join<T>(
+    addr: usize,
+    len: usize,
+    path: Path,
+    stop: &AtomicBool,
+    workers: Vec<thread::ScopedJoinHandle<'_, T>>,
+    what: &str,
+) -> (Tally, Vec<T>) {
+    let tally = migrate_while(addr, len, path, stop, || false);
+    let done = workers.into_iter().map(|w| w.join().expect(what)).collect();
+    (tally, done)
+}
+
 /// The lines of /proc/self/maps overlapping `[start, end)`:
 /// (start, end, perms).
 fn maps_overlapping(start: usize, end: usize) -> Vec<(usize, usize, String)> {
@@ -276,6 +271,22 @@ fn assert_mapped(start: usize, end: usize, perms: &str, what: &str) {
         at >= end,
         "{what}: {at:#x}..{end:#x} is not mapped ({maps:x?})"
     );
+}
+
+/// A `len`-byte THP region whose first `data_len` bytes hold
+/// `pattern(data_len, seed)` (returned too) and whose rest is the slots of
+/// a sweep writer, 512 bytes apart, initialised.
+fn data_then_slots(len: usize, data_len: usize, seed: u64) -> (Region, Vec<u8>, Slots) {
+    let mut r = Region::new(len, THP).expect("region");
+    let want = pattern(data_len, seed);
+    r.as_mut_slice()[..data_len].copy_from_slice(&want);
+    let slots = Slots {
+        at: r.as_mut_ptr() as usize + data_len,
+        n: (len - data_len) / 512,
+        stride: 512,
+    };
+    slots.init();
+    (r, want, slots)
 }
 
 /// Slots of a sweep writer: `n` u64 words `stride` bytes apart from `at`,
@@ -515,14 +526,6 @@ fn dontneed_and_rewrite(path: Path) {
 // ---------------------------------------------------------------------------
 // 2. munmap of a sub-range while migrate loops (and a new mapping there)
 
-fn munmap_hole(path: Path) {
-    hole_cycles(path, false);
-}
-
-fn munmap_hole_then_new_mapping(path: Path) {
-    hole_cycles(path, true);
-}
-
 /// Cycles of: a fresh 8 MiB region (4 KiB and THP in turn), migrated over
 /// and over as a whole and in its two parts while another thread unmaps a
 /// hole of 1..31 pages in its middle at a random moment (and, with
@@ -693,16 +696,8 @@ fn mprotect_toggle(path: Path) {
     let len = 16 * MIB;
     let data_len = 14 * MIB;
     let data_pages = data_len / PAGE;
-    let mut r = Region::new(len, THP).expect("region");
-    let want = pattern(data_len, 3);
-    r.as_mut_slice()[..data_len].copy_from_slice(&want);
+    let (mut r, want, slots) = data_then_slots(len, data_len, 3);
     let base = r.as_mut_ptr() as usize;
-    let slots = Slots {
-        at: base + data_len,
-        n: (len - data_len) / 512,
-        stride: 512,
-    };
-    slots.init();
     let stop = AtomicBool::new(false);
     let (stop, want_ref) = (&stop, &want);
     let mut refusals: Vec<String> = Vec::new();
@@ -812,12 +807,7 @@ fn syscall_writes(path: Path) {
                 })
             })
             .collect();
-        let tally = migrate_while(base, len, path, &stop, || false);
-        let done: Vec<_> = workers
-            .into_iter()
-            .map(|w| w.join().expect("io thread"))
-            .collect();
-        (tally, done)
+        migrate_then_join(base, len, path, &stop, workers, "io thread")
     });
     let mut counts = [0usize; 4];
     for (k, (shadow, c)) in done.iter().enumerate() {
@@ -1028,12 +1018,7 @@ fn o_direct_reads(path: Path) {
                 })
             })
             .collect();
-        let tally = migrate_while(base, len, path, &stop, || false);
-        let done: Vec<_> = workers
-            .into_iter()
-            .map(|w| w.join().expect("O_DIRECT thread"))
-            .collect();
-        (tally, done)
+        migrate_then_join(base, len, path, &stop, workers, "O_DIRECT thread")
     });
     for (k, (shadow, reads)) in done.iter().enumerate() {
         assert!(*reads > 0);
@@ -1055,10 +1040,6 @@ fn o_direct_reads(path: Path) {
 // 6. Mutexes inside the range, contended: plain futex mutexes (FUTEX_WAIT /
 // FUTEX_WAKE, which wait on a userfaultfd like any kernel access) on both
 // paths, priority-inheritance ones on the kernel path only.
-
-fn futex_mutex(path: Path) {
-    mutex_scenario(path, libc::PTHREAD_PRIO_NONE)
-}
 
 fn mutex_scenario(path: Path, protocol: libc::c_int) {
     const LOCKS: usize = 4;
@@ -1130,12 +1111,7 @@ fn mutex_scenario(path: Path, protocol: libc::c_int) {
                 })
             })
             .collect();
-        let tally = migrate_while(base, len, path, &stop, || false);
-        let mine: Vec<_> = workers
-            .into_iter()
-            .map(|w| w.join().expect("locking thread"))
-            .collect();
-        (tally, mine)
+        migrate_then_join(base, len, path, &stop, workers, "locking thread")
     });
     for (j, (a, b)) in mine[0].iter().zip(&mine[1]).enumerate() {
         let want = a + b;
@@ -1252,16 +1228,8 @@ fn fork_mid_migration(path: Path) {
     const FORKS: usize = 6;
     let len = 16 * MIB;
     let data_len = 12 * MIB;
-    let mut r = Region::new(len, THP).expect("region");
-    let want = pattern(data_len, 7);
-    r.as_mut_slice()[..data_len].copy_from_slice(&want);
+    let (mut r, want, slots) = data_then_slots(len, data_len, 7);
     let base = r.as_mut_ptr() as usize;
-    let slots = Slots {
-        at: base + data_len,
-        n: (len - data_len) / 512,
-        stride: 512,
-    };
-    slots.init();
     let stop = AtomicBool::new(false);
     let forked = AtomicBool::new(false);
     // Milliseconds since `t0` (+1) at which a fork() began, 0 when none is
@@ -1499,38 +1467,13 @@ fn uffd_registered(addr: usize, len: usize) -> bool {
 
 /// Waits for a child; kills it and panics if it runs longer than `limit`.
 fn wait_child(pid: libc::pid_t, limit: Duration) -> i32 {
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: our own child; status is ours.
-        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        assert!(rc >= 0, "waitpid: {}", errno());
-        if rc == pid {
-            return status;
-        }
-        if t0.elapsed() > limit {
-            let was = common::blocked_in(pid);
-            // SAFETY: our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            panic!("forked child {pid} hung for {limit:?} and was killed; it was in {was}");
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_for_child(pid, limit).unwrap_or_else(|was| {
+        panic!("forked child {pid} hung for {limit:?} and was killed; it was in {was}")
+    })
 }
 
 // ---------------------------------------------------------------------------
 // 8. First writes to never-touched pages
-
-fn first_touch_4k(path: Path) {
-    first_touch(path, PAGE);
-}
-
-fn first_touch_thp(path: Path) {
-    first_touch(path, THP);
-}
 
 /// A sparse 32 MiB range (every fourth 4 KiB page, or every third 2 MiB
 /// chunk, written before; the rest never touched) where a writer stores

@@ -11,13 +11,13 @@
 //! 4. folio sizes after a migration equal those before: 4K, 64K mTHP,
 //!    2M THP, and a THP with one page pinned (io_uring fixed buffer).
 //!
-//! Each runs in its own process ([`in_child`]): a hang is that test's
+//! Each runs in its own process ([`common::in_child`]): a hang is that test's
 //! failure, not a stuck run.
 
 #[macro_use]
 mod common;
 
-use common::{in_child, pattern, relocation_available, say, skip};
+use common::{pattern, relocation_available, say, skip, MIB, PAGE, RUN, THP};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::collections::BTreeMap;
@@ -26,27 +26,12 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-const THP: usize = 2 << 20;
-/// How long the concurrent scenarios keep migrating.
-const RUN: Duration = Duration::from_millis(1500);
-/// A test child running longer than this has hung.
-const LIMIT: Duration = Duration::from_secs(60);
-
 on_both_paths!(signal_handler_stores => relocate_signal_handler_stores, kernel_signal_handler_stores);
 on_both_paths!(threads_exit_in_range => relocate_threads_exit_in_range, kernel_threads_exit_in_range);
 on_both_paths!(application_uffd => relocate_application_uffd, kernel_application_uffd);
 on_both_paths!(folio_census => relocate_folio_census, kernel_folio_census);
 
-#[test]
-fn auto_folio_census() {
-    in_child("auto_folio_census", LIMIT, || {
-        println!();
-        common::one_at_a_time();
-        folio_census(Path::Auto)
-    })
-}
+scenario_test!(auto_folio_census => folio_census(Path::Auto));
 
 // ---------------------------------------------------------------------------
 // Shared pieces
@@ -58,10 +43,7 @@ fn node() -> u32 {
 }
 
 fn opts(path: Path) -> MigrateOptions {
-    MigrateOptions::default()
-        .path(path)
-        .channels(2)
-        .batch_pages(64)
+    common::opts(path, 64)
 }
 
 fn call(addr: usize, len: usize, o: &MigrateOptions) -> Result<MigrateReport, MigrateError> {
@@ -109,15 +91,15 @@ fn signal_handler_stores(path: Path) {
     let base = r.as_mut_ptr() as usize;
     SIG_BASE.store(base, SeqCst);
     SIG_LEN.store(len, SeqCst);
-    // SAFETY: installs a handler that only touches the test's range and
-    // atomics; sigaction's argument is a zeroed, then filled, struct.
+    // SAFETY: a one-argument handler that only touches the test's range
+    // and atomics.
     unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = store_everywhere as *const () as usize;
-        libc::sigemptyset(&mut sa.sa_mask);
-        sa.sa_flags = libc::SA_RESTART;
-        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
-    }
+        common::set_handler(
+            libc::SIGUSR1,
+            store_everywhere as *const () as usize,
+            libc::SA_RESTART,
+        )
+    };
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() };
     let stop = AtomicBool::new(false);
@@ -604,7 +586,7 @@ fn folio_census(path: Path) {
         // the kernel's policy and not what this test is about. Relocation
         // copies into new folios on the same node all the same, so its
         // promise is checked whole; cross-node moves are guest_numa's.
-        let first = system::numa_nodes()[0];
+        let first = common::node();
         // SAFETY: our own region, used by nothing else meanwhile.
         unsafe { migrate(base as *mut u8, len, first, &MigrateOptions::default()) }
             .expect("place on the first node");
@@ -663,21 +645,11 @@ fn folio_census(path: Path) {
 // ---------------------------------------------------------------------------
 // 2b. A thread relocation cannot place
 
-#[test]
-fn a_thread_without_robust_list_refuses_relocation() {
-    in_child(
-        "a_thread_without_robust_list_refuses_relocation",
-        LIMIT,
-        || {
-            println!();
-            common::one_at_a_time();
-            if !relocation_available() {
-                return;
-            }
-            raw_thread_refuses()
-        },
-    )
-}
+scenario_test!(a_thread_without_robust_list_refuses_relocation => {
+    if relocation_available() {
+        raw_thread_refuses()
+    }
+});
 
 static RAW_STOP: AtomicBool = AtomicBool::new(false);
 
@@ -758,18 +730,7 @@ fn raw_thread_refuses() {
 // ---------------------------------------------------------------------------
 // 4b. Folio sizes that cannot be read
 
-#[test]
-fn unreadable_folios_with_mthp_enabled_refuse_relocation() {
-    in_child(
-        "unreadable_folios_with_mthp_enabled_refuse_relocation",
-        LIMIT,
-        || {
-            println!();
-            common::one_at_a_time();
-            unreadable_folios_refuse()
-        },
-    )
-}
+scenario_test!(unreadable_folios_with_mthp_enabled_refuse_relocation => unreadable_folios_refuse());
 
 /// Drops CAP_SYS_ADMIN from this process's effective and permitted sets:
 /// pagemap then hides PFNs, as for an unprivileged process.

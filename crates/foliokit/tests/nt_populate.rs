@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{in_child, in_forked_child, pattern, sweep_copy, thread_count, Guarded, Place};
+use common::{in_child, in_forked_child, pattern, sweep_copy, thread_count, Guarded, Place, PAGE};
 use foliokit::mem::{populate, populate_raw, resident_pages, system, PopulateError, Region};
 use foliokit::nt::{
     fill_from_template, fill_from_template_cached, fill_records, fill_records_cached, memcpy_nt,
@@ -11,8 +11,6 @@ use foliokit::nt::{
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-const PAGE: usize = 4096;
 
 #[test]
 fn memcpy_nt_matches_the_reference() {

@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::PAGE;
+
 use foliokit::mem::system::{memory_only_nodes, numa_nodes};
 use foliokit::migrate::page_nodes;
 use foliokit::migrate::process::{
@@ -18,7 +20,6 @@ use std::time::Duration;
 
 const TARGET_ENV: &str = "FOLIOKIT_PROCESS_TARGET";
 const T: Duration = Duration::from_secs(120);
-const PAGE: usize = 4096;
 
 /// The target process: maps `MiB` of private anonymous memory (THP where
 /// allowed), fills it, prints `ADDR <start> <len>`, then keeps storing an
@@ -36,20 +37,17 @@ fn target_process() {
     let mib: usize = parts.next().and_then(|m| m.parse().ok()).unwrap_or(16);
     let fork = parts.next() == Some("fork");
     let len = mib << 20;
-    // SAFETY: a fresh private anonymous mapping.
+    // SAFETY: a fresh private mapping (no address given), never unmapped.
     let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+        common::map_anonymous(
+            None,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
+            libc::MAP_PRIVATE,
         )
     };
-    assert_ne!(p, libc::MAP_FAILED);
     // SAFETY: our mapping; advice only.
-    unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    unsafe { libc::madvise(p.cast(), len, libc::MADV_HUGEPAGE) };
     // An address, so the writer thread may take it (the mapping outlives
     // the scope below).
     let words = p as usize;
@@ -119,6 +117,13 @@ struct Running {
 }
 
 impl Running {
+    /// [`Running::start`], and the target opened for moving.
+    fn start_opened(mib: usize, mode: &str) -> (Running, Target) {
+        let t = Running::start(mib, mode);
+        let target = Target::open(t.pid()).unwrap();
+        (t, target)
+    }
+
     // The child is handed to `Running`, whose Drop kills and reaps it.
     #[allow(clippy::zombie_processes)]
     fn start(mib: usize, mode: &str) -> Running {
@@ -252,8 +257,7 @@ fn a_writing_target_is_moved_there_and_back_and_loses_nothing() {
             } else {
                 64
             };
-            let t = Running::start(mib, "write");
-            let target = Target::open(t.pid()).unwrap();
+            let (t, target) = Running::start_opened(mib, "write");
             let range = Ranges::Given(vec![(t.start, t.start + t.len)]);
             let o = ProcessOptions::default().threads(2);
             if nodes.len() < 2 {
@@ -305,8 +309,7 @@ fn all_anon_leaves_files_shared_memory_and_the_stack_alone() {
         "all_anon_leaves_files_shared_memory_and_the_stack_alone",
         T,
         || {
-            let t = Running::start(8, "write");
-            let target = Target::open(t.pid()).unwrap();
+            let (t, target) = Running::start_opened(8, "write");
             let (keep, skipped) = anon_mappings(&target, false).unwrap();
             assert!(
                 keep.iter()
@@ -351,8 +354,7 @@ fn a_target_that_exits_or_whose_pid_was_reused_is_a_typed_error() {
         || {
             let node = numa_nodes()[0];
             // Exits mid-move: a thread ends it while the calls run.
-            let t = Running::start(256, "write");
-            let target = Target::open(t.pid()).unwrap();
+            let (t, target) = Running::start_opened(256, "write");
             let range = Ranges::Given(
                 (0..t.len)
                     .step_by(1 << 20)
@@ -411,8 +413,7 @@ fn a_forked_target_keeps_its_shared_pages_and_loses_nothing() {
         "a_forked_target_keeps_its_shared_pages_and_loses_nothing",
         T,
         || {
-            let t = Running::start(16, "fork");
-            let target = Target::open(t.pid()).unwrap();
+            let (t, target) = Running::start_opened(16, "fork");
             let range = Ranges::Given(vec![(t.start, t.start + t.len)]);
             let to = *numa_nodes().last().unwrap();
             let r = migrate_process(&target, &range, to, &ProcessOptions::default()).unwrap();

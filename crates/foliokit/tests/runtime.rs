@@ -162,14 +162,9 @@ fn a_handler_installed_after_foliokit_is_detected_and_mc_copies_refuse() {
             let mut d = [0u8; 64];
             foliokit::copy_mc(&mut d, &[3u8; 64], CopyStrategy::Auto).unwrap();
             extern "C" fn theirs(_: libc::c_int) {}
-            // SAFETY: installs a handler that does nothing; no SIGBUS is
-            // raised in this process after it.
-            unsafe {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = theirs as *const () as usize;
-                libc::sigemptyset(&mut sa.sa_mask);
-                assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
-            }
+            // SAFETY: a one-argument handler that does nothing; no SIGBUS
+            // is raised in this process after it.
+            unsafe { common::set_handler(libc::SIGBUS, theirs as *const () as usize, 0) };
             assert_eq!(foliokit::handler_state(), foliokit::HandlerState::Replaced);
             let r = foliokit::copy_mc(&mut d, &[4u8; 64], CopyStrategy::Auto);
             assert!(

@@ -3,26 +3,12 @@
 
 mod common;
 
-use common::{sweep_clear, sweep_copy};
+use common::{available, sweep_clear, sweep_copy, unavailable};
 use foliokit::{ClearStrategy, CopyStrategy, Strategy};
-
-fn available<S: Strategy>() -> Vec<S> {
-    S::ALL
-        .iter()
-        .copied()
-        .filter(|s| match s.unavailable() {
-            None => true,
-            Some(why) => {
-                common::skip(&format!("{} {}: {why}", S::OP, s.name()));
-                false
-            }
-        })
-        .collect()
-}
 
 #[test]
 fn every_copy_strategy_matches_the_reference() {
-    for s in available::<CopyStrategy>() {
+    for s in available(CopyStrategy::ALL) {
         sweep_copy(s.name(), &|d, src| {
             foliokit::copy(d, src, s).expect("copy");
         });
@@ -31,7 +17,7 @@ fn every_copy_strategy_matches_the_reference() {
 
 #[test]
 fn every_clear_strategy_zeroes_exactly_its_range() {
-    for s in available::<ClearStrategy>() {
+    for s in available(ClearStrategy::ALL) {
         sweep_clear(s.name(), &|d| {
             foliokit::clear(d, s).expect("clear");
         });
@@ -43,14 +29,11 @@ fn every_clear_strategy_zeroes_exactly_its_range() {
 /// of the pointer form itself, odd lengths and alignments included).
 #[test]
 fn raw_entry_points_match_the_reference() {
-    for s in [
+    for s in available(&[
         CopyStrategy::Auto,
         CopyStrategy::PerPage,
         CopyStrategy::Movsb,
-    ]
-    .into_iter()
-    .filter(|s| s.unavailable().is_none())
-    {
+    ]) {
         sweep_copy(&format!("copy_raw {}", s.name()), &|d, src| {
             // SAFETY: both slices are valid for their equal lengths and
             // disjoint; no other reference to them is used during the call.
@@ -58,14 +41,11 @@ fn raw_entry_points_match_the_reference() {
                 .expect("copy_raw");
         });
     }
-    for s in [
+    for s in available(&[
         ClearStrategy::Auto,
         ClearStrategy::Butterfly,
         ClearStrategy::Stosb,
-    ]
-    .into_iter()
-    .filter(|s| s.unavailable().is_none())
-    {
+    ]) {
         sweep_clear(&format!("clear_raw {}", s.name()), &|d| {
             // SAFETY: the slice is valid for writes of its length.
             unsafe { foliokit::clear_raw(d.as_mut_ptr(), d.len(), s) }.expect("clear_raw");
@@ -124,6 +104,7 @@ fn copy_raw_tolerates_a_concurrent_writer() {
     const LEN: usize = 64 << 10;
     let src: Vec<AtomicU8> = (0..LEN).map(|_| AtomicU8::new(0x11)).collect();
     let stop = AtomicBool::new(false);
+    let strategies = available(&[CopyStrategy::Auto, CopyStrategy::Movsb, CopyStrategy::Nt]);
     std::thread::scope(|sc| {
         sc.spawn(|| {
             let mut i = 0usize;
@@ -134,10 +115,7 @@ fn copy_raw_tolerates_a_concurrent_writer() {
         });
         let mut dst = vec![0u8; LEN];
         for round in 0..50 {
-            for s in [CopyStrategy::Auto, CopyStrategy::Movsb, CopyStrategy::Nt] {
-                if s.unavailable().is_some() {
-                    continue;
-                }
+            for &s in &strategies {
                 // SAFETY: `src` is valid for reads of LEN bytes (AtomicU8 has
                 // u8's layout) and written only atomically by the other
                 // thread; `dst` is ours and disjoint from it.
@@ -156,20 +134,14 @@ fn copy_raw_tolerates_a_concurrent_writer() {
 
 #[test]
 fn unavailable_strategies_are_refused_not_faked() {
-    for s in CopyStrategy::ALL
-        .iter()
-        .filter(|s| s.unavailable().is_some())
-    {
+    for s in unavailable::<CopyStrategy>() {
         let (mut d, src) = ([0u8; 64], [1u8; 64]);
-        assert!(foliokit::copy(&mut d, &src, *s).is_err(), "{s:?} ran");
+        assert!(foliokit::copy(&mut d, &src, s).is_err(), "{s:?} ran");
         assert_eq!(d, [0u8; 64], "{s:?} wrote");
     }
-    for s in ClearStrategy::ALL
-        .iter()
-        .filter(|s| s.unavailable().is_some())
-    {
+    for s in unavailable::<ClearStrategy>() {
         let mut d = [1u8; 64];
-        assert!(foliokit::clear(&mut d, *s).is_err(), "{s:?} ran");
+        assert!(foliokit::clear(&mut d, s).is_err(), "{s:?} ran");
         assert_eq!(d, [1u8; 64], "{s:?} wrote");
     }
     // The composite strategies exist everywhere.

@@ -113,29 +113,7 @@ impl Drop for Map {
 /// The huge page size of the hugetlb mapping at `addr` (its smaps
 /// `KernelPageSize`), or the base page.
 fn kernel_page_size(addr: usize) -> usize {
-    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
-        return page_size();
-    };
-    let mut inside = false;
-    for line in text.lines() {
-        if let Some((a, b)) = line
-            .split_whitespace()
-            .next()
-            .and_then(|r| r.split_once('-'))
-        {
-            if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                inside = s <= addr && addr < e;
-                continue;
-            }
-        }
-        if inside {
-            if let Some(v) = line.strip_prefix("KernelPageSize:") {
-                let kb: usize = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(4);
-                return (kb << 10).max(page_size());
-            }
-        }
-    }
-    page_size()
+    crate::sys::smaps::kernel_page_size(addr).map_or(page_size(), |size| size.max(page_size()))
 }
 
 /// Whether every mapping over `[addr, addr + len)` passes `ok(perms,

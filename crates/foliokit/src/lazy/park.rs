@@ -6,84 +6,20 @@
 //! handler runs before those locks are taken: it waits until every fill
 //! thread has parked, i.e. promised to do nothing but read messages into
 //! room reserved beforehand until fork() returns (the parent handler).
-//! Dekker-style (all SeqCst) with [`Active::enter`], as `migrate/fork.rs`.
+//! The gate is `sys::atfork`'s, as `migrate/fork.rs`'s.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Once;
+use crate::sys::atfork::{ForkGate, Gated, Inside};
 
 /// Fill threads running, process-wide.
-static ACTIVE: AtomicUsize = AtomicUsize::new(0);
-/// Of those, parked now.
-static PARKED: AtomicUsize = AtomicUsize::new(0);
-/// Threads inside glibc's fork().
-static FORKING: AtomicUsize = AtomicUsize::new(0);
+static FILL_THREADS: ForkGate = ForkGate::new();
 
-extern "C" fn prepare() {
-    FORKING.fetch_add(1, SeqCst);
-    while PARKED.load(SeqCst) < ACTIVE.load(SeqCst) {
-        std::thread::yield_now();
-    }
+/// The gate fill threads enter.
+pub(crate) struct FillThreads;
+
+impl Gated for FillThreads {
+    const GATE: &'static ForkGate = &FILL_THREADS;
 }
 
-extern "C" fn parent() {
-    FORKING.fetch_sub(1, SeqCst);
-}
-
-extern "C" fn child() {
-    // The child has one thread and no fill thread.
-    ACTIVE.store(0, SeqCst);
-    PARKED.store(0, SeqCst);
-    FORKING.store(0, SeqCst);
-}
-
-/// Held by a fill thread for as long as it runs.
-pub struct Active(());
-
-impl Active {
-    pub fn enter() -> Active {
-        static INSTALL: Once = Once::new();
-        INSTALL.call_once(|| {
-            // SAFETY: the handlers are async-signal-safe (atomics and
-            // sched_yield only) and live for the whole program.
-            unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
-        });
-        loop {
-            while FORKING.load(SeqCst) != 0 {
-                std::thread::yield_now();
-            }
-            ACTIVE.fetch_add(1, SeqCst);
-            if FORKING.load(SeqCst) == 0 {
-                return Active(());
-            }
-            ACTIVE.fetch_sub(1, SeqCst);
-        }
-    }
-
-    /// Whether a fork waits for this thread to park.
-    pub fn fork_pending(&self) -> bool {
-        FORKING.load(SeqCst) != 0
-    }
-
-    /// Parks: `read` (which must not allocate) runs until no fork is in
-    /// progress.
-    pub fn park(&self, mut read: impl FnMut()) {
-        loop {
-            PARKED.fetch_add(1, SeqCst);
-            while FORKING.load(SeqCst) != 0 {
-                read();
-            }
-            PARKED.fetch_sub(1, SeqCst);
-            // A fork that began after the check above may have counted
-            // this thread parked: look again after unparking.
-            if FORKING.load(SeqCst) == 0 {
-                return;
-            }
-        }
-    }
-}
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        ACTIVE.fetch_sub(1, SeqCst);
-    }
-}
+/// Held by a fill thread for as long as it runs
+/// ([`Inside::fork_pending`], [`Inside::park`]).
+pub(crate) type Active = Inside<FillThreads>;

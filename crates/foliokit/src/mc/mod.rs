@@ -268,7 +268,7 @@ pub fn copy_mc(
     src: &[u8],
     strategy: CopyStrategy,
 ) -> Result<CopyStrategy, McError> {
-    batch::check_same_len(dst, src)?;
+    batch::check_lengths(dst, src)?;
     // SAFETY: the slices are valid for their equal lengths and disjoint,
     // and this call holds the only references to them.
     unsafe { copy_mc_raw(dst.as_mut_ptr(), src.as_ptr(), dst.len(), strategy) }

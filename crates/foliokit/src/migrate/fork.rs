@@ -21,64 +21,21 @@
 //!    ranges and wakes any of its threads that touched them first.
 //!    Wipe-on-fork mappings are left empty: the child must see zeros there.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Once;
-
+use crate::sys::atfork::{self, Gated, Inside};
 use crate::sys::uffd::{Msg, Uffd};
 
 /// Batches currently registered, process-wide.
-static ACTIVE: AtomicUsize = AtomicUsize::new(0);
-/// Threads inside glibc's fork(), waiting for `ACTIVE` to drain.
-static FORKING: AtomicUsize = AtomicUsize::new(0);
+static BATCHES: atfork::ForkGate = atfork::ForkGate::new();
 
-extern "C" fn prepare() {
-    // Dekker-style with `ForkGate::enter` (all SeqCst): either this sees
-    // the batch, or the batch sees this fork and backs off.
-    FORKING.fetch_add(1, SeqCst);
-    while ACTIVE.load(SeqCst) != 0 {
-        std::thread::yield_now();
-    }
-}
+/// The gate a batch enters; it never parks.
+pub(crate) struct Batches;
 
-extern "C" fn parent() {
-    FORKING.fetch_sub(1, SeqCst);
-}
-
-extern "C" fn child() {
-    // The child has one thread and no batch.
-    ACTIVE.store(0, SeqCst);
-    FORKING.store(0, SeqCst);
+impl Gated for Batches {
+    const GATE: &'static atfork::ForkGate = &BATCHES;
 }
 
 /// Held for as long as a batch is registered: glibc forks wait meanwhile.
-pub struct ForkGate(());
-
-impl ForkGate {
-    pub fn enter() -> ForkGate {
-        static INSTALL: Once = Once::new();
-        INSTALL.call_once(|| {
-            // SAFETY: the handlers are async-signal-safe (atomics and
-            // sched_yield only) and live for the whole program.
-            unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
-        });
-        loop {
-            while FORKING.load(SeqCst) != 0 {
-                std::thread::yield_now();
-            }
-            ACTIVE.fetch_add(1, SeqCst);
-            if FORKING.load(SeqCst) == 0 {
-                return ForkGate(());
-            }
-            ACTIVE.fetch_sub(1, SeqCst);
-        }
-    }
-}
-
-impl Drop for ForkGate {
-    fn drop(&mut self) {
-        ACTIVE.fetch_sub(1, SeqCst);
-    }
-}
+pub(crate) type ForkGate = Inside<Batches>;
 
 /// How often a fill may be interrupted by the child's own events before
 /// we give up on it (each interruption is the child unmapping or forking).

@@ -1,7 +1,8 @@
 //! Thin wrappers over the Linux interfaces foliokit needs that `libc` does
-//! not wrap: userfaultfd, the NUMA syscalls, pagemap, smaps; and the page
-//! size and CPU affinity every layer asks about.
+//! not wrap: userfaultfd, the NUMA syscalls, pagemap, smaps, the fork
+//! gates; and the page size and CPU affinity every layer asks about.
 
+pub(crate) mod atfork;
 mod host;
 pub mod numa;
 pub mod pagemap;

@@ -161,6 +161,15 @@ fn ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<()> {
     }
 }
 
+/// The outcome of a ranged ioctl of `len` bytes whose struct reports the
+/// bytes done in `done` (or a negative errno, none done) when it fails.
+fn partial(res: io::Result<()>, done: i64, len: usize) -> Result<usize, Partial> {
+    res.map(|()| len).map_err(|error| Partial {
+        done: usize::try_from(done).unwrap_or(0).min(len),
+        error,
+    })
+}
+
 fn range(start: usize, len: usize) -> Range {
     Range {
         start: start as u64,
@@ -289,14 +298,8 @@ impl Uffd {
             mode: 0,
             result: 0,
         };
-        match ioctl(&self.fd, req, &mut t) {
-            Ok(()) => Ok(len),
-            Err(error) => Err(Partial {
-                // The kernel stores bytes done, or a negative errno.
-                done: usize::try_from(t.result).unwrap_or(0).min(len),
-                error,
-            }),
-        }
+        let res = ioctl(&self.fd, req, &mut t);
+        partial(res, t.result, len)
     }
 
     /// `UFFDIO_MOVE`: moves the pages of `[src, src + len)` to `dst`, which
@@ -323,13 +326,8 @@ impl Uffd {
             mode: 0,
             updated: 0,
         };
-        match ioctl(&self.fd, UFFDIO_POISON, &mut p) {
-            Ok(()) => Ok(len),
-            Err(error) => Err(Partial {
-                done: usize::try_from(p.updated).unwrap_or(0).min(len),
-                error,
-            }),
-        }
+        let res = ioctl(&self.fd, UFFDIO_POISON, &mut p);
+        partial(res, p.updated, len)
     }
 
     /// `UFFDIO_WAKE`: wakes the threads waiting on `[start, start + len)`
@@ -416,29 +414,10 @@ impl Uffd {
     pub fn read_all(&self) -> io::Result<Vec<Msg>> {
         let mut out = Vec::new();
         loop {
-            let mut buf = [RawMsg::default(); 16];
-            // SAFETY: the buffer is valid for its whole size; the kernel
-            // writes whole messages into it.
-            let n = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    std::mem::size_of_val(&buf),
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                return match e.raw_os_error() {
-                    Some(libc::EAGAIN) => Ok(out),
-                    Some(libc::EINTR) => continue,
-                    _ => Err(e),
-                };
-            }
-            let count = n as usize / std::mem::size_of::<RawMsg>();
-            for m in &buf[..count] {
-                out.extend(Self::decode(m));
-            }
-            if count < buf.len() {
+            out.reserve(16);
+            self.read_into(&mut out)?;
+            // `read_into` stops early only when no message is left.
+            if out.len() < out.capacity() {
                 return Ok(out);
             }
         }

@@ -11,6 +11,16 @@ use foliokit::mem::Region;
 
 pub const CANARY: u8 = 0xA5;
 
+/// The base page, a MiB, and a PMD-sized huge page (x86_64's 2 MiB).
+pub const PAGE: usize = 4096;
+pub const MIB: usize = 1 << 20;
+pub const THP: usize = 2 << 20;
+
+/// How long each concurrent migration scenario keeps migrating.
+pub const RUN: std::time::Duration = std::time::Duration::from_millis(1500);
+/// A migration scenario's test child running longer than this has hung.
+pub const LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Deterministic, position-dependent bytes (never all equal, never zero-only).
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -70,6 +80,30 @@ impl Guarded {
             "{what}: wrote outside the buffer"
         );
     }
+}
+
+/// The strategies of `list` this machine can run; says why each other one
+/// is left out (as a skip).
+pub fn available<S: foliokit::Strategy>(list: &[S]) -> Vec<S> {
+    list.iter()
+        .copied()
+        .filter(|s| match s.unavailable() {
+            None => true,
+            Some(why) => {
+                skip(&format!("{} {}: {why}", S::OP, s.name()));
+                false
+            }
+        })
+        .collect()
+}
+
+/// The strategies this machine cannot run (they must be refused).
+pub fn unavailable<S: foliokit::Strategy>() -> Vec<S> {
+    S::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.unavailable().is_some())
+        .collect()
 }
 
 /// Lengths for the sweeps: every small size, and the edges around vector
@@ -151,6 +185,41 @@ pub fn sweep_clear(what: &str, clear: &dyn Fn(&mut [u8])) {
     }
 }
 
+/// A fresh anonymous mapping of `len` bytes with `prot` and `flags`
+/// (`MAP_ANONYMOUS` is added, and `MAP_FIXED` with `at`); panics if mmap
+/// fails. For what [`Region`] does not make: shared or reserved memory,
+/// mappings at a chosen place, memory that is never unmapped.
+///
+/// # Safety
+/// With `at`, `[at, at + len)` is memory the caller owns and gives up.
+pub unsafe fn map_anonymous(
+    at: Option<usize>,
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+) -> *mut u8 {
+    let fixed = if at.is_some() { libc::MAP_FIXED } else { 0 };
+    // SAFETY: a fresh anonymous mapping; with `at`, over memory the caller
+    // gives up (this function's contract).
+    let p = unsafe {
+        libc::mmap(
+            at.unwrap_or(0) as *mut libc::c_void,
+            len,
+            prot,
+            flags | libc::MAP_ANONYMOUS | fixed,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(
+        p,
+        libc::MAP_FAILED,
+        "mmap: {}",
+        std::io::Error::last_os_error()
+    );
+    p.cast()
+}
+
 /// A huge-page-friendly region of `folios` folios of `folio_size`, filled
 /// with a pattern, for batch tests.
 pub fn filled_region(folio_size: usize, folios: usize, seed: u64) -> Region {
@@ -158,6 +227,28 @@ pub fn filled_region(folio_size: usize, folios: usize, seed: u64) -> Region {
     let p = pattern(r.len(), seed);
     r.as_mut_slice().copy_from_slice(&p);
     r
+}
+
+/// A path in the temporary directory no other call (of any test process)
+/// returns: `foliokit-test-{what}-{pid}-{n}`.
+pub fn temp_path(what: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("foliokit-test-{what}-{}-{n}", std::process::id()))
+}
+
+/// A new, empty file at [`temp_path`]`(what)`, open for reading and
+/// writing; the caller removes it.
+pub fn temp_file(what: &str) -> (std::fs::File, std::path::PathBuf) {
+    let path = temp_path(what);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("temp file");
+    (file, path)
 }
 
 /// A shared file mapping whose file can be truncated underneath it, so that
@@ -176,16 +267,7 @@ impl TruncatedFile {
     pub fn new(len: usize, seed: u64, at: Option<*mut u8>) -> TruncatedFile {
         use std::io::Write;
         use std::os::fd::AsRawFd;
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("foliokit-test-{}-{n}", std::process::id()));
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .expect("temp file");
+        let (mut file, path) = temp_file("truncated");
         file.write_all(&pattern(len, seed))
             .expect("write temp file");
         let flags = libc::MAP_SHARED | if at.is_some() { libc::MAP_FIXED } else { 0 };
@@ -242,6 +324,26 @@ impl Drop for TruncatedFile {
         // SAFETY: our own mapping.
         unsafe { libc::munmap(self.map.cast(), self.len) };
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Installs `handler` (an `extern "C"` function, as `usize`) for signal
+/// `sig` in this process, with `flags`; nothing but `sig` itself is
+/// blocked while it runs. Panics if sigaction fails.
+///
+/// # Safety
+/// `handler` has the signature `flags` selects (three arguments with
+/// `SA_SIGINFO`, else one), is async-signal-safe, and is right for every
+/// `sig` this process raises from now on.
+pub unsafe fn set_handler(sig: libc::c_int, handler: usize, flags: libc::c_int) {
+    // SAFETY: a zeroed, then filled, sigaction; the handler is the
+    // caller's to vouch for (this function's contract).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler;
+        sa.sa_flags = flags;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
     }
 }
 
@@ -361,26 +463,39 @@ pub fn in_forked_child(child: impl FnOnce() -> bool) {
         // handlers or destructors.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
+    match wait_for_child(pid, std::time::Duration::from_secs(20) * slowdown()) {
+        Ok(status) => assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child failed: status {status:#x}"
+        ),
+        Err(_) => panic!("forked child hung: killed after ~{} s", 20 * slowdown()),
+    }
+}
+
+/// Waits up to `limit` for our child `pid` to end and returns its wait
+/// status; if it runs longer, kills and reaps it and returns what it was
+/// blocked in ([`blocked_in`]).
+pub fn wait_for_child(pid: libc::pid_t, limit: std::time::Duration) -> Result<i32, String> {
+    let t0 = std::time::Instant::now();
     let mut status = 0;
-    for _ in 0..2000 * slowdown() {
+    loop {
         // SAFETY: waits for our own child; `status` is a valid out-pointer.
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
         if r == pid {
-            assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "child failed: status {status:#x}"
-            );
-            return;
+            return Ok(status);
         }
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        if t0.elapsed() > limit {
+            let was = blocked_in(pid);
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(was);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    // SAFETY: kills and reaps our own child.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
-    }
-    panic!("forked child hung: killed after ~{} s", 20 * slowdown());
 }
 
 /// Reads a byte of every 4 KiB page of `mem`: resolves the hinting faults
@@ -493,21 +608,21 @@ pub fn skip(reason: &str) {
     say(&format!("SKIP: {reason}"));
 }
 
-/// Whether relocation can run in this process; prints why not.
+/// Whether relocation can run in this process (on 4 KiB pages); prints
+/// why not.
 pub fn relocation_available() -> bool {
+    relocation_available_on(4096)
+}
+
+/// Whether relocation can run in this process on a 2 MiB region of
+/// `folio`-sized folios; prints why not.
+pub fn relocation_available_on(folio: usize) -> bool {
     use foliokit::migrate::{migrate, MigrateError, MigrateOptions, Path};
-    let mut r = Region::new(2 << 20, 4096).expect("region");
+    let mut r = Region::new(2 << 20, folio).expect("region");
     r.as_mut_slice().fill(1);
     let o = MigrateOptions::default().path(Path::Relocate);
     // SAFETY: our own region, nobody else uses it.
-    match unsafe {
-        migrate(
-            r.as_mut_ptr(),
-            r.len(),
-            foliokit::mem::system::numa_nodes()[0],
-            &o,
-        )
-    } {
+    match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
         Ok(_) => true,
         Err(e @ MigrateError::Refused { .. }) => {
             skip(&format!("relocation unavailable here: {e}"));
@@ -573,33 +688,55 @@ pub fn one_at_a_time() {
     std::mem::forget(f);
 }
 
-/// Two tests per scenario `fn(foliokit::migrate::Path)`: relocation
-/// (skipped, saying why, where it is unavailable) and the kernel path,
-/// each in a child process with the caller's `LIMIT`, one at a time.
+/// The first NUMA node (every machine has it): where the migration tests
+/// move pages when any node will do.
+pub fn node() -> u32 {
+    foliokit::mem::system::numa_nodes()[0]
+}
+
+/// Migration options for the scenarios: `path`, batches of `batch_pages`,
+/// and two channels (the scenarios are built for two CPUs, see
+/// [`one_at_a_time`]).
+pub fn opts(
+    path: foliokit::migrate::Path,
+    batch_pages: usize,
+) -> foliokit::migrate::MigrateOptions {
+    foliokit::migrate::MigrateOptions::default()
+        .path(path)
+        .channels(2)
+        .batch_pages(batch_pages)
+}
+
+/// A migration scenario's test `$test`: `$body` runs in a child process
+/// (limit [`LIMIT`]), one at a time with the other scenarios.
 #[allow(unused_macros)]
-macro_rules! on_both_paths {
-    ($scenario:ident => $relocate:ident, $kernel:ident) => {
+macro_rules! scenario_test {
+    ($(#[$attr:meta])* $test:ident => $body:expr) => {
+        $(#[$attr])*
         #[test]
-        fn $relocate() {
-            crate::common::in_child(stringify!($relocate), LIMIT, || {
+        fn $test() {
+            crate::common::in_child(stringify!($test), crate::common::LIMIT, || {
                 // End libtest's "test NAME ... " line, so that the lines
                 // below start with SKIP:/NOTE: and the parent shows them.
                 println!();
                 crate::common::one_at_a_time();
-                if !crate::common::relocation_available() {
-                    return;
-                }
-                $scenario(foliokit::migrate::Path::Relocate)
+                $body
             })
         }
+    };
+}
 
-        #[test]
-        fn $kernel() {
-            crate::common::in_child(stringify!($kernel), LIMIT, || {
-                println!();
-                crate::common::one_at_a_time();
-                $scenario(foliokit::migrate::Path::Kernel)
-            })
-        }
+/// Two tests per scenario `fn(foliokit::migrate::Path)` (a function or a
+/// closure): relocation (skipped, saying why, where it is unavailable) and
+/// the kernel path, each a [`scenario_test`].
+#[allow(unused_macros)]
+macro_rules! on_both_paths {
+    ($scenario:expr => $relocate:ident, $kernel:ident) => {
+        scenario_test!($relocate => {
+            if crate::common::relocation_available() {
+                ($scenario)(foliokit::migrate::Path::Relocate)
+            }
+        });
+        scenario_test!($kernel => ($scenario)(foliokit::migrate::Path::Kernel));
     };
 }
