@@ -115,3 +115,82 @@ fn a_poisoned_page_in_the_middle_of_a_batch() {
         assert!(dst.as_slice()[2 * F..][..2 * PAGE] == p[2 * F..][..2 * PAGE]);
     })
 }
+
+#[test]
+fn a_lazy_fill_from_a_really_poisoned_snapshot_page() {
+    in_child(
+        "a_lazy_fill_from_a_really_poisoned_snapshot_page",
+        T,
+        || {
+            use foliokit::lazy::{fill_lazily, LazyError, LazyOptions, Segment, Source};
+            use std::os::fd::FromRawFd;
+            // The snapshot lives in shmem (a memfd): a poisoned shmem page
+            // stays poisoned, where a clean page of a disk file would be
+            // dropped and read back from the disk on the next access.
+            let len = 8 * PAGE;
+            let want = pattern(len, 21);
+            // SAFETY: a fresh memfd, ours alone, sized and filled here.
+            let file = unsafe {
+                let fd = libc::memfd_create(c"snapshot".as_ptr(), 0);
+                assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+                std::fs::File::from_raw_fd(fd)
+            };
+            std::io::Write::write_all(&mut &file, &want).unwrap();
+            let cache = Source::map_file(&file, len).unwrap();
+            // Page 3 of the snapshot's page cache goes bad.
+            if poison(cache.as_ptr().wrapping_add(3 * PAGE).cast_mut()).is_none() {
+                return;
+            }
+            let mut ram = Region::unpopulated(len, PAGE).unwrap();
+            let seg = Segment {
+                addr: ram.as_mut_ptr() as usize,
+                len,
+                offset: 0,
+            };
+            let opts = LazyOptions {
+                start_cancelled: true,
+                ..LazyOptions::default()
+            };
+            let src = Source::map_file(&file, len).unwrap();
+            // SAFETY: a fresh region of ours, touched only below.
+            let h = match unsafe { fill_lazily(&[seg], src, &opts) } {
+                Ok(h) => h,
+                Err(LazyError::Refused(why)) => {
+                    skip(&format!("lazy fill unavailable here: {why}"));
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            // A touch of the bad page gets what real poison gives: a
+            // machine-check SIGBUS at that address (the mc copy reports it).
+            let mut buf = vec![0u8; PAGE];
+            let bad_at = ram.as_ptr().wrapping_add(3 * PAGE);
+            // SAFETY: our region, read with the mc copy.
+            let r = unsafe {
+                foliokit::copy_mc_raw(buf.as_mut_ptr(), bad_at, PAGE, CopyStrategy::Auto)
+            };
+            match r {
+                Err(McError::Fault(f)) => {
+                    assert_eq!(f.kind, FaultKind::Poison, "{f:?}");
+                    assert_eq!(f.addr & !(PAGE - 1), bad_at as usize);
+                }
+                other => panic!("a really poisoned snapshot page read as {other:?}"),
+            }
+            let rep = h.wait();
+            assert_eq!(rep.bad.len(), 1, "{:?}", rep.bad);
+            let b = rep.bad[0];
+            assert_eq!(
+                (b.addr, b.len, b.kind),
+                (bad_at as usize, PAGE, FaultKind::Poison)
+            );
+            // Every other page holds the snapshot's bytes.
+            for i in (0..8).filter(|&i| i != 3) {
+                assert!(
+                    ram.as_slice()[i * PAGE..][..PAGE] == want[i * PAGE..][..PAGE],
+                    "page {i}"
+                );
+            }
+            drop(cache);
+        },
+    )
+}
