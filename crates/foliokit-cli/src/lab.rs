@@ -8,13 +8,15 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::args::{show_size, BenchArgs, Format, ReuseArg};
-use crate::bench::{clear, copy, fault, init, migrate, mremap, restore};
+use crate::bench::{fault, folio, init, migrate, mremap, restore};
 use crate::html;
 use crate::labplots;
-use crate::machine::{machine, mem_available};
-use crate::report::{Report, Row, TableRow};
+use crate::machine::machine;
+use crate::report::{Render, Report, TableRow};
 use crate::summary;
 use crate::CliError;
+use foliokit_lab::copy_clear::Row;
+use foliokit_lab::units::mem_available;
 
 #[derive(Debug, Clone, Args)]
 pub struct LabArgs {
@@ -174,7 +176,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         Scale::Full => (G, vec![4 * K, 16 * K, 64 * K, 256 * K, M, 2 * M, G], 5),
     };
 
-    let r = copy::report(copy::CopyArgs {
+    let r = folio::copy_report(folio::CopyArgs {
         common: bench(copy_size, &copy_pages, "all", loops, &[1, 2]),
         evict: true,
         hot: false,
@@ -194,7 +196,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     entries.push(e);
     save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
 
-    let r = copy::report(copy::CopyArgs {
+    let r = folio::copy_report(folio::CopyArgs {
         common: bench(copy_size, &[2 * M], "movsb,avx2,nt,auto", loops, &[1]),
         evict: true,
         hot: false,
@@ -210,7 +212,7 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     ));
     save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
 
-    let r = clear::report(clear::ClearArgs {
+    let r = folio::clear_report(folio::ClearArgs {
         common: bench(copy_size, &copy_pages, "all", loops, &[1, 2]),
         evict: false,
         hot: false,

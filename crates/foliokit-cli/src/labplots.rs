@@ -3,10 +3,12 @@
 //! our experiment has the seed's shape).
 
 use crate::args::show_size;
-use crate::bench::{fault::FaultRow, init::InitRow, migrate::MigrateRow, mremap::MremapRow};
+use crate::bench::migrate::MigrateRow;
 use crate::plots::{self, CurvePoint, Frame, Point, Reference, Series};
-use crate::report::{Report, Row};
+use crate::report::Report;
+use foliokit_lab::copy_clear::Row;
 use foliokit_lab::measure::Stats;
+use foliokit_lab::{fault::FaultRow, init::InitRow, remap::MremapRow};
 
 const M2: usize = 2 << 20;
 

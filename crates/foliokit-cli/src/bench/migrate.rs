@@ -22,11 +22,11 @@ use serde::Serialize;
 use serde_json::json;
 use std::time::Duration;
 
-use super::arm_interrupt_restore;
 use crate::args::{parse_size, show_size, Format};
 use crate::progress::bar;
 use crate::report::{pm, Report, TableRow};
 use crate::CliError;
+use foliokit_lab::mthp::arm_interrupt_restore;
 
 const PAGE: usize = 4096;
 
@@ -632,7 +632,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
     let main_dir = Direction { from, to: node };
     let main_label = main_dir.label(&memory_only);
     let table3_dirs = directions(&nodes, &memory_only, a.from, a.node, main_dir);
-    super::check_shape(a.size, &a.page, 2)?;
+    foliokit_lab::prepare::check_shape(a.size, &a.page, 2)?;
     if a.batch.contains(&0) {
         return Err("batch sizes must be at least one page".into());
     }
@@ -658,7 +658,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
                         "path": a.path.label(),
                         "memory_only_nodes": memory_only, "tables": a.tables,
                         "latency_budget_us": a.latency_budget.map(|d| d.as_secs_f64() * 1e6)});
-    let mut report = Report::<MigrateRow>::new("migrate", title, params);
+    let mut report = foliokit_lab::schema::Report::<MigrateRow>::new("migrate", title, params);
     if nodes.len() == 1 {
         report.notes.push(format!(
             "one NUMA node: relocation still copies every populated page into new folios on node {node}; move_pages has nothing to move"
@@ -886,7 +886,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         );
     }
     report.footer.extend(footer);
-    Ok(Some(report))
+    Ok(Some(super::shown(report)))
 }
 
 #[cfg(test)]

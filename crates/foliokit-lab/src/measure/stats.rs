@@ -1,10 +1,11 @@
 //! Summary statistics for repeated measurements.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Mean ± sample standard deviation, plus the median the tables rank by
 /// (robust against one noisy neighbour run on a shared machine).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "StatsRead")]
 pub struct Stats {
     pub mean: f64,
     pub stdev: f64,
@@ -12,6 +13,37 @@ pub struct Stats {
     pub min: f64,
     pub max: f64,
     pub runs: usize,
+}
+
+/// Stats as read back: files written by hand or by older versions may lack
+/// the median (then the mean stands for it) or the run count (then one).
+#[derive(Deserialize)]
+struct StatsRead {
+    mean: Option<f64>,
+    stdev: Option<f64>,
+    median: Option<f64>,
+    min: Option<f64>,
+    max: Option<f64>,
+    runs: Option<usize>,
+}
+
+impl TryFrom<StatsRead> for Stats {
+    type Error = &'static str;
+
+    fn try_from(s: StatsRead) -> Result<Self, Self::Error> {
+        let centre = s
+            .median
+            .or(s.mean)
+            .ok_or("stats without a mean or median")?;
+        Ok(Stats {
+            mean: s.mean.unwrap_or(centre),
+            stdev: s.stdev.ok_or("stats without a stdev")?,
+            median: centre,
+            min: s.min.unwrap_or(centre),
+            max: s.max.unwrap_or(centre),
+            runs: s.runs.unwrap_or(1),
+        })
+    }
 }
 
 impl Stats {

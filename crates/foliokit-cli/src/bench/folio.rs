@@ -1,0 +1,188 @@
+//! `foliokit bench copy` (seed 000) and `bench clear` (seed 002): their
+//! options, and the table of the one strategy bench both run
+//! (`foliokit_lab::copy_clear`).
+
+use clap::Args;
+use foliokit::{ClearStrategy, CopyStrategy};
+use foliokit_lab::copy_clear::{self, ClearBench, CopyBench, FolioOp, Row, StrategyPlan};
+use foliokit_lab::measure::{CacheMode, Stats};
+
+use super::select;
+use crate::args::{show_size, BenchArgs};
+use crate::progress::Bars;
+use crate::report::{pct, pm, Report, TableRow};
+use crate::CliError;
+
+#[derive(Debug, Clone, Args)]
+pub struct CopyArgs {
+    #[command(flatten)]
+    pub common: BenchArgs,
+    /// Flush the source from the cache before every loop (seed 000's method; the default).
+    #[arg(long, conflicts_with = "hot")]
+    pub evict: bool,
+    /// Leave buffers in cache between loops (measures cache-resident copies).
+    #[arg(long)]
+    pub hot: bool,
+    /// Also measure each strategy's machine-check-safe variant (`<name>-mc`)
+    /// beside it, where one exists (movsb, avx2, nt, auto).
+    #[arg(long)]
+    pub mc: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ClearArgs {
+    #[command(flatten)]
+    pub common: BenchArgs,
+    /// Flush the destination from the cache before every loop.
+    #[arg(long, conflicts_with = "hot")]
+    pub evict: bool,
+    /// Leave the destination in cache between loops (the default).
+    #[arg(long)]
+    pub hot: bool,
+    /// Page index within each folio that butterfly converges on (the
+    /// faulting page; perf bench's demand faults touch page 0).
+    #[arg(long, default_value_t = 0)]
+    pub hint_page: usize,
+}
+
+/// The plan both operations take from the shared options.
+fn plan(c: &BenchArgs, cache: CacheMode) -> StrategyPlan {
+    StrategyPlan {
+        size: c.size,
+        folio_sizes: c.page.clone(),
+        loops: c.loops as usize,
+        channels: c.channels.iter().map(|&t| t as usize).collect(),
+        reuse: c.reuse.into(),
+        limits: !c.no_limits,
+        cache,
+    }
+}
+
+fn measure<O: FolioOp>(op: &O, p: &StrategyPlan) -> Result<Option<Report<Row>>, CliError> {
+    Ok(Some(super::shown(copy_clear::run(
+        op,
+        p,
+        &Bars::default(),
+    )?)))
+}
+
+/// Runs the copy experiment; `None` when the options only asked for help.
+pub fn copy_report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
+    let Some(selection) = select::<CopyStrategy>(&a.common.function)? else {
+        return Ok(None);
+    };
+    let cache = if a.hot {
+        CacheMode::Hot
+    } else {
+        CacheMode::Evict
+    };
+    measure(
+        &CopyBench {
+            selection,
+            mc: a.mc,
+        },
+        &plan(&a.common, cache),
+    )
+}
+
+/// Runs the clear experiment; `None` when the options only asked for help.
+pub fn clear_report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
+    let Some(selection) = select::<ClearStrategy>(&a.common.function)? else {
+        return Ok(None);
+    };
+    let cache = if a.evict {
+        CacheMode::Evict
+    } else {
+        CacheMode::Hot
+    };
+    let op = ClearBench {
+        selection,
+        hint_page: a.hint_page,
+    };
+    measure(&op, &plan(&a.common, cache))
+}
+
+/// Prints the copy report (`-f help` prints the strategies instead).
+pub fn copy(a: CopyArgs) -> Result<(), CliError> {
+    let format = a.common.format;
+    super::print(copy_report(a)?, format)
+}
+
+/// Prints the clear report (`-f help` prints the strategies instead).
+pub fn clear(a: ClearArgs) -> Result<(), CliError> {
+    let format = a.common.format;
+    super::print(clear_report(a)?, format)
+}
+
+impl TableRow for Row {
+    fn columns() -> &'static [&'static str] {
+        &[
+            "folio",
+            "function",
+            "ch",
+            "ran",
+            "GB/s median ± sd",
+            "speedup",
+            "% limit",
+        ]
+    }
+
+    fn cells(&self) -> Vec<String> {
+        vec![
+            show_size(self.folio_size),
+            self.function.clone(),
+            self.channels.to_string(),
+            if self.resolved == self.function {
+                String::new()
+            } else {
+                self.resolved.clone()
+            },
+            pm(&self.gbps, 2),
+            format!("{:.2}x", self.speedup),
+            if self.limit_missed {
+                "missed".into()
+            } else {
+                pct(self.of_limit)
+            },
+        ]
+    }
+
+    fn csv_columns() -> &'static [&'static str] {
+        &[
+            "folio_size",
+            "function",
+            "resolved",
+            "channels",
+            "gbps_mean",
+            "gbps_stdev",
+            "gbps_median",
+            "runs",
+            "speedup",
+            "limit_gbps",
+            "of_limit",
+        ]
+    }
+
+    fn csv(&self) -> Vec<String> {
+        let g = &self.gbps;
+        vec![
+            self.folio_size.to_string(),
+            self.function.clone(),
+            self.resolved.clone(),
+            self.channels.to_string(),
+            format!("{:.3}", g.mean),
+            format!("{:.3}", g.stdev),
+            format!("{:.3}", g.median),
+            g.runs.to_string(),
+            format!("{:.3}", self.speedup),
+            self.limit_gbps
+                .map_or_else(String::new, |x| format!("{x:.3}")),
+            self.of_limit
+                .map_or_else(String::new, |x| format!("{x:.3}")),
+        ]
+    }
+
+    fn spread(&self) -> Option<&Stats> {
+        Some(&self.gbps)
+    }
+}
