@@ -3,11 +3,11 @@
 //! our experiment has the seed's shape).
 
 use crate::args::show_size;
-use crate::bench::migrate::MigrateRow;
 use crate::plots::{self, CurvePoint, Frame, Point, Reference, Series};
 use crate::report::Report;
 use foliokit_lab::copy_clear::Row;
 use foliokit_lab::measure::Stats;
+use foliokit_lab::migrate::MigrateRow;
 use foliokit_lab::{fault::FaultRow, init::InitRow, remap::MremapRow};
 
 const M2: usize = 2 << 20;

@@ -58,7 +58,7 @@ enum Cmd {
     Move(moves::MoveArgs),
     /// (internal) The target process of `bench migrate` table 4.
     #[command(name = "__target", hide = true)]
-    Target(bench::mover::TargetArgs),
+    Target(bench::migrate::TargetArgs),
 }
 
 #[derive(Subcommand)]
@@ -103,7 +103,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Mremap(a)) => bench::mremap::run(a),
         Cmd::Bench(BenchCmd::Migrate(a)) => bench::migrate::run(a),
         Cmd::Bench(BenchCmd::Restore(a)) => bench::restore::run(a),
-        Cmd::Target(a) => bench::mover::target(a),
+        Cmd::Target(a) => bench::migrate::target(a),
         Cmd::Move(a) => match moves::run(a) {
             Ok(0) => Ok(()),
             Ok(code) => std::process::exit(code),

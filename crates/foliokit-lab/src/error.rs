@@ -30,6 +30,8 @@ pub enum LabError {
     #[error(transparent)]
     Channel(#[from] foliokit::channels::ChannelError),
     #[error(transparent)]
+    Process(#[from] foliokit::migrate::process::ProcessError),
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

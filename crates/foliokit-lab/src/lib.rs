@@ -41,6 +41,7 @@ pub mod fault;
 pub mod hugetlb;
 pub mod init;
 pub mod measure;
+pub mod migrate;
 pub mod mthp;
 pub mod prepare;
 pub mod probe;

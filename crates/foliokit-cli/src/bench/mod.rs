@@ -4,7 +4,6 @@ pub mod fault;
 pub mod folio;
 pub mod init;
 pub mod migrate;
-pub mod mover;
 pub mod mremap;
 pub mod restore;
 
