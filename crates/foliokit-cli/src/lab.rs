@@ -186,10 +186,10 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     let p = labplots::strategies(
         "copy (source evicted)",
         &r,
-        &[
-            (2 * M, 18.65, "seed 000 (Zen 5), 2M per-page: 18.65"),
-            (2 * M, 38.03, "seed 000 (Zen 5), 2M one bulk copy: 38.03"),
-        ],
+        &foliokit_lab::seeds::marks("copy")
+            .into_iter()
+            .map(|(y, label)| (2 * M, y, label))
+            .collect::<Vec<_>>(),
     );
     let mut e = entry("copy", "Folio copy (seed 000)", "000", &r, p);
     e.key_table = Some(key_rows(&r, "per-page"));

@@ -622,7 +622,7 @@ impl FolioOp for CopyBench {
     }
 
     fn seed_line(&self) -> String {
-        "seed 000 (EPYC 9655 Zen 5, 2M folios, source evicted): folio_mc_copy 18.65 -> 38.03 GB/s (2.04x) with one bulk copy; Zen 3 folio_copy 13.03 -> 11.59 (0.89x: memcpy_orig vs rep movsq)".into()
+        crate::seeds::quote("copy")
     }
 }
 
@@ -737,6 +737,6 @@ impl FolioOp for ClearBench {
     }
 
     fn seed_line(&self) -> String {
-        "seed 002 (EPYC 9J13 Genoa, kernel clearing on demand faults): 2MB pages 11.76 GB/s butterfly -> 23.58 sequential (+100%); 1GB pages 24.85 -> 25.40".into()
+        crate::seeds::quote("clear")
     }
 }

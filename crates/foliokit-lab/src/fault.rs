@@ -245,9 +245,6 @@ pub fn run(a: &FaultPlan, progress: &dyn Progress) -> Result<Report<FaultRow>, L
     report
         .footer
         .push("speedup: median over the 1-thread median of the same function and page size".into());
-    report.footer.push(
-        "seed 002 (AMD Genoa, 64 GB, perf bench mem mmap -f demand): 2MB pages 11.76 -> 23.58 GB/s with sequential clearing; 1GB pages 24.85 -> 25.40"
-            .into(),
-    );
+    report.footer.push(crate::seeds::quote("fault"));
     Ok(report)
 }

@@ -381,10 +381,7 @@ pub fn run(a: &InitPlan, progress: &dyn Progress) -> Result<Report<InitRow>, Lab
             ));
         }
     }
-    report.footer.push(
-        "seed 003 (Ice Lake VM, 100 GB nd_pmem): first bind 1456 -> 1272 ms, rebinds 244.28 -> 96.79 ms (2.52x) with memcpy_nt"
-            .into(),
-    );
+    report.footer.push(crate::seeds::quote("init"));
     if a.record != 64 {
         report.notes.push(
             "seed 003 streams 64-byte struct pages; this run used another record size".into(),

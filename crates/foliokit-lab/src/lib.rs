@@ -49,6 +49,7 @@ pub mod progress;
 pub mod remap;
 pub mod restore;
 pub mod schema;
+pub mod seeds;
 pub mod units;
 
 pub use error::LabError;

@@ -321,9 +321,7 @@ pub fn run(a: &RemapPlan, progress: &dyn Progress) -> Result<Report<MremapRow>, 
         }
     ));
     report.footer.push("speedup: the 4K control's mean over the row's (seed004); the PTE case's mean over the row's (1G)".into());
-    report.footer.push(
-        "seed 004 (Apple M3, arm64): 64K folios 1.9 s -> 1.2 s per 10,000 iterations with PTE batching (-37%)".into(),
-    );
+    report.footer.push(crate::seeds::quote("mremap"));
     report.section("sysfs_before", &before);
     report.section("sysfs_after", &after);
     report.section("sysfs_restored", after == before);

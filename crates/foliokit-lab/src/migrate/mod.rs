@@ -728,16 +728,10 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
     footer.push("before every run the source is put on the direction's first node with move_pages, outside the timing".into());
     footer.push("% copy limit: the row's median over the same-run copy limit of its buffers on its channels (min of a streaming read of the source and a streaming write of another buffer, probed beside every run); 1-folio copy µs: one folio at that limit, which no first folio can beat".into());
     if has(3) {
-        footer.push(
-            "seed 000 (Zen 5, 2 sockets + CXL): move_pages of 1G of 2M mTHP, DRAM0 -> DRAM1 7.20 -> 8.01 GB/s (1.11x), DRAM0 -> CXL 11.12 -> 13.07 (1.18x) with one bulk folio copy"
-                .into(),
-        );
+        footer.push(crate::seeds::quote("migrate.move_pages"));
     }
     if has(1) || has(2) {
-        footer.push(
-            "seed 001 (Zen 3, 2 sockets, PTDMA): 1G of 2M folios 11.02 GB/s baseline -> 12.65 (1 DMA ch) .. 65.23 (16 ch); batch 512 pages: 160 µs first folio"
-                .into(),
-        );
+        footer.push(crate::seeds::quote("migrate.channels"));
     }
     report.footer.extend(footer);
     Ok(report)
