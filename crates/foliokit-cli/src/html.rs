@@ -8,7 +8,7 @@ use crate::args::show_size;
 use crate::lab::Entry;
 use crate::machine::{flags_line, Machine};
 use crate::report::escape;
-use crate::summary::Line;
+use foliokit_lab::summary::Line;
 
 const STYLE: &str =
     "body{font-family:system-ui,sans-serif;margin:1.5rem auto;max-width:1100px;color:#222;font-size:17px}\
@@ -94,8 +94,8 @@ fn summary_table(lines: &[Line]) -> String {
             out,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{}</td></tr>",
             l.seed,
-            escape(l.what),
-            escape(l.seed_figure),
+            escape(&l.what),
+            escape(&l.seed_figure),
             escape(&l.ours),
             l.of_limit
                 .map_or("not measured".to_string(), |x| format!("{:.0}%", x * 100.0)),

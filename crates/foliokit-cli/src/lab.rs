@@ -3,7 +3,9 @@
 //! per table and a self-contained index.html with plots.
 
 use clap::Args;
-use serde_json::{json, Value};
+use foliokit_lab::schema::{LabResults, Loaded};
+use foliokit_lab::summary::Line;
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -425,18 +427,24 @@ fn save(
     elapsed: Duration,
     notes: &[String],
     entries: &[Entry],
-) -> Result<Vec<summary::Line>, CliError> {
+) -> Result<Vec<Line>, CliError> {
     let experiments: Vec<Value> = entries.iter().map(|e| e.json.clone()).collect();
-    let summary = summary::lines(&experiments);
-    let results = json!({
-        "foliokit": env!("CARGO_PKG_VERSION"),
-        "scale": format!("{scale:?}").to_lowercase(),
-        "elapsed_secs": elapsed.as_secs_f64(),
-        "machine": machine(),
-        "notes": notes,
-        "summary": summary,
-        "experiments": experiments,
-    });
+    // The summary reads the experiments through the schema, as `compare`
+    // reads them back from the file.
+    let loaded = experiments
+        .iter()
+        .map(|e| serde_json::from_value::<Loaded>(e.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let summary = foliokit_lab::summary::lines(&loaded);
+    let results = LabResults {
+        foliokit: env!("CARGO_PKG_VERSION").into(),
+        scale: scale_name(scale).into(),
+        elapsed_secs: elapsed.as_secs_f64(),
+        machine: machine(),
+        notes: notes.to_vec(),
+        summary: summary.clone(),
+        experiments,
+    };
     let write = |name: &str, text: &str| -> Result<(), CliError> {
         let path = out.join(name);
         std::fs::write(&path, text)

@@ -50,6 +50,7 @@ pub mod remap;
 pub mod restore;
 pub mod schema;
 pub mod seeds;
+pub mod summary;
 pub mod units;
 
 pub use error::LabError;

@@ -23,8 +23,11 @@ pub struct Report<R, M = Value, P = Value> {
     /// The table's first line.
     #[serde(skip)]
     pub title: String,
+    #[serde(default)]
     pub machine: M,
+    #[serde(default)]
     pub params: P,
+    #[serde(default)]
     pub rows: Vec<R>,
     /// Experiment-specific sections (auto summaries, backing, sysfs...).
     #[serde(flatten)]
@@ -89,7 +92,7 @@ impl<R, M, P> Report<R, M, P> {
 
 /// A report as read back: any experiment's rows, the parameters the
 /// summary keys on.
-pub type Loaded = Report<ResultRow, Value, ResultParams>;
+pub type Loaded = Report<ResultRow, MachineFacts, ResultParams>;
 
 impl Loaded {
     /// The experiment's key: its name, with the mc variant of copy apart
@@ -100,6 +103,88 @@ impl Loaded {
         } else {
             self.experiment.clone()
         }
+    }
+}
+
+/// The machine facts that make a ratio between two runs compare machines
+/// rather than code, as read back (the writer's machine description holds
+/// more; what is absent reads as unknown).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MachineFacts {
+    #[serde(default)]
+    pub cpu: CpuFacts,
+    #[serde(default)]
+    pub system: SystemFacts,
+    #[serde(default)]
+    pub guest: Option<GuestFacts>,
+    #[serde(default)]
+    pub profile: Option<ProfileFacts>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CpuFacts {
+    pub model: Option<String>,
+    pub logical_cpus: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SystemFacts {
+    pub kernel: Option<String>,
+    pub numa_nodes: Option<Vec<u32>>,
+    #[serde(default)]
+    pub thp: ThpFacts,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ThpFacts {
+    pub enabled: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GuestFacts {
+    pub accel: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProfileFacts {
+    pub note: Option<String>,
+}
+
+impl MachineFacts {
+    /// The facts compared across runs: (name, value or "?").
+    pub fn facts(&self) -> Vec<(&'static str, String)> {
+        let or_unknown = |v: Option<String>| v.unwrap_or_else(|| "?".into());
+        vec![
+            ("CPU", or_unknown(self.cpu.model.clone())),
+            (
+                "logical CPUs",
+                or_unknown(self.cpu.logical_cpus.map(|n| n.to_string())),
+            ),
+            ("kernel", or_unknown(self.system.kernel.clone())),
+            (
+                "guest",
+                or_unknown(self.guest.as_ref().and_then(|g| g.accel.clone())),
+            ),
+            (
+                "NUMA nodes",
+                or_unknown(
+                    self.system
+                        .numa_nodes
+                        .as_ref()
+                        .map(|n| serde_json::to_string(n).expect("numbers serialise")),
+                ),
+            ),
+            ("THP", or_unknown(self.system.thp.enabled.clone())),
+            (
+                "calibration",
+                or_unknown(self.profile.as_ref().and_then(|p| p.note.clone())),
+            ),
+        ]
+    }
+
+    /// Whether the file said anything about its machine.
+    pub fn is_known(&self) -> bool {
+        self.cpu.model.is_some() || self.system.kernel.is_some()
     }
 }
 
@@ -119,8 +204,15 @@ pub struct ResultParams {
 /// Median and 99th percentile (first-folio latency, stalls).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
+    #[serde(deserialize_with = "nan_if_null")]
     pub median: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub p99: f64,
+}
+
+/// A figure JSON could not hold was written as null: it reads back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl Latency {
@@ -196,12 +288,14 @@ impl ResultRow {
     /// The row's measurement, by preference: GB/s, then rebind time, loop
     /// time, total time.
     pub fn metric(&self) -> Option<Metric> {
+        // A figure written as null (NaN) is no figure: the next one counts.
         let m = |s: &Option<Stats>, unit, higher_is_better| {
-            s.map(|stats| Metric {
-                unit,
-                higher_is_better,
-                stats,
-            })
+            s.filter(|s| !s.median.is_nan() && !s.stdev.is_nan())
+                .map(|stats| Metric {
+                    unit,
+                    higher_is_better,
+                    stats,
+                })
         };
         m(&self.gbps, "GB/s", true)
             .or_else(|| m(&self.rebind_ms, "ms", false))
@@ -233,10 +327,14 @@ impl ResultRow {
 /// `E` is the experiments' form (their JSON when writing, [`Loaded`] when
 /// reading), `M` the machine and `S` the summary lines.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LabResults<E = Loaded, M = Value, S = Value> {
+pub struct LabResults<E = Loaded, M = MachineFacts, S = Value> {
+    #[serde(default)]
     pub foliokit: String,
+    #[serde(default)]
     pub scale: String,
+    #[serde(default)]
     pub elapsed_secs: f64,
+    #[serde(default)]
     pub machine: M,
     #[serde(default)]
     pub notes: Vec<String>,

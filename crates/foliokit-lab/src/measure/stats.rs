@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 /// Mean ± sample standard deviation, plus the median the tables rank by
 /// (robust against one noisy neighbour run on a shared machine).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "StatsRead")]
+#[serde(from = "StatsRead")]
 pub struct Stats {
     pub mean: f64,
     pub stdev: f64,
@@ -16,7 +16,9 @@ pub struct Stats {
 }
 
 /// Stats as read back: files written by hand or by older versions may lack
-/// the median (then the mean stands for it) or the run count (then one).
+/// the median (then the mean stands for it) or the run count (then one);
+/// a figure JSON could not hold (NaN, infinite: written as null) reads as
+/// NaN, which readers take as no figure.
 #[derive(Deserialize)]
 struct StatsRead {
     mean: Option<f64>,
@@ -27,22 +29,17 @@ struct StatsRead {
     runs: Option<usize>,
 }
 
-impl TryFrom<StatsRead> for Stats {
-    type Error = &'static str;
-
-    fn try_from(s: StatsRead) -> Result<Self, Self::Error> {
-        let centre = s
-            .median
-            .or(s.mean)
-            .ok_or("stats without a mean or median")?;
-        Ok(Stats {
+impl From<StatsRead> for Stats {
+    fn from(s: StatsRead) -> Self {
+        let centre = s.median.or(s.mean).unwrap_or(f64::NAN);
+        Stats {
             mean: s.mean.unwrap_or(centre),
-            stdev: s.stdev.ok_or("stats without a stdev")?,
+            stdev: s.stdev.unwrap_or(f64::NAN),
             median: centre,
             min: s.min.unwrap_or(centre),
             max: s.max.unwrap_or(centre),
             runs: s.runs.unwrap_or(1),
-        })
+        }
     }
 }
 
