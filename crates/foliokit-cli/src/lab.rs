@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::args::{show_size, BenchArgs, Format, ReuseArg};
 use crate::bench::{fault, folio, init, migrate, mremap, restore};
-use crate::html;
+use crate::html::{self, Entry};
 use crate::labplots;
 use crate::machine::machine;
 use crate::report::{Render, Report, TableRow};
@@ -44,20 +44,6 @@ enum Scale {
     Smoke,
     Quick,
     Full,
-}
-
-/// One experiment's outputs, whatever its row type.
-pub struct Entry {
-    pub key: &'static str,
-    pub heading: String,
-    pub seed: &'static str,
-    pub json: Value,
-    pub csv: String,
-    pub html_table: String,
-    /// The rows that matter, where the experiment names them.
-    pub key_table: Option<String>,
-    pub rows: usize,
-    pub plots: Vec<String>,
 }
 
 fn entry<R: TableRow>(

@@ -32,14 +32,14 @@ pub trait TableRow: Serialize {
 /// The coefficient of variation of `s` when it exceeds the noise threshold.
 pub fn noisy(s: &Stats) -> Option<f64> {
     let cv = s.stdev / s.mean;
-    (s.mean > 0.0 && cv > crate::plots::NOISY_CV).then_some(cv)
+    (s.mean > 0.0 && cv > foliokit_lab::measure::NOISY_CV).then_some(cv)
 }
 
 /// The footer line that explains the noisy-row mark.
 fn noisy_legend() -> String {
     format!(
         "! = noisy: stdev above {:.0}% of the mean; rerun with more loops (-l) before reading a ratio from that row",
-        crate::plots::NOISY_CV * 100.0
+        foliokit_lab::measure::NOISY_CV * 100.0
     )
 }
 

@@ -74,6 +74,10 @@ impl Stats {
     }
 }
 
+/// A row whose stdev exceeds this share of its mean is noisy: the tables,
+/// the plots (hollow markers) and the lab page all mark it by this one rule.
+pub const NOISY_CV: f64 = 0.10;
+
 /// GB/s with GB = 2^30 bytes, as `perf bench` prints.
 pub fn gbps(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64 / secs
