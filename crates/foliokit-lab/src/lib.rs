@@ -48,6 +48,7 @@ pub mod probe;
 pub mod progress;
 pub mod remap;
 pub mod restore;
+pub mod runner;
 pub mod schema;
 pub mod seeds;
 pub mod summary;
