@@ -59,6 +59,17 @@ fn entry<R: TableRow>(step: &Step, r: &Report<R>, plots: Vec<String>) -> Entry {
     }
 }
 
+/// An experiment's table with its one plot.
+fn plotted<R: TableRow>(
+    step: &Step,
+    r: foliokit_lab::schema::Report<R>,
+    plot: impl FnOnce(&Report<R>) -> String,
+) -> Entry {
+    let r = shown(r);
+    let p = plot(&r);
+    entry(step, &r, vec![p])
+}
+
 /// Copy or clear: the strategies' table, with the rows that matter and a
 /// plot for the full runs (the mc run has neither).
 fn strategies<O: FolioOp>(
@@ -165,26 +176,12 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
         let e = match &step.experiment {
             Experiment::Copy(op, p) => strategies(&step, op, p, &bars)?,
             Experiment::Clear(op, p) => strategies(&step, op, p, &bars)?,
-            Experiment::Fault(p) => {
-                let r = shown(fault::run(p, &bars)?);
-                let plot = labplots::fault(&r);
-                entry(&step, &r, vec![plot])
-            }
-            Experiment::Init(p) => {
-                let r = shown(init::run(p, &bars)?);
-                let plot = labplots::init(&r);
-                entry(&step, &r, vec![plot])
-            }
-            Experiment::Migrate(p) => {
-                let r = shown(migrate::run(p, &bars)?);
-                let plot = labplots::migrate(&r);
-                entry(&step, &r, vec![plot])
-            }
-            Experiment::Mremap(p) => {
-                let r = shown(remap::run(p, &bars)?);
-                let plot = labplots::mremap(&r, p.iterations as usize);
-                entry(&step, &r, vec![plot])
-            }
+            Experiment::Fault(p) => plotted(&step, fault::run(p, &bars)?, labplots::fault),
+            Experiment::Init(p) => plotted(&step, init::run(p, &bars)?, labplots::init),
+            Experiment::Migrate(p) => plotted(&step, migrate::run(p, &bars)?, labplots::migrate),
+            Experiment::Mremap(p) => plotted(&step, remap::run(p, &bars)?, |r| {
+                labplots::mremap(r, p.iterations as usize)
+            }),
             Experiment::Restore(p) => match restore::report(p, &bars) {
                 Ok(r) => entry(&step, &shown(r), Vec::new()),
                 // A kernel without a usable userfaultfd (or THP) skips the

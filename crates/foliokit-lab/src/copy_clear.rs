@@ -427,8 +427,11 @@ pub trait FolioOp {
         b: &Self::Buffers,
         folio: usize,
     ) -> Vec<(&'static str, foliokit::mem::Backing)>;
-    /// How many candidates run on `channels` channels.
-    fn candidates(&self, channels: usize) -> usize;
+    /// What is measured on one channel count (a strategy, or a copy
+    /// strategy plain or mc).
+    type Cand;
+    /// The candidates that run on `channels` channels.
+    fn on(&self, channels: usize) -> Vec<Self::Cand>;
     /// Measures the candidates that run on `plan.channels` channels.
     fn measure(
         &self,
@@ -470,7 +473,7 @@ pub fn run<O: FolioOp>(
                 channels: t,
                 limits: p.limits,
             };
-            let steps = (op.candidates(t) + 3 * usize::from(plan.limits)) * (plan.loops + 1);
+            let steps = (op.on(t).len() + 3 * usize::from(plan.limits)) * (plan.loops + 1);
             progress.begin(steps, &format!("{} {} x{t}", O::OP, show_size(folio)));
             let m = op.measure(&mut bufs, &plan, &mut || progress.tick())?;
             progress.end();
@@ -501,6 +504,19 @@ impl CopyBench {
         }
         out
     }
+}
+
+impl FolioOp for CopyBench {
+    type S = CopyStrategy;
+    type Cand = CopyCandidate;
+    type Buffers = (PooledRegion, PooledRegion);
+    const OP: &'static str = "copy";
+    const BASELINE: CopyStrategy = CopyStrategy::PerPage;
+    const BUFFERS: usize = 2;
+
+    fn selection(&self) -> &Selection<CopyStrategy> {
+        &self.selection
+    }
 
     /// The candidates on `channels` channels: mc variants keep their fault
     /// record per thread, so they run on one.
@@ -509,18 +525,6 @@ impl CopyBench {
             .into_iter()
             .filter(|x| channels == 1 || !x.mc)
             .collect()
-    }
-}
-
-impl FolioOp for CopyBench {
-    type S = CopyStrategy;
-    type Buffers = (PooledRegion, PooledRegion);
-    const OP: &'static str = "copy";
-    const BASELINE: CopyStrategy = CopyStrategy::PerPage;
-    const BUFFERS: usize = 2;
-
-    fn selection(&self) -> &Selection<CopyStrategy> {
-        &self.selection
     }
 
     fn title(&self, p: &StrategyPlan) -> String {
@@ -573,10 +577,6 @@ impl FolioOp for CopyBench {
             ("src", counted_backing(&b.0, folio)),
             ("dst", counted_backing(&b.1, folio)),
         ]
-    }
-
-    fn candidates(&self, channels: usize) -> usize {
-        self.on(channels).len()
     }
 
     fn measure(
@@ -633,7 +633,18 @@ pub struct ClearBench {
     pub hint_page: usize,
 }
 
-impl ClearBench {
+impl FolioOp for ClearBench {
+    type S = ClearStrategy;
+    type Cand = ClearStrategy;
+    type Buffers = PooledRegion;
+    const OP: &'static str = "clear";
+    const BASELINE: ClearStrategy = ClearStrategy::Butterfly;
+    const BUFFERS: usize = 1;
+
+    fn selection(&self) -> &Selection<ClearStrategy> {
+        &self.selection
+    }
+
     /// Butterfly clears page by page around its hint: it runs on one
     /// channel only.
     fn on(&self, channels: usize) -> Vec<ClearStrategy> {
@@ -643,18 +654,6 @@ impl ClearBench {
             .copied()
             .filter(|&s| channels == 1 || s != ClearStrategy::Butterfly)
             .collect()
-    }
-}
-
-impl FolioOp for ClearBench {
-    type S = ClearStrategy;
-    type Buffers = PooledRegion;
-    const OP: &'static str = "clear";
-    const BASELINE: ClearStrategy = ClearStrategy::Butterfly;
-    const BUFFERS: usize = 1;
-
-    fn selection(&self) -> &Selection<ClearStrategy> {
-        &self.selection
     }
 
     fn check(&self, p: &StrategyPlan) -> Result<(), LabError> {
@@ -706,10 +705,6 @@ impl FolioOp for ClearBench {
         folio: usize,
     ) -> Vec<(&'static str, foliokit::mem::Backing)> {
         vec![("dst", counted_backing(b, folio))]
-    }
-
-    fn candidates(&self, channels: usize) -> usize {
-        self.on(channels).len()
     }
 
     fn measure(

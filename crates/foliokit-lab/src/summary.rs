@@ -224,65 +224,77 @@ fn aa_failed(e: &Loaded) -> Option<String> {
     ))
 }
 
+/// Summary line `key`: ours is `a` over `b`, said by `ours` (given the
+/// ratio and both figures); the verdict sets it against the seed's ratio,
+/// with `why_not` for an effect smaller than the seed's.
+fn ratio_line(
+    key: &str,
+    (a, b): (Stat, Stat),
+    ours: impl FnOnce(f64, Stat, Stat) -> String,
+    of_limit: Option<f64>,
+    why_not: impl FnOnce() -> String,
+) -> Line {
+    let (r, diff) = ratio(a, b);
+    let mut l = Line::seed(key, ours(r, a, b), Some(r), of_limit);
+    l.verdict = verdict(r, diff, l.seed_ratio, why_not);
+    l
+}
+
 fn copy_line(exps: &[Loaded]) -> Option<Line> {
     let e = find(exps, "copy")?;
     let (auto, base) = (at_2m(e, "auto")?, at_2m(e, "per-page")?);
-    let (a, b) = (stat(auto.gbps)?, stat(base.gbps)?);
-    let (r, diff) = ratio(a, b);
-    let mut l = Line::seed(
+    let resolved = auto.resolved.as_deref().unwrap_or("?");
+    Some(ratio_line(
         "copy",
-        format!(
-            "{r:.2}x: auto ({}) {:.2} vs per-page {:.2} GB/s",
-            auto.resolved.as_deref().unwrap_or("?"),
-            a.mean,
-            b.mean
-        ),
-        Some(r),
+        (stat(auto.gbps)?, stat(base.gbps)?),
+        |r, a, b| {
+            format!(
+                "{r:.2}x: auto ({resolved}) {:.2} vs per-page {:.2} GB/s",
+                a.mean, b.mean
+            )
+        },
         auto.of_limit,
-    );
-    l.verdict = verdict(r, diff, l.seed_ratio, || limit_reason(e, auto));
-    Some(l)
+        || limit_reason(e, auto),
+    ))
 }
 
 fn zen3_line(exps: &[Loaded]) -> Option<Line> {
     let e = find(exps, "copy")?;
-    let (a, b) = (
-        stat(at_2m(e, "unrolled")?.gbps)?,
-        stat(at_2m(e, "movsq")?.gbps)?,
-    );
-    let (r, diff) = ratio(a, b);
-    let mut l = Line::seed(
+    Some(ratio_line(
         "zen3",
-        format!(
-            "{r:.2}x: unrolled {:.2} vs movsq {:.2} GB/s",
-            a.mean, b.mean
+        (
+            stat(at_2m(e, "unrolled")?.gbps)?,
+            stat(at_2m(e, "movsq")?.gbps)?,
         ),
-        Some(r),
+        |r, a, b| {
+            format!(
+                "{r:.2}x: unrolled {:.2} vs movsq {:.2} GB/s",
+                a.mean, b.mean
+            )
+        },
         None,
-    );
-    l.verdict = verdict(r, diff, l.seed_ratio, || {
-        "rep movsq and the unrolled loop run alike on this CPU; the seed measured it on Zen 3"
-            .into()
-    });
-    Some(l)
+        || {
+            "rep movsq and the unrolled loop run alike on this CPU; the seed measured it on Zen 3"
+                .into()
+        },
+    ))
 }
 
 fn clear_line(exps: &[Loaded]) -> Option<Line> {
     let e = find(exps, "clear")?;
     let (seq, bfly) = (at_2m(e, "per-page")?, at_2m(e, "butterfly")?);
-    let (a, b) = (stat(seq.gbps)?, stat(bfly.gbps)?);
-    let (r, diff) = ratio(a, b);
-    let mut l = Line::seed(
+    Some(ratio_line(
         "clear",
-        format!(
-            "{r:.2}x: sequential {:.2} vs butterfly {:.2} GB/s",
-            a.mean, b.mean
-        ),
-        Some(r),
+        (stat(seq.gbps)?, stat(bfly.gbps)?),
+        |r, a, b| {
+            format!(
+                "{r:.2}x: sequential {:.2} vs butterfly {:.2} GB/s",
+                a.mean, b.mean
+            )
+        },
         seq.of_limit,
-    );
-    l.verdict = verdict(r, diff, l.seed_ratio, || limit_reason(e, seq));
-    Some(l)
+        || limit_reason(e, seq),
+    ))
 }
 
 fn init_line(exps: &[Loaded]) -> Option<Line> {
@@ -290,19 +302,18 @@ fn init_line(exps: &[Loaded]) -> Option<Line> {
     let row = |f: &str| e.rows.iter().find(|r| is(&r.function, f));
     let (nt, mc) = (row("template-nt")?, row("template-memcpy")?);
     // Lower is better: memcpy's time over nt's is nt's speedup.
-    let (a, b) = (stat(mc.rebind_ms)?, stat(nt.rebind_ms)?);
-    let (r, diff) = ratio(a, b);
-    let mut l = Line::seed(
+    Some(ratio_line(
         "init",
-        format!(
-            "{r:.2}x: template-nt {:.1} vs template-memcpy {:.1} ms",
-            b.mean, a.mean
-        ),
-        Some(r),
+        (stat(mc.rebind_ms)?, stat(nt.rebind_ms)?),
+        |r, a, b| {
+            format!(
+                "{r:.2}x: template-nt {:.1} vs template-memcpy {:.1} ms",
+                b.mean, a.mean
+            )
+        },
         nt.of_limit,
-    );
-    l.verdict = verdict(r, diff, l.seed_ratio, || limit_reason(e, nt));
-    Some(l)
+        || limit_reason(e, nt),
+    ))
 }
 
 fn migrate_line(exps: &[Loaded]) -> Option<Line> {
@@ -317,26 +328,24 @@ fn migrate_line(exps: &[Loaded]) -> Option<Line> {
         .filter(|r| table1(r, "relocate"))
         .max_by_key(|r| r.channels.unwrap_or(0))?;
     let base = e.rows.iter().find(|r| table1(r, "baseline"))?;
-    let (a, b) = (stat(best.gbps)?, stat(base.gbps)?);
-    let (r, diff) = ratio(a, b);
     let ch = best.channels.unwrap_or(1);
-    let mut l = Line::seed(
+    let mut l = ratio_line(
         "migrate",
-        format!(
-            "{r:.2}x: relocation on {ch} channel{} {:.2} vs baseline {:.2} GB/s",
-            if ch == 1 { "" } else { "s" },
-            a.mean,
-            b.mean
-        ),
-        Some(r),
+        (stat(best.gbps)?, stat(base.gbps)?),
+        |r, a, b| {
+            format!(
+                "{r:.2}x: relocation on {ch} channel{} {:.2} vs baseline {:.2} GB/s",
+                if ch == 1 { "" } else { "s" },
+                a.mean,
+                b.mean
+            )
+        },
         best.of_limit,
+        || limit_reason(e, best),
     );
-    let v = verdict(r, diff, l.seed_ratio, || limit_reason(e, best));
-    l.verdict = if nodes < 2 {
-        format!("{v} (one NUMA node: pages were copied within the node)")
-    } else {
-        v
-    };
+    if nodes < 2 {
+        l.verdict += " (one NUMA node: pages were copied within the node)";
+    }
     Some(l)
 }
 

@@ -7,8 +7,7 @@ use foliokit_lab::fault::{self, FaultPlan, FaultRow};
 use foliokit_lab::measure::Stats;
 
 use crate::args::{parse_size, show_size, Format};
-use crate::progress::Bars;
-use crate::report::{pct, pm, Report, TableRow};
+use crate::report::{pct, pm, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -74,14 +73,8 @@ impl TableRow for FaultRow {
     }
 }
 
-/// Prints the experiment's report.
+/// Runs the experiment and prints its report.
 pub fn run(a: FaultArgs) -> Result<(), CliError> {
-    let format = a.format;
-    super::print(report(a)?, format)
-}
-
-/// Runs the experiment; `None` when the options only asked for help.
-pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
     let plan = FaultPlan {
         size: a.size,
         page: a.page,
@@ -91,5 +84,5 @@ pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
         threads: a.threads.iter().map(|&t| t as usize).collect(),
         limits: !a.no_limits,
     };
-    Ok(Some(super::shown(fault::run(&plan, &Bars::default())?)))
+    super::show(fault::run(&plan, &super::bars())?, a.format)
 }

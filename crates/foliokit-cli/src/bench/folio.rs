@@ -9,8 +9,7 @@ use foliokit_lab::measure::{CacheMode, Stats};
 
 use super::select;
 use crate::args::{show_size, BenchArgs};
-use crate::progress::Bars;
-use crate::report::{pct, pm, Report, TableRow};
+use crate::report::{pct, pm, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -58,37 +57,37 @@ fn plan(c: &BenchArgs, cache: CacheMode) -> StrategyPlan {
     }
 }
 
-fn measure<O: FolioOp>(op: &O, p: &StrategyPlan) -> Result<Option<Report<Row>>, CliError> {
-    Ok(Some(super::shown(copy_clear::run(
-        op,
-        p,
-        &Bars::default(),
-    )?)))
+/// Runs `op` on the shared options and prints its report.
+fn measure<O: FolioOp>(op: &O, c: &BenchArgs, cache: CacheMode) -> Result<(), CliError> {
+    super::show(
+        copy_clear::run(op, &plan(c, cache), &super::bars())?,
+        c.format,
+    )
 }
 
-/// Runs the copy experiment; `None` when the options only asked for help.
-pub fn copy_report(a: CopyArgs) -> Result<Option<Report<Row>>, CliError> {
+/// Runs the copy experiment and prints its report (`-f help` prints the
+/// strategies instead).
+pub fn copy(a: CopyArgs) -> Result<(), CliError> {
     let Some(selection) = select::<CopyStrategy>(&a.common.function)? else {
-        return Ok(None);
+        return Ok(());
     };
     let cache = if a.hot {
         CacheMode::Hot
     } else {
         CacheMode::Evict
     };
-    measure(
-        &CopyBench {
-            selection,
-            mc: a.mc,
-        },
-        &plan(&a.common, cache),
-    )
+    let op = CopyBench {
+        selection,
+        mc: a.mc,
+    };
+    measure(&op, &a.common, cache)
 }
 
-/// Runs the clear experiment; `None` when the options only asked for help.
-pub fn clear_report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
+/// Runs the clear experiment and prints its report (`-f help` prints the
+/// strategies instead).
+pub fn clear(a: ClearArgs) -> Result<(), CliError> {
     let Some(selection) = select::<ClearStrategy>(&a.common.function)? else {
-        return Ok(None);
+        return Ok(());
     };
     let cache = if a.evict {
         CacheMode::Evict
@@ -99,19 +98,7 @@ pub fn clear_report(a: ClearArgs) -> Result<Option<Report<Row>>, CliError> {
         selection,
         hint_page: a.hint_page,
     };
-    measure(&op, &plan(&a.common, cache))
-}
-
-/// Prints the copy report (`-f help` prints the strategies instead).
-pub fn copy(a: CopyArgs) -> Result<(), CliError> {
-    let format = a.common.format;
-    super::print(copy_report(a)?, format)
-}
-
-/// Prints the clear report (`-f help` prints the strategies instead).
-pub fn clear(a: ClearArgs) -> Result<(), CliError> {
-    let format = a.common.format;
-    super::print(clear_report(a)?, format)
+    measure(&op, &a.common, cache)
 }
 
 impl TableRow for Row {

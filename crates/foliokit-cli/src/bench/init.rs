@@ -9,8 +9,7 @@ use foliokit_lab::init::{self, InitPlan, InitRow, VARIANTS};
 use foliokit_lab::measure::Stats;
 
 use crate::args::{parse_size, show_size, Format};
-use crate::progress::Bars;
-use crate::report::{pct, pm, Report, TableRow};
+use crate::report::{pct, pm, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -69,20 +68,14 @@ impl TableRow for InitRow {
     }
 }
 
-/// Prints the experiment's report (`-f help` prints the variants instead).
+/// Runs the experiment and prints its report.
 pub fn run(a: InitArgs) -> Result<(), CliError> {
-    let format = a.format;
-    super::print(report(a)?, format)
-}
-
-/// Runs the experiment; `None` when the options only asked for help.
-pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
     if a.function.trim() == "help" {
         println!("init variants (-f name[,name...] | all):");
         for (n, d) in VARIANTS {
             println!("  {n:<16} {d}");
         }
-        return Ok(None);
+        return Ok(());
     }
     let plan = InitPlan {
         size: a.size,
@@ -91,5 +84,5 @@ pub fn report(a: InitArgs) -> Result<Option<Report<InitRow>>, CliError> {
         loops: a.loops as usize,
         limits: !a.no_limits,
     };
-    Ok(Some(super::shown(init::run(&plan, &Bars::default())?)))
+    super::show(init::run(&plan, &super::bars())?, a.format)
 }

@@ -8,8 +8,7 @@ use foliokit_lab::migrate::{self, MigratePlan, MigrateRow};
 use std::time::Duration;
 
 use crate::args::{parse_size, show_size, Format};
-use crate::progress::Bars;
-use crate::report::{pm, Report, TableRow};
+use crate::report::{pm, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -164,8 +163,7 @@ pub fn run(a: MigrateArgs) -> Result<(), CliError> {
         let _ = std::fs::remove_dir_all(&dir);
         return r;
     }
-    let format = a.format;
-    super::print(report(a)?, format)
+    measure(a)
 }
 
 #[derive(Debug, Clone, Args)]
@@ -190,8 +188,8 @@ pub fn target(a: TargetArgs) -> Result<(), CliError> {
     )?)
 }
 
-/// Runs the experiment.
-pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
+/// Runs the tables and prints their report.
+fn measure(a: MigrateArgs) -> Result<(), CliError> {
     let plan = MigratePlan {
         size: a.size,
         page: a.page,
@@ -205,7 +203,7 @@ pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
         from: a.from,
         path: a.path.path(),
     };
-    Ok(Some(super::shown(migrate::run(&plan, &Bars::default())?)))
+    super::show(migrate::run(&plan, &super::bars())?, a.format)
 }
 
 #[cfg(test)]

@@ -11,22 +11,26 @@ use foliokit::strategy::{parse_list, Selection, Strategy};
 use std::fmt::Write as _;
 
 use crate::machine::machine;
+use crate::progress::Bars;
 use crate::report::{Render, Report};
 use crate::CliError;
+
+/// Progress bars for one command's experiment.
+pub fn bars() -> Bars {
+    Bars::default()
+}
 
 /// An experiment's report from the lab, described with this machine.
 pub fn shown<R>(r: foliokit_lab::schema::Report<R>) -> Report<R> {
     r.on(machine())
 }
 
-/// Prints a report in `format`; nothing when the options only asked for help.
-pub fn print<R: crate::report::TableRow>(
-    r: Option<Report<R>>,
+/// Prints the report an experiment made (with this machine) in `format`.
+pub fn show<R: crate::report::TableRow>(
+    r: foliokit_lab::schema::Report<R>,
     format: crate::args::Format,
 ) -> Result<(), CliError> {
-    if let Some(r) = r {
-        print!("{}", r.render(format));
-    }
+    print!("{}", shown(r).render(format));
     Ok(())
 }
 

@@ -7,8 +7,7 @@ use foliokit_lab::measure::Stats;
 use foliokit_lab::remap::{self, MremapRow, RemapPlan};
 
 use crate::args::{show_size, Format};
-use crate::progress::Bars;
-use crate::report::{pm, Report, TableRow};
+use crate::report::{pm, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -71,18 +70,12 @@ fn scale(s: &Stats, k: f64) -> Stats {
     }
 }
 
-/// Prints the experiment's report.
+/// Runs the experiment and prints its report.
 pub fn run(a: MremapArgs) -> Result<(), CliError> {
-    let format = a.format;
-    super::print(report(a)?, format)
-}
-
-/// Runs the experiment.
-pub fn report(a: MremapArgs) -> Result<Option<Report<MremapRow>>, CliError> {
     let plan = RemapPlan {
         iterations: a.iterations,
         loops: a.loops as usize,
         align: !a.no_align,
     };
-    Ok(Some(super::shown(remap::run(&plan, &Bars::default())?)))
+    super::show(remap::run(&plan, &super::bars())?, a.format)
 }

@@ -8,8 +8,7 @@ use foliokit_lab::restore::{self, RestorePlan, RestoreRow};
 use std::time::Duration;
 
 use crate::args::{parse_size, Format};
-use crate::progress::Bars;
-use crate::report::{pct, Report, TableRow};
+use crate::report::{pct, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -123,14 +122,8 @@ impl TableRow for RestoreRow {
     }
 }
 
-/// Prints the experiment's report.
+/// Runs the experiment and prints its report.
 pub fn run(a: RestoreArgs) -> Result<(), CliError> {
-    let format = a.format;
-    super::print(report(a)?, format)
-}
-
-/// Runs the experiment.
-pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
     let plan = RestorePlan {
         size: a.size,
         channels: a.channels as usize,
@@ -140,8 +133,5 @@ pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
         dir: a.dir.clone(),
         serve_during_batches: a.serve_faults_during_batches,
     };
-    Ok(Some(super::shown(restore::report(
-        &plan,
-        &Bars::default(),
-    )?)))
+    super::show(restore::report(&plan, &super::bars())?, a.format)
 }

@@ -556,8 +556,12 @@ pub fn measure_clear(
     )
 }
 
-/// Runs every slot of `set` in a balanced order (see [`run_slots`]) and
-/// builds the measurement from the timings (see [`finish`]).
+/// Runs every slot of `set` in a balanced order (see [`run_interleaved`])
+/// and builds the measurement from the timings (see [`finish`]): before
+/// each call, `evict` in evict mode, or the same call untimed in a
+/// cache-resident hot run; a candidate's first (warm-up) call is `verified`
+/// (it fills, runs and checks the buffer, returning what ran), its timed
+/// calls repeat `run_once` `reps` times; probes go through [`probe_call`].
 #[allow(clippy::too_many_arguments)]
 fn measured<C: Candidate>(
     op: LimitOp,
@@ -573,59 +577,10 @@ fn measured<C: Candidate>(
     tick: &mut impl FnMut(),
 ) -> Result<Measurement, MeasureError> {
     let order = Order::new(set.layout.slots.len(), plan.loops);
-    let (secs, mut resolved) = run_slots(
-        &set.layout.slots,
-        &order,
-        plan.cache,
-        set.rewarm,
-        reps,
-        dst,
-        evict,
-        run_once,
-        run_probe_once,
-        verified,
-        len,
-        tick,
-    )?;
-    resolved.truncate(set.cands.len());
-    Ok(finish(
-        op,
-        &set.layout,
-        &set.cands,
-        set.listed,
-        resolved,
-        secs,
-        len * reps,
-        set.rewarm,
-        order,
-        reps,
-    ))
-}
-
-/// Runs every slot of a measurement in `order` (see [`run_interleaved`]):
-/// before each call, `evict` in evict mode, or the same call untimed in a
-/// cache-resident hot run; a candidate's first (warm-up) call is
-/// `verified` (it fills, runs and checks the buffer, returning what ran),
-/// its timed calls repeat `run_once` `reps` times; probes go through
-/// [`probe_call`]. Returns the per-pass seconds and what each slot ran.
-#[allow(clippy::too_many_arguments)]
-fn run_slots(
-    slots: &[Slot],
-    order: &Order,
-    cache: CacheMode,
-    rewarm: bool,
-    reps: usize,
-    dst: &mut Region,
-    evict: impl Fn(&mut Region) -> Result<(), MeasureError>,
-    run_once: &dyn Fn(&mut Region, usize) -> Result<String, MeasureError>,
-    run_probe_once: &dyn Fn(&mut Region, Probe, Stores) -> Result<(), MeasureError>,
-    verified: impl Fn(&mut Region, usize) -> Result<String, MeasureError>,
-    len: usize,
-    tick: &mut impl FnMut(),
-) -> Result<(Vec<Vec<f64>>, Vec<String>), MeasureError> {
+    let (slots, cache, rewarm) = (&set.layout.slots, plan.cache, set.rewarm);
     let mut resolved = vec![String::new(); slots.len()];
     let secs = run_interleaved(
-        order,
+        &order,
         dst,
         |dst, k| match (cache, slots[k]) {
             (CacheMode::Evict, _) => evict(dst),
@@ -648,7 +603,19 @@ fn run_slots(
         },
         tick,
     )?;
-    Ok((secs, resolved))
+    resolved.truncate(set.cands.len());
+    Ok(finish(
+        op,
+        &set.layout,
+        &set.cands,
+        set.listed,
+        resolved,
+        secs,
+        len * reps,
+        set.rewarm,
+        order,
+        reps,
+    ))
 }
 
 /// One call of a limit probe in the interleaved loop: the first (untimed

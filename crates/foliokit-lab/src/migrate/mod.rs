@@ -542,6 +542,19 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
     // The write probe's buffer for the copy limit beside every run.
     let mut scratch = Region::new(a.size, 2 << 20)?;
     let tick = || progress.tick();
+    // One row: `loops` runs of `o` on `src` in direction `dir`.
+    let mut measure = |table: u8,
+                       dir: Direction,
+                       dir_label: &str,
+                       function: &str,
+                       folio: usize,
+                       src: &mut Region,
+                       obtained: &str,
+                       o: &MigrateOptions|
+     -> Result<MigrateRow, LabError> {
+        let r = runs(src, &mut scratch, dir, o, a.loops, &tick)?;
+        Ok(row(table, dir_label, function, folio, o, r, obtained))
+    };
     let base = MigrateOptions::default().path(a.path);
     let label = path_label(a.path);
 
@@ -560,15 +573,16 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
                 .strategy(CopyStrategy::PerPage)
                 .batch_pages(batch)
                 .folio_size(folio);
-            let baseline = row(
+            let baseline = measure(
                 1,
+                main_dir,
                 &main_label,
                 "baseline",
                 folio,
-                &o,
-                runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
+                &mut src,
                 &obtained,
-            );
+                &o,
+            )?;
             let bmed = baseline.gbps.map(|g| g.median);
             report.rows.push(MigrateRow {
                 speedup: bmed.map(|_| 1.0),
@@ -576,15 +590,16 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
             });
             for &c in &channels {
                 let o = base.channels(c).batch_pages(batch).folio_size(folio);
-                let mut r = row(
+                let mut r = measure(
                     1,
+                    main_dir,
                     &main_label,
                     label,
                     folio,
-                    &o,
-                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
+                    &mut src,
                     &obtained,
-                );
+                    &o,
+                )?;
                 r.speedup = r.gbps.zip(bmed).map(|(g, b)| g.median / b);
                 report.rows.push(r);
             }
@@ -601,15 +616,16 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
             let mut first_gbps = None;
             for &b in &batches {
                 let o = base.channels(c).batch_pages(b);
-                let mut r = row(
+                let mut r = measure(
                     2,
+                    main_dir,
                     &main_label,
                     label,
                     folio,
-                    &o,
-                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
+                    &mut src,
                     &obtained,
-                );
+                    &o,
+                )?;
                 first_gbps = first_gbps.or(r.gbps.map(|g| g.median));
                 r.speedup = r.gbps.zip(first_gbps).map(|(g, f)| g.median / f);
                 report.rows.push(r);
@@ -619,15 +635,16 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
                     .channels(c)
                     .batch_pages(512)
                     .latency_budget(Some(budget));
-                let mut r = row(
+                let mut r = measure(
                     2,
+                    main_dir,
                     &main_label,
                     "budget",
                     folio,
-                    &o,
-                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
+                    &mut src,
                     &obtained,
-                );
+                    &o,
+                )?;
                 r.note = Some(format!(
                     "budget {:.0} µs; batch settled at {} pages",
                     budget.as_secs_f64() * 1e6,
@@ -645,30 +662,23 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
             let label = dir.label(&memory_only);
             for &c in &channels {
                 let o = base.path(Path::Kernel).channels(c).batch_pages(batch_pages);
-                let kernel = row(
-                    3,
-                    &label,
-                    "kernel",
-                    folio,
-                    &o,
-                    runs(&mut src, &mut scratch, dir, &o, a.loops, &tick)?,
-                    &obtained,
-                );
+                let kernel = measure(3, dir, &label, "kernel", folio, &mut src, &obtained, &o)?;
                 let kmed = kernel.gbps.map(|g| g.median);
                 report.rows.push(MigrateRow {
                     speedup: kmed.map(|_| 1.0),
                     ..kernel
                 });
                 let o = base.channels(c).batch_pages(batch_pages);
-                let mut r = row(
+                let mut r = measure(
                     3,
+                    dir,
                     &label,
                     path_label(a.path),
                     folio,
-                    &o,
-                    runs(&mut src, &mut scratch, dir, &o, a.loops, &tick)?,
+                    &mut src,
                     &obtained,
-                );
+                    &o,
+                )?;
                 r.speedup = r.gbps.zip(kmed).map(|(g, k)| g.median / k);
                 report.rows.push(r);
             }
