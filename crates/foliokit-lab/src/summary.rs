@@ -224,35 +224,41 @@ fn aa_failed(e: &Loaded) -> Option<String> {
     ))
 }
 
-/// Summary line `key`: ours is `a` over `b`, said by `ours` (given the
-/// ratio and both figures); the verdict sets it against the seed's ratio,
-/// with `why_not` for an effect smaller than the seed's.
+/// Summary line `key`: ours is `a` over `b`, said as the ratio and the two
+/// figures named in `said` (in the order shown, with the unit and its
+/// decimals); the verdict sets it against the seed's ratio, with `why_not`
+/// for an effect smaller than the seed's.
 fn ratio_line(
     key: &str,
     (a, b): (Stat, Stat),
-    ours: impl FnOnce(f64, Stat, Stat) -> String,
+    said: [(&str, Stat); 2],
+    (unit, decimals): (&str, usize),
     of_limit: Option<f64>,
     why_not: impl FnOnce() -> String,
 ) -> Line {
     let (r, diff) = ratio(a, b);
-    let mut l = Line::seed(key, ours(r, a, b), Some(r), of_limit);
+    let [(x, xs), (y, ys)] = said;
+    let ours = format!(
+        "{r:.2}x: {x} {:.decimals$} vs {y} {:.decimals$} {unit}",
+        xs.mean, ys.mean
+    );
+    let mut l = Line::seed(key, ours, Some(r), of_limit);
     l.verdict = verdict(r, diff, l.seed_ratio, why_not);
     l
 }
 
+const GBPS: (&str, usize) = ("GB/s", 2);
+
 fn copy_line(exps: &[Loaded]) -> Option<Line> {
     let e = find(exps, "copy")?;
     let (auto, base) = (at_2m(e, "auto")?, at_2m(e, "per-page")?);
-    let resolved = auto.resolved.as_deref().unwrap_or("?");
+    let (a, b) = (stat(auto.gbps)?, stat(base.gbps)?);
+    let ran = format!("auto ({})", auto.resolved.as_deref().unwrap_or("?"));
     Some(ratio_line(
         "copy",
-        (stat(auto.gbps)?, stat(base.gbps)?),
-        |r, a, b| {
-            format!(
-                "{r:.2}x: auto ({resolved}) {:.2} vs per-page {:.2} GB/s",
-                a.mean, b.mean
-            )
-        },
+        (a, b),
+        [(&ran, a), ("per-page", b)],
+        GBPS,
         auto.of_limit,
         || limit_reason(e, auto),
     ))
@@ -260,18 +266,15 @@ fn copy_line(exps: &[Loaded]) -> Option<Line> {
 
 fn zen3_line(exps: &[Loaded]) -> Option<Line> {
     let e = find(exps, "copy")?;
+    let (a, b) = (
+        stat(at_2m(e, "unrolled")?.gbps)?,
+        stat(at_2m(e, "movsq")?.gbps)?,
+    );
     Some(ratio_line(
         "zen3",
-        (
-            stat(at_2m(e, "unrolled")?.gbps)?,
-            stat(at_2m(e, "movsq")?.gbps)?,
-        ),
-        |r, a, b| {
-            format!(
-                "{r:.2}x: unrolled {:.2} vs movsq {:.2} GB/s",
-                a.mean, b.mean
-            )
-        },
+        (a, b),
+        [("unrolled", a), ("movsq", b)],
+        GBPS,
         None,
         || {
             "rep movsq and the unrolled loop run alike on this CPU; the seed measured it on Zen 3"
@@ -283,15 +286,12 @@ fn zen3_line(exps: &[Loaded]) -> Option<Line> {
 fn clear_line(exps: &[Loaded]) -> Option<Line> {
     let e = find(exps, "clear")?;
     let (seq, bfly) = (at_2m(e, "per-page")?, at_2m(e, "butterfly")?);
+    let (a, b) = (stat(seq.gbps)?, stat(bfly.gbps)?);
     Some(ratio_line(
         "clear",
-        (stat(seq.gbps)?, stat(bfly.gbps)?),
-        |r, a, b| {
-            format!(
-                "{r:.2}x: sequential {:.2} vs butterfly {:.2} GB/s",
-                a.mean, b.mean
-            )
-        },
+        (a, b),
+        [("sequential", a), ("butterfly", b)],
+        GBPS,
         seq.of_limit,
         || limit_reason(e, seq),
     ))
@@ -302,15 +302,12 @@ fn init_line(exps: &[Loaded]) -> Option<Line> {
     let row = |f: &str| e.rows.iter().find(|r| is(&r.function, f));
     let (nt, mc) = (row("template-nt")?, row("template-memcpy")?);
     // Lower is better: memcpy's time over nt's is nt's speedup.
+    let (a, b) = (stat(mc.rebind_ms)?, stat(nt.rebind_ms)?);
     Some(ratio_line(
         "init",
-        (stat(mc.rebind_ms)?, stat(nt.rebind_ms)?),
-        |r, a, b| {
-            format!(
-                "{r:.2}x: template-nt {:.1} vs template-memcpy {:.1} ms",
-                b.mean, a.mean
-            )
-        },
+        (a, b),
+        [("template-nt", b), ("template-memcpy", a)],
+        ("ms", 1),
         nt.of_limit,
         || limit_reason(e, nt),
     ))
@@ -329,17 +326,16 @@ fn migrate_line(exps: &[Loaded]) -> Option<Line> {
         .max_by_key(|r| r.channels.unwrap_or(0))?;
     let base = e.rows.iter().find(|r| table1(r, "baseline"))?;
     let ch = best.channels.unwrap_or(1);
+    let (a, b) = (stat(best.gbps)?, stat(base.gbps)?);
+    let on = format!(
+        "relocation on {ch} channel{}",
+        if ch == 1 { "" } else { "s" }
+    );
     let mut l = ratio_line(
         "migrate",
-        (stat(best.gbps)?, stat(base.gbps)?),
-        |r, a, b| {
-            format!(
-                "{r:.2}x: relocation on {ch} channel{} {:.2} vs baseline {:.2} GB/s",
-                if ch == 1 { "" } else { "s" },
-                a.mean,
-                b.mean
-            )
-        },
+        (a, b),
+        [(&on, a), ("baseline", b)],
+        GBPS,
         best.of_limit,
         || limit_reason(e, best),
     );

@@ -3,7 +3,7 @@
 //! (`foliokit_lab::copy_clear`).
 
 use clap::Args;
-use foliokit::{ClearStrategy, CopyStrategy};
+use foliokit::strategy::Selection;
 use foliokit_lab::copy_clear::{self, ClearBench, CopyBench, FolioOp, Row, StrategyPlan};
 use foliokit_lab::measure::{CacheMode, Stats};
 
@@ -57,48 +57,48 @@ fn plan(c: &BenchArgs, cache: CacheMode) -> StrategyPlan {
     }
 }
 
-/// Runs `op` on the shared options and prints its report.
-fn measure<O: FolioOp>(op: &O, c: &BenchArgs, cache: CacheMode) -> Result<(), CliError> {
+/// Runs the bench `make` builds from the selected strategies, on the
+/// shared options, and prints its report (`-f help` prints the strategies
+/// instead).
+fn measure<O: FolioOp>(
+    c: &BenchArgs,
+    cache: CacheMode,
+    make: impl FnOnce(Selection<O::S>) -> O,
+) -> Result<(), CliError> {
+    let Some(selection) = select::<O::S>(&c.function)? else {
+        return Ok(());
+    };
+    let op = make(selection);
     super::show(
-        copy_clear::run(op, &plan(c, cache), &super::bars())?,
+        copy_clear::run(&op, &plan(c, cache), &super::bars())?,
         c.format,
     )
 }
 
-/// Runs the copy experiment and prints its report (`-f help` prints the
-/// strategies instead).
+/// `bench copy`: the source is evicted unless `--hot`.
 pub fn copy(a: CopyArgs) -> Result<(), CliError> {
-    let Some(selection) = select::<CopyStrategy>(&a.common.function)? else {
-        return Ok(());
-    };
     let cache = if a.hot {
         CacheMode::Hot
     } else {
         CacheMode::Evict
     };
-    let op = CopyBench {
+    measure(&a.common, cache, |selection| CopyBench {
         selection,
         mc: a.mc,
-    };
-    measure(&op, &a.common, cache)
+    })
 }
 
-/// Runs the clear experiment and prints its report (`-f help` prints the
-/// strategies instead).
+/// `bench clear`: the destination stays in cache unless `--evict`.
 pub fn clear(a: ClearArgs) -> Result<(), CliError> {
-    let Some(selection) = select::<ClearStrategy>(&a.common.function)? else {
-        return Ok(());
-    };
     let cache = if a.evict {
         CacheMode::Evict
     } else {
         CacheMode::Hot
     };
-    let op = ClearBench {
+    measure(&a.common, cache, |selection| ClearBench {
         selection,
         hint_page: a.hint_page,
-    };
-    measure(&op, &a.common, cache)
+    })
 }
 
 impl TableRow for Row {
