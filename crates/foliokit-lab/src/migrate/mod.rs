@@ -555,6 +555,24 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
         let r = runs(src, &mut scratch, dir, o, a.loops, &tick)?;
         Ok(row(table, dir_label, function, folio, o, r, obtained))
     };
+    // Tables 1 and 2: the main direction.
+    let mut main_row = |table: u8,
+                        function: &str,
+                        folio: usize,
+                        src: &mut Region,
+                        obtained: &str,
+                        o: &MigrateOptions| {
+        measure(
+            table,
+            main_dir,
+            &main_label,
+            function,
+            folio,
+            src,
+            obtained,
+            o,
+        )
+    };
     let base = MigrateOptions::default().path(a.path);
     let label = path_label(a.path);
 
@@ -573,16 +591,7 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
                 .strategy(CopyStrategy::PerPage)
                 .batch_pages(batch)
                 .folio_size(folio);
-            let baseline = measure(
-                1,
-                main_dir,
-                &main_label,
-                "baseline",
-                folio,
-                &mut src,
-                &obtained,
-                &o,
-            )?;
+            let baseline = main_row(1, "baseline", folio, &mut src, &obtained, &o)?;
             let bmed = baseline.gbps.map(|g| g.median);
             report.rows.push(MigrateRow {
                 speedup: bmed.map(|_| 1.0),
@@ -590,16 +599,7 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
             });
             for &c in &channels {
                 let o = base.channels(c).batch_pages(batch).folio_size(folio);
-                let mut r = measure(
-                    1,
-                    main_dir,
-                    &main_label,
-                    label,
-                    folio,
-                    &mut src,
-                    &obtained,
-                    &o,
-                )?;
+                let mut r = main_row(1, label, folio, &mut src, &obtained, &o)?;
                 r.speedup = r.gbps.zip(bmed).map(|(g, b)| g.median / b);
                 report.rows.push(r);
             }
@@ -616,16 +616,7 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
             let mut first_gbps = None;
             for &b in &batches {
                 let o = base.channels(c).batch_pages(b);
-                let mut r = measure(
-                    2,
-                    main_dir,
-                    &main_label,
-                    label,
-                    folio,
-                    &mut src,
-                    &obtained,
-                    &o,
-                )?;
+                let mut r = main_row(2, label, folio, &mut src, &obtained, &o)?;
                 first_gbps = first_gbps.or(r.gbps.map(|g| g.median));
                 r.speedup = r.gbps.zip(first_gbps).map(|(g, f)| g.median / f);
                 report.rows.push(r);
@@ -635,16 +626,7 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
                     .channels(c)
                     .batch_pages(512)
                     .latency_budget(Some(budget));
-                let mut r = measure(
-                    2,
-                    main_dir,
-                    &main_label,
-                    "budget",
-                    folio,
-                    &mut src,
-                    &obtained,
-                    &o,
-                )?;
+                let mut r = main_row(2, "budget", folio, &mut src, &obtained, &o)?;
                 r.note = Some(format!(
                     "budget {:.0} µs; batch settled at {} pages",
                     budget.as_secs_f64() * 1e6,
