@@ -75,14 +75,18 @@ fn measure<O: FolioOp>(
     )
 }
 
+/// Evict before every loop, or leave the buffers hot.
+fn cache(evict: bool) -> CacheMode {
+    if evict {
+        CacheMode::Evict
+    } else {
+        CacheMode::Hot
+    }
+}
+
 /// `bench copy`: the source is evicted unless `--hot`.
 pub fn copy(a: CopyArgs) -> Result<(), CliError> {
-    let cache = if a.hot {
-        CacheMode::Hot
-    } else {
-        CacheMode::Evict
-    };
-    measure(&a.common, cache, |selection| CopyBench {
+    measure(&a.common, cache(!a.hot), |selection| CopyBench {
         selection,
         mc: a.mc,
     })
@@ -90,12 +94,7 @@ pub fn copy(a: CopyArgs) -> Result<(), CliError> {
 
 /// `bench clear`: the destination stays in cache unless `--evict`.
 pub fn clear(a: ClearArgs) -> Result<(), CliError> {
-    let cache = if a.evict {
-        CacheMode::Evict
-    } else {
-        CacheMode::Hot
-    };
-    measure(&a.common, cache, |selection| ClearBench {
+    measure(&a.common, cache(a.evict), |selection| ClearBench {
         selection,
         hint_page: a.hint_page,
     })
