@@ -18,6 +18,7 @@
 //!
 //! Around them:
 //!
+//! - [`runner`]: the lab run, every step's plan at each scale;
 //! - [`schema`]: the one result schema (reports, rows read back, a lab's
 //!   results.json) that writers, the summary and `compare` share;
 //! - [`seeds`]: the seeds' published figures, from `seeds.json`;
@@ -25,6 +26,8 @@
 //! - [`measure`]: the interleaved runner, statistics, same-run limits and
 //!   the per-operation measurement of copy and clear strategies;
 //! - [`prepare`]: shape checks, mTHP for a row, counted backing;
+//! - [`progress`] and [`units`]: how experiments report progress, and the
+//!   byte sizes they print;
 //! - [`probe`]: the read / streaming-write kernels the limits run;
 //! - [`calibrate`]: measures a calibration profile (the profile types, and
 //!   how `auto` reads one, stay in [`foliokit::tune`]);
