@@ -75,7 +75,7 @@ fn plotted<R: TableRow>(
 fn strategies<O: FolioOp>(
     step: &Step,
     op: &O,
-    plan: &StrategyPlan,
+    plan: &StrategyPlan<O::S>,
     bars: &Bars,
 ) -> Result<Entry, CliError> {
     let r = shown(copy_clear::run(op, plan, bars)?);

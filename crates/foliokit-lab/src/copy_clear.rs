@@ -383,7 +383,9 @@ impl StrategyTables {
 
 /// The shape of a copy or clear run, whatever the operation.
 #[derive(Debug, Clone)]
-pub struct StrategyPlan {
+pub struct StrategyPlan<S> {
+    /// The strategies to run (and those `all` skipped).
+    pub selection: Selection<S>,
     /// Bytes per loop.
     pub size: usize,
     pub folio_sizes: Vec<usize>,
@@ -409,16 +411,14 @@ pub trait FolioOp {
     const BASELINE: Self::S;
     /// Buffers of `size` bytes the run needs (memory check).
     const BUFFERS: usize;
-    /// The strategies the user selected.
-    fn selection(&self) -> &Selection<Self::S>;
     /// Options the shape check does not cover.
-    fn check(&self, _p: &StrategyPlan) -> Result<(), LabError> {
+    fn check(&self, _p: &StrategyPlan<Self::S>) -> Result<(), LabError> {
         Ok(())
     }
-    fn title(&self, p: &StrategyPlan) -> String;
-    fn params(&self, p: &StrategyPlan) -> Value;
+    fn title(&self, p: &StrategyPlan<Self::S>) -> String;
+    fn params(&self, p: &StrategyPlan<Self::S>) -> Value;
     /// Notes known before anything runs.
-    fn notes(&self, p: &StrategyPlan) -> Vec<String>;
+    fn notes(&self, p: &StrategyPlan<Self::S>) -> Vec<String>;
     /// Allocates (and fills) the buffers for `folio`-sized rows.
     fn alloc(&self, size: usize, folio: usize) -> Result<Self::Buffers, LabError>;
     /// Each buffer's name and backing.
@@ -430,18 +430,19 @@ pub trait FolioOp {
     /// What is measured on one channel count (a strategy, or a copy
     /// strategy plain or mc).
     type Cand;
-    /// The candidates that run on `channels` channels.
-    fn on(&self, channels: usize) -> Vec<Self::Cand>;
-    /// Measures the candidates that run on `plan.channels` channels.
+    /// The candidates of `selection` that run on `channels` channels.
+    fn on(&self, selection: &Selection<Self::S>, channels: usize) -> Vec<Self::Cand>;
+    /// Measures `cands` on `plan.channels` channels.
     fn measure(
         &self,
         b: &mut Self::Buffers,
+        cands: &[Self::Cand],
         plan: &Plan,
         tick: &mut dyn FnMut(),
     ) -> Result<Measurement, MeasureError>;
     /// The operation's own lines, after the rows and before the shared
     /// footer.
-    fn conclude(&self, _report: &mut Report<Row>, _p: &StrategyPlan) {}
+    fn conclude(&self, _report: &mut Report<Row>, _p: &StrategyPlan<Self::S>) {}
     /// The seed's figure, quoted under the table.
     fn seed_line(&self) -> String;
 }
@@ -449,13 +450,13 @@ pub trait FolioOp {
 /// Runs `op` over every folio size and channel count of `p`.
 pub fn run<O: FolioOp>(
     op: &O,
-    p: &StrategyPlan,
+    p: &StrategyPlan<O::S>,
     progress: &dyn Progress,
 ) -> Result<Report<Row>, LabError> {
     check_shape(p.size, &p.folio_sizes, O::BUFFERS)?;
     op.check(p)?;
     let mut report = Report::<Row>::new(O::OP, op.title(p), op.params(p));
-    let mut tables = StrategyTables::new(op.selection(), O::BASELINE, &mut report);
+    let mut tables = StrategyTables::new(&p.selection, O::BASELINE, &mut report);
     report.notes.extend(op.notes(p));
     for &folio in &p.folio_sizes {
         let (mut bufs, note) = with_mthp(folio, || op.alloc(p.size, folio))?;
@@ -473,9 +474,10 @@ pub fn run<O: FolioOp>(
                 channels: t,
                 limits: p.limits,
             };
-            let steps = (op.on(t).len() + 3 * usize::from(plan.limits)) * (plan.loops + 1);
+            let cands = op.on(&p.selection, t);
+            let steps = (cands.len() + 3 * usize::from(plan.limits)) * (plan.loops + 1);
             progress.begin(steps, &format!("{} {} x{t}", O::OP, show_size(folio)));
-            let m = op.measure(&mut bufs, &plan, &mut || progress.tick())?;
+            let m = op.measure(&mut bufs, &cands, &plan, &mut || progress.tick())?;
             progress.end();
             tables.add(&mut report, &m, folio, t);
         }
@@ -488,15 +490,14 @@ pub fn run<O: FolioOp>(
 
 /// Seed 000: folio copies, plain and (with `mc`) machine-check-safe.
 pub struct CopyBench {
-    pub selection: Selection<CopyStrategy>,
     /// Also measure each strategy's `-mc` variant where one exists.
     pub mc: bool,
 }
 
 impl CopyBench {
-    fn all_candidates(&self) -> Vec<CopyCandidate> {
+    fn all_candidates(&self, selection: &Selection<CopyStrategy>) -> Vec<CopyCandidate> {
         let mut out = Vec::new();
-        for &s in &self.selection.run {
+        for &s in &selection.run {
             out.push(CopyCandidate::plain(s));
             if self.mc && s.has_mc() {
                 out.push(CopyCandidate::mc(s));
@@ -514,20 +515,16 @@ impl FolioOp for CopyBench {
     const BASELINE: CopyStrategy = CopyStrategy::PerPage;
     const BUFFERS: usize = 2;
 
-    fn selection(&self) -> &Selection<CopyStrategy> {
-        &self.selection
-    }
-
     /// The candidates on `channels` channels: mc variants keep their fault
     /// record per thread, so they run on one.
-    fn on(&self, channels: usize) -> Vec<CopyCandidate> {
-        self.all_candidates()
+    fn on(&self, selection: &Selection<CopyStrategy>, channels: usize) -> Vec<CopyCandidate> {
+        self.all_candidates(selection)
             .into_iter()
             .filter(|x| channels == 1 || !x.mc)
             .collect()
     }
 
-    fn title(&self, p: &StrategyPlan) -> String {
+    fn title(&self, p: &StrategyPlan<Self::S>) -> String {
         format!(
             "copy: {} per loop, {}, {} loops after a verified warm-up",
             show_size(p.size),
@@ -539,22 +536,22 @@ impl FolioOp for CopyBench {
         )
     }
 
-    fn params(&self, p: &StrategyPlan) -> Value {
+    fn params(&self, p: &StrategyPlan<Self::S>) -> Value {
         json!({
             "size": p.size, "folio_sizes": p.folio_sizes, "loops": p.loops,
             "cache": p.cache, "reuse": p.reuse, "mc": self.mc, "channels": p.channels,
-            "functions": self.selection.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            "functions": p.selection.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
         })
     }
 
-    fn notes(&self, p: &StrategyPlan) -> Vec<String> {
+    fn notes(&self, p: &StrategyPlan<Self::S>) -> Vec<String> {
         let mut notes = Vec::new();
         if self.mc && !p.channels.contains(&1) {
             notes.push("mc variants run on one channel only; add 1 to -t to measure them".into());
         }
         notes.extend(inline_note(p.size, &p.channels));
         if self.mc {
-            for s in self.selection.run.iter().filter(|s| !s.has_mc()) {
+            for s in p.selection.run.iter().filter(|s| !s.has_mc()) {
                 notes.push(format!("{} has no machine-check-safe variant", s.name()));
             }
         }
@@ -582,16 +579,17 @@ impl FolioOp for CopyBench {
     fn measure(
         &self,
         b: &mut Self::Buffers,
+        cands: &[Self::Cand],
         plan: &Plan,
         tick: &mut dyn FnMut(),
     ) -> Result<Measurement, MeasureError> {
-        measure_copy(&b.0, &mut b.1, &self.on(plan.channels), plan, tick)
+        measure_copy(&b.0, &mut b.1, cands, plan, tick)
     }
 
     /// What spreading a batch across channels buys over the platform
     /// memcpy on one thread: the comparison a user deciding on channels
     /// wants.
-    fn conclude(&self, report: &mut Report<Row>, p: &StrategyPlan) {
+    fn conclude(&self, report: &mut Report<Row>, p: &StrategyPlan<Self::S>) {
         let median = |f: &str, folio: usize, t: usize| {
             report
                 .rows
@@ -628,7 +626,6 @@ impl FolioOp for CopyBench {
 
 /// Seed 002 in user space: clearing folios, butterfly order and the rest.
 pub struct ClearBench {
-    pub selection: Selection<ClearStrategy>,
     /// Page index within each folio that butterfly converges on.
     pub hint_page: usize,
 }
@@ -641,14 +638,10 @@ impl FolioOp for ClearBench {
     const BASELINE: ClearStrategy = ClearStrategy::Butterfly;
     const BUFFERS: usize = 1;
 
-    fn selection(&self) -> &Selection<ClearStrategy> {
-        &self.selection
-    }
-
     /// Butterfly clears page by page around its hint: it runs on one
     /// channel only.
-    fn on(&self, channels: usize) -> Vec<ClearStrategy> {
-        self.selection
+    fn on(&self, selection: &Selection<ClearStrategy>, channels: usize) -> Vec<ClearStrategy> {
+        selection
             .run
             .iter()
             .copied()
@@ -656,7 +649,7 @@ impl FolioOp for ClearBench {
             .collect()
     }
 
-    fn check(&self, p: &StrategyPlan) -> Result<(), LabError> {
+    fn check(&self, p: &StrategyPlan<Self::S>) -> Result<(), LabError> {
         let page = foliokit::batch::page_size();
         match p.folio_sizes.iter().find(|&&f| self.hint_page >= f / page) {
             Some(&folio) => Err(format!(
@@ -670,7 +663,7 @@ impl FolioOp for ClearBench {
         }
     }
 
-    fn title(&self, p: &StrategyPlan) -> String {
+    fn title(&self, p: &StrategyPlan<Self::S>) -> String {
         format!(
             "clear: {} per loop, {}, butterfly converges on page {}, {} loops after a verified warm-up",
             show_size(p.size),
@@ -683,15 +676,15 @@ impl FolioOp for ClearBench {
         )
     }
 
-    fn params(&self, p: &StrategyPlan) -> Value {
+    fn params(&self, p: &StrategyPlan<Self::S>) -> Value {
         json!({
             "size": p.size, "folio_sizes": p.folio_sizes, "loops": p.loops,
             "cache": p.cache, "reuse": p.reuse, "hint_page": self.hint_page,
-            "functions": self.selection.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            "functions": p.selection.run.iter().map(|s| s.name()).collect::<Vec<_>>(),
         })
     }
 
-    fn notes(&self, p: &StrategyPlan) -> Vec<String> {
+    fn notes(&self, p: &StrategyPlan<Self::S>) -> Vec<String> {
         inline_note(p.size, &p.channels).into_iter().collect()
     }
 
@@ -710,6 +703,7 @@ impl FolioOp for ClearBench {
     fn measure(
         &self,
         b: &mut Self::Buffers,
+        cands: &[Self::Cand],
         plan: &Plan,
         tick: &mut dyn FnMut(),
     ) -> Result<Measurement, MeasureError> {
@@ -717,12 +711,11 @@ impl FolioOp for ClearBench {
             hint_page: self.hint_page,
             ..*plan
         };
-        measure_clear(b, &self.on(plan.channels), &plan, tick)
+        measure_clear(b, cands, &plan, tick)
     }
 
-    fn conclude(&self, report: &mut Report<Row>, p: &StrategyPlan) {
-        if p.channels.iter().any(|&t| t > 1)
-            && self.selection.run.contains(&ClearStrategy::Butterfly)
+    fn conclude(&self, report: &mut Report<Row>, p: &StrategyPlan<Self::S>) {
+        if p.channels.iter().any(|&t| t > 1) && p.selection.run.contains(&ClearStrategy::Butterfly)
         {
             report.notes.push(
                 "butterfly runs on one channel only: it clears page by page around a hint page"

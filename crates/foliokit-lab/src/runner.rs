@@ -3,7 +3,7 @@
 //! `foliokit lab` are decided; the CLI runs the steps in order, renders
 //! each and keeps the results.
 
-use foliokit::strategy::parse_list;
+use foliokit::strategy::{parse_list, Strategy};
 use foliokit::{ClearStrategy, CopyStrategy, Reuse};
 use std::time::Duration;
 
@@ -44,8 +44,8 @@ impl Scale {
 
 /// One experiment of the lab, planned.
 pub enum Experiment {
-    Copy(CopyBench, StrategyPlan),
-    Clear(ClearBench, StrategyPlan),
+    Copy(CopyBench, StrategyPlan<CopyStrategy>),
+    Clear(ClearBench, StrategyPlan<ClearStrategy>),
     Fault(FaultPlan),
     Init(InitPlan),
     Migrate(MigratePlan),
@@ -62,6 +62,32 @@ pub struct Step {
     pub experiment: Experiment,
 }
 
+/// Folio sizes, channel counts and cache mode of a copy or clear step.
+struct Shape {
+    folios: Vec<usize>,
+    channels: Vec<usize>,
+    cache: CacheMode,
+}
+
+/// A copy or clear plan for the strategies `spec` names.
+fn strategy_plan<S: Strategy>(
+    spec: &str,
+    size: usize,
+    loops: usize,
+    shape: Shape,
+) -> Result<StrategyPlan<S>, LabError> {
+    Ok(StrategyPlan {
+        selection: parse_list::<S>(spec)?,
+        size,
+        folio_sizes: shape.folios,
+        loops,
+        channels: shape.channels,
+        reuse: Reuse::Reread,
+        limits: true,
+        cache: shape.cache,
+    })
+}
+
 /// The lab's steps at `scale`, with `available` bytes of memory free;
 /// `notes` says where a seed's size had to be scaled down.
 pub fn steps(
@@ -74,27 +100,10 @@ pub fn steps(
         Scale::Quick => (256 * M, vec![4 * K, 64 * K, 2 * M], 3),
         Scale::Full => (G, vec![4 * K, 16 * K, 64 * K, 256 * K, M, 2 * M, G], 5),
     };
-    // Seed 000's method: the source is evicted before every loop.
-    let strategies = |folios: &[usize], channels: &[usize], cache| StrategyPlan {
-        size,
-        folio_sizes: folios.to_vec(),
-        loops,
+    let strategies = |folios: &[usize], channels: &[usize], cache| Shape {
+        folios: folios.to_vec(),
         channels: channels.to_vec(),
-        reuse: Reuse::Reread,
-        limits: true,
         cache,
-    };
-    let copy = CopyBench {
-        selection: parse_list::<CopyStrategy>("all")?,
-        mc: false,
-    };
-    let copy_mc = CopyBench {
-        selection: parse_list::<CopyStrategy>("movsb,avx2,nt,auto")?,
-        mc: true,
-    };
-    let clear = ClearBench {
-        selection: parse_list::<ClearStrategy>("all")?,
-        hint_page: 0,
     };
     let fault_size = match scale {
         Scale::Smoke => 64 * M,
@@ -155,19 +164,44 @@ pub fn steps(
             "copy",
             "Folio copy (seed 000)",
             "000",
-            Experiment::Copy(copy, strategies(&folios, &[1, 2], CacheMode::Evict)),
+            // Seed 000's method: the source is evicted before every loop.
+            Experiment::Copy(
+                CopyBench { mc: false },
+                strategy_plan(
+                    "all",
+                    size,
+                    loops,
+                    strategies(&folios, &[1, 2], CacheMode::Evict),
+                )?,
+            ),
         ),
         step(
             "copy-mc",
             "Machine-check-safe copy (seed 000)",
             "000",
-            Experiment::Copy(copy_mc, strategies(&[2 * M], &[1], CacheMode::Evict)),
+            Experiment::Copy(
+                CopyBench { mc: true },
+                strategy_plan(
+                    "movsb,avx2,nt,auto",
+                    size,
+                    loops,
+                    strategies(&[2 * M], &[1], CacheMode::Evict),
+                )?,
+            ),
         ),
         step(
             "clear",
             "Huge-page clearing (seed 002)",
             "002",
-            Experiment::Clear(clear, strategies(&folios, &[1, 2], CacheMode::Hot)),
+            Experiment::Clear(
+                ClearBench { hint_page: 0 },
+                strategy_plan(
+                    "all",
+                    size,
+                    loops,
+                    strategies(&folios, &[1, 2], CacheMode::Hot),
+                )?,
+            ),
         ),
         step(
             "fault",

@@ -3,7 +3,6 @@
 //! (`foliokit_lab::copy_clear`).
 
 use clap::Args;
-use foliokit::strategy::Selection;
 use foliokit_lab::copy_clear::{self, ClearBench, CopyBench, FolioOp, Row, StrategyPlan};
 use foliokit_lab::measure::{CacheMode, Stats};
 
@@ -44,60 +43,40 @@ pub struct ClearArgs {
     pub hint_page: usize,
 }
 
-/// The plan both operations take from the shared options.
-fn plan(c: &BenchArgs, cache: CacheMode) -> StrategyPlan {
-    StrategyPlan {
+/// Runs `op` on the strategies and shape the shared options name, and
+/// prints its report (`-f help` prints the strategies instead).
+fn measure<O: FolioOp>(op: O, c: &BenchArgs, evict: bool) -> Result<(), CliError> {
+    let Some(selection) = select::<O::S>(&c.function)? else {
+        return Ok(());
+    };
+    let plan = StrategyPlan {
+        selection,
         size: c.size,
         folio_sizes: c.page.clone(),
         loops: c.loops as usize,
         channels: c.channels.iter().map(|&t| t as usize).collect(),
         reuse: c.reuse.into(),
         limits: !c.no_limits,
-        cache,
-    }
-}
-
-/// Runs the bench `make` builds from the selected strategies, on the
-/// shared options, and prints its report (`-f help` prints the strategies
-/// instead).
-fn measure<O: FolioOp>(
-    c: &BenchArgs,
-    cache: CacheMode,
-    make: impl FnOnce(Selection<O::S>) -> O,
-) -> Result<(), CliError> {
-    let Some(selection) = select::<O::S>(&c.function)? else {
-        return Ok(());
+        cache: if evict {
+            CacheMode::Evict
+        } else {
+            CacheMode::Hot
+        },
     };
-    let op = make(selection);
-    super::show(
-        copy_clear::run(&op, &plan(c, cache), &super::bars())?,
-        c.format,
-    )
-}
-
-/// Evict before every loop, or leave the buffers hot.
-fn cache(evict: bool) -> CacheMode {
-    if evict {
-        CacheMode::Evict
-    } else {
-        CacheMode::Hot
-    }
+    super::show(copy_clear::run(&op, &plan, &super::bars())?, c.format)
 }
 
 /// `bench copy`: the source is evicted unless `--hot`.
 pub fn copy(a: CopyArgs) -> Result<(), CliError> {
-    measure(&a.common, cache(!a.hot), |selection| CopyBench {
-        selection,
-        mc: a.mc,
-    })
+    measure(CopyBench { mc: a.mc }, &a.common, !a.hot)
 }
 
 /// `bench clear`: the destination stays in cache unless `--evict`.
 pub fn clear(a: ClearArgs) -> Result<(), CliError> {
-    measure(&a.common, cache(a.evict), |selection| ClearBench {
-        selection,
+    let op = ClearBench {
         hint_page: a.hint_page,
-    })
+    };
+    measure(op, &a.common, a.evict)
 }
 
 impl TableRow for Row {
