@@ -29,25 +29,7 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
-/// Formats bytes the way the options take them.
-pub fn show_size(bytes: usize) -> String {
-    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
-}
-
-/// Bytes to read, not to type: "23.1G" for quantities that are not round.
-pub fn approx_size(bytes: usize) -> String {
-    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift {
-            return format!("{:.1}{unit}", bytes as f64 / (1u64 << shift) as f64);
-        }
-    }
-    format!("{bytes}B")
-}
+pub use foliokit_lab::units::{approx_size, show_size};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -118,9 +100,5 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("x").is_err());
         assert!(parse_size("99999999999T").is_err());
-        assert_eq!(show_size(2 << 20), "2M");
-        assert_eq!(show_size(1000), "1000");
-        assert_eq!(approx_size(24_268_680 << 10), "23.1G");
-        assert_eq!(approx_size(1536), "1.5K");
     }
 }

@@ -6,15 +6,16 @@
 //! across machines or kernels a ratio compares them, not the code.
 
 use clap::Args;
-use serde::Serialize;
-use serde_json::{json, Value};
+use foliokit_lab::schema::{LabResults, Loaded, MachineFacts, ResultRow};
+use foliokit_lab::summary;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::args::{show_size, Format};
+use crate::args::Format;
 use crate::plots::{self, Frame, Point, Series};
 use crate::report::escape;
-use crate::summary;
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -30,30 +31,19 @@ pub struct CompareArgs {
     pub format: Format,
 }
 
-/// The fields that tell rows apart, in the order they are shown.
-const KEYS: &[&str] = &[
-    "table",
-    "function",
-    "folio_size",
-    "channels",
-    "batch_pages",
-    "record_size",
-    "alignment",
-];
-
-/// The measurement compared, by preference, and whether higher is better.
-const METRICS: &[(&str, bool, &str)] = &[
-    ("gbps", true, "GB/s"),
-    ("rebind_ms", false, "ms"),
-    ("secs", false, "s"),
-    ("total_ms", false, "ms"),
-];
-
 /// One run: where it came from, its machine and its experiments.
 struct Run {
     name: String,
-    machine: Value,
-    experiments: Vec<Value>,
+    machine: MachineFacts,
+    experiments: Vec<Loaded>,
+}
+
+/// What a results file holds: a lab's results.json or one bench's JSON.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ResultsFile {
+    Lab(LabResults),
+    Bench(Loaded),
 }
 
 fn load(given: &Path) -> Result<Run, CliError> {
@@ -65,12 +55,13 @@ fn load(given: &Path) -> Result<Run, CliError> {
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let v: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
-    let experiments = match (&v["experiments"], &v["experiment"]) {
-        (Value::Array(a), _) => a.clone(),
-        (_, Value::String(_)) => vec![v.clone()],
-        _ => {
+    // Not JSON at all is said as such; JSON of neither shape below.
+    serde_json::from_str::<serde::de::IgnoredAny>(&text)
+        .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    let (machine, experiments) = match serde_json::from_str::<ResultsFile>(&text) {
+        Ok(ResultsFile::Lab(l)) => (l.machine, l.experiments),
+        Ok(ResultsFile::Bench(b)) => (b.machine.clone(), vec![b]),
+        Err(_) => {
             return Err(format!(
                 "{} is neither a lab's results.json nor a bench's JSON (no \"experiments\" or \"experiment\")",
                 path.display()
@@ -80,7 +71,7 @@ fn load(given: &Path) -> Result<Run, CliError> {
     };
     if !experiments
         .iter()
-        .any(|e| rows(e).iter().any(|r| measure(r).is_some()))
+        .any(|e| e.rows.iter().any(|r| r.metric().is_some()))
     {
         return Err(format!(
             "{} holds no rows with a measurement: nothing to compare",
@@ -88,11 +79,12 @@ fn load(given: &Path) -> Result<Run, CliError> {
         )
         .into());
     }
-    let machine = match &v["machine"] {
-        Value::Null => experiments
-            .first()
-            .map_or(Value::Null, |e| e["machine"].clone()),
-        m => m.clone(),
+    // A lab file names its machine once; a file that does not takes its
+    // first experiment's.
+    let machine = if machine.is_known() {
+        machine
+    } else {
+        experiments.first().map_or(machine, |e| e.machine.clone())
     };
     Ok(Run {
         name: path.display().to_string(),
@@ -102,27 +94,15 @@ fn load(given: &Path) -> Result<Run, CliError> {
 }
 
 /// A row's identity inside its experiment, e.g. "t1 relocate 2M ch2".
-fn row_key(r: &Value) -> Vec<(&'static str, String)> {
-    KEYS.iter()
-        .filter_map(|&k| match &r[k] {
-            Value::Null => None,
-            Value::Number(n) if k.ends_with("_size") => {
-                Some((k, show_size(n.as_u64().unwrap_or(0) as usize)))
-            }
-            Value::String(s) => Some((k, s.clone())),
-            v => Some((k, v.to_string())),
-        })
-        .collect()
-}
-
-fn label(key: &[(&str, String)]) -> String {
-    key.iter()
-        .map(|(k, v)| match *k {
+fn label(r: &ResultRow) -> String {
+    r.identity()
+        .into_iter()
+        .map(|(k, v)| match k {
             "table" => format!("t{v}"),
             "channels" => format!("ch{v}"),
             "batch_pages" => format!("batch {v}"),
             "record_size" => format!("{v} records"),
-            _ => v.clone(),
+            _ => v,
         })
         .collect::<Vec<_>>()
         .join(" ")
@@ -135,20 +115,19 @@ struct Measure {
     runs: u64,
 }
 
-fn measure(r: &Value) -> Option<(&'static str, bool, Measure)> {
-    METRICS.iter().find_map(|&(field, higher, unit)| {
-        let s = &r[field];
-        Some((
-            unit,
-            higher,
-            Measure {
-                // Medians, as the tables, plots and summary show.
-                mean: s["median"].as_f64().or_else(|| s["mean"].as_f64())?,
-                sd: s["stdev"].as_f64()?,
-                runs: s["runs"].as_u64().unwrap_or(1),
-            },
-        ))
-    })
+/// The row's measurement: its median (as the tables, plots and summary
+/// show), spread and runs, with the unit and which way is better.
+fn measure(r: &ResultRow) -> Option<(&'static str, bool, Measure)> {
+    let m = r.metric()?;
+    Some((
+        m.unit,
+        m.higher_is_better,
+        Measure {
+            mean: m.stats.median,
+            sd: m.stats.stdev,
+            runs: m.stats.runs as u64,
+        },
+    ))
 }
 
 /// What a later run's row says against the reference's.
@@ -189,22 +168,18 @@ struct Matched {
     changes: Vec<Option<Change>>,
 }
 
-fn rows(e: &Value) -> &[Value] {
-    e["rows"].as_array().map_or(&[], Vec::as_slice)
-}
-
 /// Every row of the reference, matched in the other runs; then the rows
 /// only later runs have.
 fn matched(runs: &[Run]) -> Vec<Matched> {
     let mut out: Vec<Matched> = Vec::new();
     for run in runs {
         for e in &run.experiments {
-            let exp = summary::key(e);
-            for r in rows(e) {
+            let exp = e.key();
+            for r in &e.rows {
                 let Some((unit, higher, _)) = measure(r) else {
                     continue;
                 };
-                let row = label(&row_key(r));
+                let row = label(r);
                 if out.iter().any(|m| m.experiment == exp && m.row == row) {
                     continue;
                 }
@@ -214,9 +189,9 @@ fn matched(runs: &[Run]) -> Vec<Matched> {
                         other
                             .experiments
                             .iter()
-                            .filter(|o| summary::key(o) == exp)
-                            .flat_map(rows)
-                            .find(|o| label(&row_key(o)) == row)
+                            .filter(|o| o.key() == exp)
+                            .flat_map(|o| &o.rows)
+                            .find(|o| label(o) == row)
                             .and_then(measure)
                             .map(|m| m.2)
                     })
@@ -245,28 +220,10 @@ fn matched(runs: &[Run]) -> Vec<Matched> {
 
 /// The machine facts that make a ratio compare machines rather than code.
 fn machine_diffs(runs: &[Run]) -> Vec<String> {
-    let facts: &[(&str, &[&str])] = &[
-        ("CPU", &["cpu", "model"]),
-        ("logical CPUs", &["cpu", "logical_cpus"]),
-        ("kernel", &["system", "kernel"]),
-        ("guest", &["guest", "accel"]),
-        ("NUMA nodes", &["system", "numa_nodes"]),
-        ("THP", &["system", "thp", "enabled"]),
-        ("calibration", &["profile", "note"]),
-    ];
+    let facts: Vec<Vec<(&str, String)>> = runs.iter().map(|r| r.machine.facts()).collect();
     let mut out = Vec::new();
-    for (name, path) in facts {
-        let vals: Vec<String> = runs
-            .iter()
-            .map(|r| {
-                let v = path.iter().fold(&r.machine, |v, k| &v[*k]);
-                match v {
-                    Value::String(s) => s.clone(),
-                    Value::Null => "?".into(),
-                    v => v.to_string(),
-                }
-            })
-            .collect();
+    for (i, (name, _)) in facts[0].iter().enumerate() {
+        let vals: Vec<&str> = facts.iter().map(|f| f[i].1.as_str()).collect();
         if vals.iter().any(|v| v != &vals[0]) {
             out.push(format!("{name}: {}", vals.join(" | ")));
         }
@@ -489,8 +446,8 @@ fn page(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
                 out,
                 "<tr><td>{}</td><td>{}</td><td>{}</td>",
                 l.seed,
-                escape(l.what),
-                escape(l.seed_figure)
+                escape(&l.what),
+                escape(&l.seed_figure)
             );
             for s in &sums {
                 let ours = s.iter().find(|x| x.what == l.what);

@@ -40,7 +40,7 @@ impl Drop for Restore {
     fn drop(&mut self) {
         let _ = std::fs::write(self.kdamonds.join("0/state"), "off");
         let _ = std::fs::write(self.kdamonds.join("nr_kdamonds"), "0");
-        crate::bench::restore_on_interrupt(Vec::new());
+        foliokit_lab::mthp::restore_on_interrupt(Vec::new());
     }
 }
 
@@ -80,7 +80,7 @@ pub fn cold_regions(
         .into());
     }
     // From here DAMON is ours until the guard drops.
-    crate::bench::restore_on_interrupt(vec![
+    foliokit_lab::mthp::restore_on_interrupt(vec![
         (kd.join("0/state"), "off".into()),
         (kd.join("nr_kdamonds"), "0".into()),
     ]);

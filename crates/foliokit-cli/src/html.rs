@@ -1,14 +1,28 @@
 //! The lab's self-contained index.html: machine summary, every table, the
 //! plots inline as SVG, and a self-check a headless browser can read.
 
+use serde_json::Value;
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::args::show_size;
-use crate::lab::Entry;
 use crate::machine::{flags_line, Machine};
 use crate::report::escape;
-use crate::summary::Line;
+use foliokit_lab::summary::Line;
+
+/// One experiment's outputs, whatever its row type.
+pub struct Entry {
+    pub key: &'static str,
+    pub heading: String,
+    pub seed: &'static str,
+    pub json: Value,
+    pub csv: String,
+    pub html_table: String,
+    /// The rows that matter, where the experiment names them.
+    pub key_table: Option<String>,
+    pub rows: usize,
+    pub plots: Vec<String>,
+}
 
 const STYLE: &str =
     "body{font-family:system-ui,sans-serif;margin:1.5rem auto;max-width:1100px;color:#222;font-size:17px}\
@@ -94,8 +108,8 @@ fn summary_table(lines: &[Line]) -> String {
             out,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{}</td></tr>",
             l.seed,
-            escape(l.what),
-            escape(l.seed_figure),
+            escape(&l.what),
+            escape(&l.seed_figure),
             escape(&l.ours),
             l.of_limit
                 .map_or("not measured".to_string(), |x| format!("{:.0}%", x * 100.0)),
@@ -138,7 +152,7 @@ pub fn page(
         out,
         "<h1>foliokit lab</h1><p>The seed experiments on this machine ({scale} run, {:.0} s). Ratios compare strategies measured in the same run; plots show mean ± stdev, hollow markers and outlined bars are rows whose stdev exceeds {:.0}% of the mean.</p>{SELFCHECK}",
         elapsed.as_secs_f64(),
-        crate::plots::NOISY_CV * 100.0
+        foliokit_lab::measure::NOISY_CV * 100.0
     );
     if let Some(e) = &m.emulated {
         let _ = write!(

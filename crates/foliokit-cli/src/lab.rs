@@ -3,16 +3,24 @@
 //! per table and a self-contained index.html with plots.
 
 use clap::Args;
-use serde_json::{json, Value};
+use foliokit::Strategy;
+use foliokit_lab::copy_clear::{self, FolioOp, Row, StrategyPlan};
+use foliokit_lab::runner::{self, Experiment, Scale, Step};
+use foliokit_lab::schema::{LabResults, Loaded};
+use foliokit_lab::summary::Line;
+use foliokit_lab::units::mem_available;
+use foliokit_lab::{fault, init, migrate, remap, restore, seeds};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::args::{show_size, BenchArgs, Format, ReuseArg};
-use crate::bench::{clear, copy, fault, init, migrate, mremap, restore};
-use crate::html;
+use crate::args::Format;
+use crate::bench::shown;
+use crate::html::{self, Entry};
 use crate::labplots;
-use crate::machine::{machine, mem_available};
-use crate::report::{Report, Row, TableRow};
+use crate::machine::machine;
+use crate::progress::Bars;
+use crate::report::{Render, Report, TableRow};
 use crate::summary;
 use crate::CliError;
 
@@ -35,40 +43,13 @@ pub struct LabArgs {
     pub guest: crate::guest::GuestArgs,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Scale {
-    Smoke,
-    Quick,
-    Full,
-}
-
-/// One experiment's outputs, whatever its row type.
-pub struct Entry {
-    pub key: &'static str,
-    pub heading: String,
-    pub seed: &'static str,
-    pub json: Value,
-    pub csv: String,
-    pub html_table: String,
-    /// The rows that matter, where the experiment names them.
-    pub key_table: Option<String>,
-    pub rows: usize,
-    pub plots: Vec<String>,
-}
-
-fn entry<R: TableRow>(
-    key: &'static str,
-    heading: &str,
-    seed: &'static str,
-    r: &Report<R>,
-    plots: Vec<String>,
-) -> Entry {
+fn entry<R: TableRow>(step: &Step, r: &Report<R>, plots: Vec<String>) -> Entry {
     print!("{}", r.render(Format::Table));
     println!();
     Entry {
-        key,
-        heading: heading.into(),
-        seed,
+        key: step.key,
+        heading: step.heading.into(),
+        seed: step.seed,
         json: r.to_json(),
         csv: r.render(Format::Csv),
         html_table: r.html_table(),
@@ -76,6 +57,45 @@ fn entry<R: TableRow>(
         rows: r.rows.len(),
         plots,
     }
+}
+
+/// An experiment's table with its one plot.
+fn plotted<R: TableRow>(
+    step: &Step,
+    r: foliokit_lab::schema::Report<R>,
+    plot: impl FnOnce(&Report<R>) -> String,
+) -> Entry {
+    let r = shown(r);
+    let p = plot(&r);
+    entry(step, &r, vec![p])
+}
+
+/// Copy or clear: the strategies' table, with the rows that matter and a
+/// plot for the full runs (the mc run has neither).
+fn strategies<O: FolioOp>(
+    step: &Step,
+    op: &O,
+    plan: &StrategyPlan<O::S>,
+    bars: &Bars,
+) -> Result<Entry, CliError> {
+    let r = shown(copy_clear::run(op, plan, bars)?);
+    if step.key == "copy-mc" {
+        return Ok(entry(step, &r, Vec::new()));
+    }
+    // Seed 002's clear figures are demand faults (clearing plus the
+    // fault): they are drawn on the fault plot, not here.
+    let (title, marks) = match O::OP {
+        "copy" => ("copy (source evicted)", seeds::marks("copy")),
+        _ => (O::OP, Vec::new()),
+    };
+    let marks: Vec<(usize, f64, String)> = marks
+        .into_iter()
+        .map(|(y, label)| (2 << 20, y, label))
+        .collect();
+    let plots = labplots::strategies(title, &r, &marks);
+    let mut e = entry(step, &r, plots);
+    e.key_table = Some(key_rows(&r, O::BASELINE.name()));
+    Ok(e)
 }
 
 /// Copy and clear: the baseline, auto and the best named strategy at each
@@ -92,23 +112,6 @@ fn key_rows(r: &Report<Row>, baseline: &str) -> String {
     };
     r.html_table_where(|x| x.function == baseline || x.function == "auto" || best(x))
 }
-
-fn bench(size: usize, pages: &[usize], function: &str, loops: u32, channels: &[u32]) -> BenchArgs {
-    BenchArgs {
-        size,
-        page: pages.to_vec(),
-        function: function.into(),
-        loops,
-        channels: channels.to_vec(),
-        reuse: ReuseArg::Reread,
-        no_limits: false,
-        format: Format::Table,
-    }
-}
-
-const K: usize = 1 << 10;
-const M: usize = 1 << 20;
-const G: usize = 1 << 30;
 
 pub fn run(a: LabArgs) -> Result<(), CliError> {
     if a.guest.kernel.is_some() {
@@ -167,229 +170,37 @@ pub fn run(a: LabArgs) -> Result<(), CliError> {
     })?;
     println!();
 
-    // Experiment sizes per scale.
-    let (copy_size, copy_pages, loops) = match scale {
-        Scale::Smoke => (16 * M, vec![4 * K, 2 * M], 1),
-        Scale::Quick => (256 * M, vec![4 * K, 64 * K, 2 * M], 3),
-        Scale::Full => (G, vec![4 * K, 16 * K, 64 * K, 256 * K, M, 2 * M, G], 5),
-    };
-
-    let r = copy::report(copy::CopyArgs {
-        common: bench(copy_size, &copy_pages, "all", loops, &[1, 2]),
-        evict: true,
-        hot: false,
-        mc: false,
-    })?
-    .ok_or("copy produced no report")?;
-    let p = labplots::strategies(
-        "copy (source evicted)",
-        &r,
-        &[
-            (2 * M, 18.65, "seed 000 (Zen 5), 2M per-page: 18.65"),
-            (2 * M, 38.03, "seed 000 (Zen 5), 2M one bulk copy: 38.03"),
-        ],
-    );
-    let mut e = entry("copy", "Folio copy (seed 000)", "000", &r, p);
-    e.key_table = Some(key_rows(&r, "per-page"));
-    entries.push(e);
-    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
-
-    let r = copy::report(copy::CopyArgs {
-        common: bench(copy_size, &[2 * M], "movsb,avx2,nt,auto", loops, &[1]),
-        evict: true,
-        hot: false,
-        mc: true,
-    })?
-    .ok_or("copy --mc produced no report")?;
-    entries.push(entry(
-        "copy-mc",
-        "Machine-check-safe copy (seed 000)",
-        "000",
-        &r,
-        vec![],
-    ));
-    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
-
-    let r = clear::report(clear::ClearArgs {
-        common: bench(copy_size, &copy_pages, "all", loops, &[1, 2]),
-        evict: false,
-        hot: false,
-        hint_page: 0,
-    })?
-    .ok_or("clear produced no report")?;
-    // Seed 002's figures are demand faults (clearing plus the fault): they
-    // are drawn on the fault plot, not here.
-    let p = labplots::strategies("clear", &r, &[]);
-    let mut e = entry("clear", "Huge-page clearing (seed 002)", "002", &r, p);
-    e.key_table = Some(key_rows(&r, "butterfly"));
-    entries.push(e);
-    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
-
-    let avail = mem_available().unwrap_or(4 * G);
-    let fault_size = match scale {
-        Scale::Smoke => 64 * M,
-        Scale::Quick => G,
-        Scale::Full => {
-            let fit = (avail / 2 / G * G).max(G);
-            if fit < 64 * G {
-                notes.push(format!(
-                    "fault: the seed's 64G region scaled down to {} ({} available)",
-                    show_size(fit),
-                    crate::args::approx_size(avail)
-                ));
-            }
-            fit.min(64 * G)
-        }
-    };
-    let r = fault::report(fault::FaultArgs {
-        size: fault_size,
-        page: if scale == Scale::Full {
-            vec![4 * K, 2 * M, G]
-        } else {
-            vec![4 * K, 2 * M]
-        },
-        function: vec!["demand".into(), "populate".into()],
-        loops,
-        random: false,
-        threads: vec![1, 2],
-        no_limits: false,
-        format: Format::Table,
-    })?
-    .ok_or("fault produced no report")?;
-    let p = labplots::fault(&r);
-    entries.push(entry(
-        "fault",
-        "Demand faults and prefault (seed 002)",
-        "002",
-        &r,
-        vec![p],
-    ));
-    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
-
-    let (init_size, init_loops) = match scale {
-        Scale::Smoke => (16 * M, 2),
-        Scale::Quick => (256 * M, 6),
-        Scale::Full => (G, 30),
-    };
-    let r = init::report(init::InitArgs {
-        size: init_size,
-        record: 64,
-        function: "all".into(),
-        loops: init_loops,
-        no_limits: false,
-        format: Format::Table,
-    })?
-    .ok_or("init produced no report")?;
-    let p = labplots::init(&r);
-    entries.push(entry(
-        "init",
-        "Write-once initialisation (seed 003)",
-        "003",
-        &r,
-        vec![p],
-    ));
-    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
-
-    let (mig_size, mig_pages, batches, mig_loops) = match scale {
-        Scale::Smoke => (16 * M, vec![2 * M], vec![512, 2048], 1),
-        // Three runs: the fewest from which the summary judges noise.
-        Scale::Quick => (
-            256 * M,
-            vec![4 * K, 64 * K, 2 * M],
-            vec![512, 2048, 8192, 65536],
-            3,
-        ),
-        Scale::Full => (
-            G,
-            vec![4 * K, 16 * K, 64 * K, 256 * K, M, 2 * M],
-            vec![
-                512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144,
-            ],
-            3,
-        ),
-    };
-    let r = migrate::report(migrate::MigrateArgs {
-        size: mig_size,
-        page: mig_pages,
-        table_batch: 8192,
-        channels: vec![1, 2],
-        batch: batches,
-        loops: mig_loops,
-        latency_budget: (scale != Scale::Smoke).then(|| Duration::from_millis(1)),
-        tables: vec![1, 2, 3, 4],
-        node: None,
-        from: None,
-        path: migrate::PathArg::Relocate,
-        format: Format::Table,
-        guest: Default::default(),
-    })?
-    .ok_or("migrate produced no report")?;
-    let p = labplots::migrate(&r);
-    entries.push(entry(
-        "migrate",
-        "Batched migration with copy channels (seed 001)",
-        "001",
-        &r,
-        vec![p],
-    ));
-    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
-
-    let (iters, mloops) = match scale {
-        Scale::Smoke => (200, 1),
-        Scale::Quick => (2000, 3),
-        Scale::Full => (10_000, 5),
-    };
-    let r = mremap::report(mremap::MremapArgs {
-        iterations: iters,
-        loops: mloops,
-        no_align: scale == Scale::Smoke,
-        format: Format::Table,
-    })?
-    .ok_or("mremap produced no report")?;
-    let p = labplots::mremap(&r, iters as usize);
-    entries.push(entry(
-        "mremap",
-        "mremap of large folios (seed 004)",
-        "004",
-        &r,
-        vec![p],
-    ));
-
-    save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
-
-    let (rs_size, rs_loops) = match scale {
-        Scale::Smoke => (32 * M, 1),
-        Scale::Quick => (256 * M, 8),
-        Scale::Full => (4 * G, 8),
-    };
-    match restore::report(restore::RestoreArgs {
-        size: rs_size,
-        channels: 2,
-        loops: rs_loops,
-        budget_us: foliokit::tune::LAZY_LATENCY_BUDGET.as_micros() as u64,
-        cold: false,
-        serve_faults_during_batches: false,
-        dir: std::env::temp_dir(),
-        format: Format::Table,
-    }) {
-        Ok(Some(r)) => entries.push(entry(
-            "restore",
-            "Guest RAM restore: eager vs lazy (seed 001's latency/throughput trade-off)",
-            "001",
-            &r,
-            Vec::new(),
-        )),
-        Ok(None) => {}
-        // A kernel without a usable userfaultfd (or THP) skips the table,
-        // it does not end the lab.
-        Err(e) => notes.push(format!("restore table skipped: {e}")),
+    let available = mem_available().unwrap_or(4 << 30);
+    let bars = Bars::default();
+    for step in runner::steps(scale, available, &mut notes)? {
+        let e = match &step.experiment {
+            Experiment::Copy(op, p) => strategies(&step, op, p, &bars)?,
+            Experiment::Clear(op, p) => strategies(&step, op, p, &bars)?,
+            Experiment::Fault(p) => plotted(&step, fault::run(p, &bars)?, labplots::fault),
+            Experiment::Init(p) => plotted(&step, init::run(p, &bars)?, labplots::init),
+            Experiment::Migrate(p) => plotted(&step, migrate::run(p, &bars)?, labplots::migrate),
+            Experiment::Mremap(p) => plotted(&step, remap::run(p, &bars)?, |r| {
+                labplots::mremap(r, p.iterations as usize)
+            }),
+            Experiment::Restore(p) => match restore::report(p, &bars) {
+                Ok(r) => entry(&step, &shown(r), Vec::new()),
+                // A kernel without a usable userfaultfd (or THP) skips the
+                // table, it does not end the lab.
+                Err(e) => {
+                    notes.push(format!("restore table skipped: {e}"));
+                    continue;
+                }
+            },
+        };
+        entries.push(e);
+        save(&a.out, scale, t0.elapsed(), &notes, &entries)?;
     }
 
     let elapsed = t0.elapsed();
     let summary = save(&a.out, scale, elapsed, &notes, &entries)?;
     println!(
         "# lab ({}) finished in {:.0} s: {}/results.json, {} CSVs, {}/index.html",
-        scale_name(scale),
+        scale.name(),
         elapsed.as_secs_f64(),
         a.out.display(),
         entries.len(),
@@ -423,18 +234,24 @@ fn save(
     elapsed: Duration,
     notes: &[String],
     entries: &[Entry],
-) -> Result<Vec<summary::Line>, CliError> {
+) -> Result<Vec<Line>, CliError> {
     let experiments: Vec<Value> = entries.iter().map(|e| e.json.clone()).collect();
-    let summary = summary::lines(&experiments);
-    let results = json!({
-        "foliokit": env!("CARGO_PKG_VERSION"),
-        "scale": format!("{scale:?}").to_lowercase(),
-        "elapsed_secs": elapsed.as_secs_f64(),
-        "machine": machine(),
-        "notes": notes,
-        "summary": summary,
-        "experiments": experiments,
-    });
+    // The summary reads the experiments through the schema, as `compare`
+    // reads them back from the file.
+    let loaded = experiments
+        .iter()
+        .map(|e| serde_json::from_value::<Loaded>(e.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let summary = foliokit_lab::summary::lines(&loaded);
+    let results = LabResults {
+        foliokit: env!("CARGO_PKG_VERSION").into(),
+        scale: scale.name().into(),
+        elapsed_secs: elapsed.as_secs_f64(),
+        machine: machine(),
+        notes: notes.to_vec(),
+        summary: summary.clone(),
+        experiments,
+    };
     let write = |name: &str, text: &str| -> Result<(), CliError> {
         let path = out.join(name);
         std::fs::write(&path, text)
@@ -449,22 +266,7 @@ fn save(
     }
     write(
         "index.html",
-        &html::page(
-            &machine(),
-            notes,
-            &summary,
-            entries,
-            scale_name(scale),
-            elapsed,
-        ),
+        &html::page(&machine(), notes, &summary, entries, scale.name(), elapsed),
     )?;
     Ok(summary)
-}
-
-fn scale_name(s: Scale) -> &'static str {
-    match s {
-        Scale::Smoke => "smoke",
-        Scale::Quick => "quick",
-        Scale::Full => "full",
-    }
 }

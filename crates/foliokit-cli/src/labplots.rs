@@ -3,10 +3,12 @@
 //! our experiment has the seed's shape).
 
 use crate::args::show_size;
-use crate::bench::{fault::FaultRow, init::InitRow, migrate::MigrateRow, mremap::MremapRow};
 use crate::plots::{self, CurvePoint, Frame, Point, Reference, Series};
-use crate::report::{Report, Row};
+use crate::report::Report;
+use foliokit_lab::copy_clear::Row;
 use foliokit_lab::measure::Stats;
+use foliokit_lab::migrate::MigrateRow;
+use foliokit_lab::{fault::FaultRow, init::InitRow, remap::MremapRow};
 
 const M2: usize = 2 << 20;
 
@@ -15,6 +17,14 @@ fn point(s: &Stats) -> Point {
         center: s.median,
         sd: s.stdev,
     }
+}
+
+/// The seeds' reference marks for plot `key`, all at category `at`.
+fn marks_at(key: &str, at: usize) -> Vec<Reference> {
+    foliokit_lab::seeds::marks(key)
+        .into_iter()
+        .map(|(y, label)| Reference { at, y, label })
+        .collect()
 }
 
 fn unique<T: PartialEq + Clone>(it: impl Iterator<Item = T>) -> Vec<T> {
@@ -29,7 +39,7 @@ fn unique<T: PartialEq + Clone>(it: impl Iterator<Item = T>) -> Vec<T> {
 
 /// Copy or clear: GB/s by folio size, one series per strategy, one panel
 /// per channel count. `refs` are (folio size, GB/s, label) seed figures.
-pub fn strategies(op: &str, r: &Report<Row>, refs: &[(usize, f64, &str)]) -> Vec<String> {
+pub fn strategies(op: &str, r: &Report<Row>, refs: &[(usize, f64, String)]) -> Vec<String> {
     let folios = unique(r.rows.iter().map(|x| x.folio_size));
     let x: Vec<String> = folios.iter().map(|&f| show_size(f)).collect();
     let mut out = Vec::new();
@@ -51,11 +61,11 @@ pub fn strategies(op: &str, r: &Report<Row>, refs: &[(usize, f64, &str)]) -> Vec
             .collect();
         let marks: Vec<Reference> = refs
             .iter()
-            .filter_map(|&(f, y, label)| {
-                folios.iter().position(|&g| g == f).map(|at| Reference {
+            .filter_map(|(f, y, label)| {
+                folios.iter().position(|g| g == f).map(|at| Reference {
                     at,
-                    y,
-                    label: label.into(),
+                    y: *y,
+                    label: label.clone(),
                 })
             })
             .collect();
@@ -93,20 +103,7 @@ pub fn fault(r: &Report<FaultRow>) -> String {
         .rows
         .iter()
         .position(|x| x.folio_size == M2 && x.function == "demand" && x.channels == 1)
-        .map(|at| {
-            vec![
-                Reference {
-                    at,
-                    y: 11.76,
-                    label: "seed 002, 2M demand, butterfly clear: 11.76".into(),
-                },
-                Reference {
-                    at,
-                    y: 23.58,
-                    label: "seed 002, 2M demand, sequential clear: 23.58".into(),
-                },
-            ]
-        })
+        .map(|at| marks_at("fault", at))
         .unwrap_or_default();
     plots::bars(
         &Frame {
@@ -181,18 +178,7 @@ pub fn mremap(r: &Report<MremapRow>, iterations: usize) -> String {
     let rows: Vec<&MremapRow> = r.rows.iter().filter(|x| x.alignment.is_none()).collect();
     let cats: Vec<String> = rows.iter().map(|x| show_size(x.folio_size)).collect();
     let refs: Vec<Reference> = match rows.iter().position(|x| x.folio_size == 64 << 10) {
-        Some(at) if iterations == 10_000 => vec![
-            Reference {
-                at,
-                y: 1.9,
-                label: "seed 004, 64K, before PTE batching: 1.9 s".into(),
-            },
-            Reference {
-                at,
-                y: 1.2,
-                label: "seed 004, 64K, with PTE batching: 1.2 s".into(),
-            },
-        ],
+        Some(at) if iterations == 10_000 => marks_at("mremap", at),
         _ => Vec::new(),
     };
     plots::bars(

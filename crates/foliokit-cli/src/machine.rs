@@ -71,14 +71,6 @@ pub fn flags_line(c: &CpuInfo) -> String {
     }
 }
 
-/// Bytes free for new anonymous memory, from /proc/meminfo.
-pub fn mem_available() -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb << 10)
-}
-
 #[cfg(test)]
 mod tests {
     use super::emulation;

@@ -58,15 +58,15 @@ enum Cmd {
     Move(moves::MoveArgs),
     /// (internal) The target process of `bench migrate` table 4.
     #[command(name = "__target", hide = true)]
-    Target(bench::mover::TargetArgs),
+    Target(bench::migrate::TargetArgs),
 }
 
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Folio copy GB/s by strategy (seed 000). Example: bench copy -s 1G -p 2M -f all --evict
-    Copy(bench::copy::CopyArgs),
+    Copy(bench::folio::CopyArgs),
     /// Folio clear GB/s by strategy (seed 002). Example: bench clear -s 1G -p 2M -f all
-    Clear(bench::clear::ClearArgs),
+    Clear(bench::folio::ClearArgs),
     /// Page-fault GB/s by page size, method and threads (perf bench mem mmap; seed 002).
     Fault(bench::fault::FaultArgs),
     /// Batched migration: channels, batch size vs first-folio latency, kernel vs relocation (seed 001).
@@ -96,14 +96,14 @@ fn main() {
         Cmd::Compare(a) => compare::run(a),
         Cmd::Info(a) => info::run(a),
         Cmd::Calibrate(a) => calibrate::run(a),
-        Cmd::Bench(BenchCmd::Copy(a)) => bench::copy::run(a),
-        Cmd::Bench(BenchCmd::Clear(a)) => bench::clear::run(a),
+        Cmd::Bench(BenchCmd::Copy(a)) => bench::folio::copy(a),
+        Cmd::Bench(BenchCmd::Clear(a)) => bench::folio::clear(a),
         Cmd::Bench(BenchCmd::Init(a)) => bench::init::run(a),
         Cmd::Bench(BenchCmd::Fault(a)) => bench::fault::run(a),
         Cmd::Bench(BenchCmd::Mremap(a)) => bench::mremap::run(a),
         Cmd::Bench(BenchCmd::Migrate(a)) => bench::migrate::run(a),
         Cmd::Bench(BenchCmd::Restore(a)) => bench::restore::run(a),
-        Cmd::Target(a) => bench::mover::target(a),
+        Cmd::Target(a) => bench::migrate::target(a),
         Cmd::Move(a) => match moves::run(a) {
             Ok(0) => Ok(()),
             Ok(code) => std::process::exit(code),

@@ -7,16 +7,14 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
 
+pub use foliokit_lab::measure::NOISY_CV;
+
 const W: u32 = 1000;
 const H: u32 = 440;
 const CAPTION: u32 = 22;
 const LABEL: u32 = 16;
 const MARGIN: u32 = 14;
 const LEFT: u32 = 70;
-
-/// A row whose stdev exceeds this share of its mean is flagged as noisy
-/// (hollow marker here, a mark in the tables).
-pub const NOISY_CV: f64 = 0.10;
 
 /// Error bars are drawn at this opacity and nothing else is, so the page's
 /// self-check can count them (`polyline[opacity="0.9"]`, `line[...]`).

@@ -12,3 +12,25 @@ pub fn bar(total: usize, what: &str) -> ProgressBar {
     pb.set_message(what.to_string());
     pb
 }
+
+/// Progress bars for the lab's experiments: one bar per phase they announce.
+#[derive(Default)]
+pub struct Bars(std::cell::RefCell<Option<ProgressBar>>);
+
+impl foliokit_lab::Progress for Bars {
+    fn begin(&self, total: usize, label: &str) {
+        *self.0.borrow_mut() = Some(bar(total, label));
+    }
+
+    fn tick(&self) {
+        if let Some(b) = &*self.0.borrow() {
+            b.inc(1);
+        }
+    }
+
+    fn end(&self) {
+        if let Some(b) = self.0.borrow_mut().take() {
+            b.finish_and_clear();
+        }
+    }
+}

@@ -117,6 +117,39 @@ impl Drop for MthpSettings {
     }
 }
 
+/// The mTHP knobs to put back if the user interrupts a run that changed
+/// them (read by the Ctrl-C handler).
+static RESTORE_ON_INTERRUPT: std::sync::Mutex<Vec<(std::path::PathBuf, String)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Makes Ctrl-C (and SIGTERM) restore what `settings` changed so far, then
+/// exit; call again after every change.
+pub fn arm_interrupt_restore(settings: &MthpSettings) {
+    restore_on_interrupt(settings.saved());
+}
+
+/// Makes Ctrl-C (and SIGTERM) write each (path, value) in order, then
+/// exit: how a run that changed system settings puts them back. An empty
+/// list disarms it.
+pub fn restore_on_interrupt(saved: Vec<(std::path::PathBuf, String)>) {
+    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    *RESTORE_ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = saved;
+    INSTALLED.get_or_init(|| {
+        let _ = ctrlc::set_handler(|| {
+            let saved = RESTORE_ON_INTERRUPT
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (path, value) in saved.iter() {
+                let _ = std::fs::write(path, value);
+            }
+            eprintln!("foliokit: interrupted; system settings restored");
+            std::process::exit(130);
+        });
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

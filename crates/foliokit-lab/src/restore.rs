@@ -28,15 +28,21 @@ use std::time::{Duration, Instant};
 
 use foliokit::channels::ChannelError;
 use foliokit::lazy::{fill_lazily, LazyError, LazyOptions, Segment, Source};
+use foliokit::mem::system::is_root;
 use foliokit::mem::{MemError, Region};
 use foliokit::tune::Shape;
 use foliokit::{CopyStrategy, McError, Reuse};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use thiserror::Error;
 
 use crate::measure::{
     probe, run_interleaved, AaControl, LimitOp, Limits, Order, Probe, Stats, Stores,
 };
+use crate::progress::Progress;
+use crate::schema::{pct, Report};
+use crate::units::show_size;
+use crate::LabError;
 
 const FOLIO: usize = 2 << 20;
 /// Bytes per `pread` of the read(2) row.
@@ -96,7 +102,7 @@ pub enum RestoreError {
 }
 
 /// One row.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RestoreRow {
     /// `read(2)`, `mmap+memcpy`, `foliokit`, `foliokit (<named>)`, `lazy`.
     pub function: String,
@@ -554,6 +560,90 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         strategy: foliokit::Strategy::name(named).into(),
         notes,
     })
+}
+
+/// Runs the experiment and writes its report: the rows, the same-run copy
+/// limit, the A/A control and the targets restore is held to.
+pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<RestoreRow>, LabError> {
+    if plan.cold && !is_root() {
+        return Err(
+            "--cold drops the snapshot from the page cache before every restore: run as root"
+                .into(),
+        );
+    }
+    let order = crate::measure::Order::new(8, plan.loops);
+    progress.begin(8 * (order.passes + 1), "restore");
+    let r = run(plan.clone(), || progress.tick())?;
+    progress.end();
+    let budget_us = plan.budget.as_micros() as u64;
+    let title = format!(
+        "restore: {} guest of 2 MiB THP from a snapshot in {}, {} channels, budget {} µs, faults {}",
+        show_size(plan.size),
+        if plan.cold {
+            "a cold file"
+        } else {
+            "the page cache"
+        },
+        plan.channels,
+        budget_us,
+        if plan.serve_during_batches {
+            "served beside the batch in flight"
+        } else {
+            "wait for the batch in flight"
+        }
+    );
+    let params = json!({"size": plan.size, "channels": plan.channels, "loops": plan.loops,
+                        "budget_us": budget_us, "cold": plan.cold,
+                        "serve_during_batches": plan.serve_during_batches});
+    let mut report = Report::<RestoreRow>::new("restore", title, params);
+    report.rows = r.rows.clone();
+    report.notes.extend(r.notes.iter().cloned());
+    let row = |f: &str| r.rows.iter().find(|x| x.function == f);
+    if let Some(l) = &r.limits {
+        report.footer.push(format!(
+            "copy limit {:.2} GB/s ({}; set by {}); the foliokit rows ran mc {}",
+            l.gbps(),
+            l.formula,
+            l.set_by,
+            r.strategy
+        ));
+    }
+    if let Some(aa) = &r.aa {
+        report.footer.push(aa.line(" (eager foliokit)"));
+    }
+    if let (Some(e), Some(z), Some(rd)) = (row("foliokit"), row("lazy"), row("read(2)")) {
+        let budget = budget_us as f64;
+        let folio_us = r.limits.as_ref().map_or(f64::NAN, |l| {
+            (2 << 20) as f64 / (l.gbps() * (1u64 << 30) as f64) * 1e6
+        });
+        let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+        let start = z.start_secs.median / e.resident_secs.median;
+        let total = z.resident_secs.median / e.resident_secs.median;
+        let vs_read = e.gbps.median / rd.gbps.median;
+        let p99 = z.touch_p99_us.unwrap_or(f64::NAN);
+        report.footer.push(format!(
+            "targets: lazy start {:.2}% of eager foliokit (≤1%: {}); lazy all-resident {:.2}x eager foliokit (≤1.25x: {}); eager foliokit {:.2}x read(2) (≥2x: {}) and {} of the limit (≥70%: {}); lazy touch p99 {:.0} µs vs budget + one folio's copy {:.0} µs ({})",
+            start * 100.0,
+            verdict(start <= 0.01),
+            total,
+            verdict(total <= 1.25),
+            vs_read,
+            verdict(vs_read >= 2.0),
+            pct(Some(e.share)),
+            verdict(e.share >= 0.7),
+            p99,
+            budget + folio_us,
+            verdict(p99 <= budget + folio_us),
+        ));
+    }
+    report.footer.push(
+        "vCPUs run after: eager rows when the copy ends, lazy when restore_lazy returns; touch: one random page of every folio, in random order, while the fill runs (each first touch of a folio not yet in waits for it)".into(),
+    );
+    report.footer.push(r.order.line());
+    report.section("limits", &r.limits);
+    report.section("aa", &r.aa);
+    report.section("order", &r.order);
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -3,16 +3,11 @@
 //! fault method and thread count.
 
 use clap::Args;
-use foliokit::mem::{populate_chunked, Region};
-use foliokit_lab::hugetlb::HugetlbGrant;
-use foliokit_lab::measure::{gbps, probe, LimitOp, Limits, Probe, Stats, Stores};
-use serde::Serialize;
-use serde_json::json;
-use std::time::Instant;
+use foliokit_lab::fault::{self, FaultPlan, FaultRow};
+use foliokit_lab::measure::Stats;
 
 use crate::args::{parse_size, show_size, Format};
-use crate::progress::bar;
-use crate::report::{pct, pm, BackingNote, LimitNote, Report, TableRow};
+use crate::report::{pct, pm, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -42,23 +37,6 @@ pub struct FaultArgs {
     pub no_limits: bool,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FaultRow {
-    pub function: String,
-    pub folio_size: usize,
-    pub channels: usize,
-    /// The first pass, on memory this run had not faulted before: in a VM
-    /// that can include the host backing the guest's pages for the first time.
-    pub first_touch_gbps: f64,
-    pub gbps: Stats,
-    /// Median over the median of the same function and page with 1 thread.
-    pub speedup: f64,
-    /// The same-run limit (streaming write of zeros, same size and threads).
-    pub limit_gbps: Option<f64>,
-    /// The median over `limit_gbps`.
-    pub of_limit: Option<f64>,
 }
 
 impl TableRow for FaultRow {
@@ -95,209 +73,16 @@ impl TableRow for FaultRow {
     }
 }
 
-/// Touches one byte per `page` in `[lo, hi)` of the region (a write fault).
-fn touch(base: usize, lo: usize, hi: usize, page: usize, random: bool, seed: u64) {
-    let mut x = seed | 1;
-    let mut off = lo;
-    while off < hi {
-        let within = if random {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x as usize) % page
-        } else {
-            0
-        };
-        // SAFETY: base + off + within lies inside the caller's mapping
-        // (off < hi <= len, within < page, and len is a multiple of page).
-        unsafe { ((base + off + within) as *mut u8).write_volatile(1) };
-        off += page;
-    }
-}
-
-/// One loop: map, fault in with `threads` threads, and time both; unmapping
-/// happens after the clock stops. Returns the GB/s and the region's backing.
-fn one_pass(
-    a: &FaultArgs,
-    page: usize,
-    function: &str,
-    threads: usize,
-    seed: u64,
-) -> Result<(f64, Region), CliError> {
-    let t0 = Instant::now();
-    let mut r = Region::unpopulated(a.size, page)?;
-    let len = r.len();
-    match function {
-        "populate" => {
-            // Chunks of at least one page of the mapping (1G pages fault whole).
-            // SAFETY: the region is ours, mapped and writable.
-            unsafe { populate_chunked(r.as_mut_ptr(), len, threads, page) }?;
-        }
-        _ => {
-            let base = r.as_mut_ptr() as usize;
-            let per = len.div_ceil(threads).next_multiple_of(page);
-            std::thread::scope(|s| {
-                for t in 1..threads {
-                    let (lo, hi) = ((t * per).min(len), ((t + 1) * per).min(len));
-                    s.spawn(move || touch(base, lo, hi, page, a.random, seed + t as u64));
-                }
-                touch(base, 0, per.min(len), page, a.random, seed);
-            });
-        }
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    Ok((gbps(len, secs), r))
-}
-
-/// Prints the experiment's report (`-f help` prints the strategies instead).
+/// Runs the experiment and prints its report.
 pub fn run(a: FaultArgs) -> Result<(), CliError> {
-    let format = a.format;
-    super::print(report(a)?, format)
-}
-
-/// Runs the experiment; `None` when the options only asked for help.
-pub fn report(a: FaultArgs) -> Result<Option<Report<FaultRow>>, CliError> {
-    for f in &a.function {
-        if f != "demand" && f != "populate" {
-            return Err(format!("unknown fault function '{f}' (known: demand, populate)").into());
-        }
-    }
-    let limits_on = !a.no_limits;
-    // The probes need a faulted buffer of the same size beside the passes.
-    super::check_shape(a.size, &a.page, 1 + usize::from(limits_on))?;
-    let title = format!(
-        "fault: map {} and fault every page in ({}), then unmap untimed; {} loops after a first-touch pass, methods interleaved",
-        show_size(a.size),
-        if a.random { "random offset per page" } else { "first byte of each page" },
-        a.loops
-    );
-    let params = json!({"size": a.size, "pages": a.page, "functions": a.function, "loops": a.loops,
-                        "random": a.random, "threads": a.threads});
-    let mut report = Report::<FaultRow>::new("fault", title, params);
-    let mut backing = Vec::new();
-    let mut limit_notes = Vec::new();
-    let probes = if limits_on { Probe::ALL.len() } else { 0 };
-    let nf = a.function.len();
-    let total = a.page.len() * a.threads.len() * (nf + (nf + probes) * a.loops as usize);
-    let pb = bar(total, "fault");
-    for &page in &a.page {
-        // 1G pages come from the hugetlb pool: grow it once for the whole
-        // run (when allowed), not inside the timed loops.
-        let _grant = if page == 1 << 30 {
-            let need = a.size.div_ceil(page);
-            match HugetlbGrant::reserve(page, need) {
-                Ok(g) => {
-                    if g.is_some() {
-                        report
-                            .notes
-                            .push(format!("1G: grew the hugetlb pool by {need} pages for this run; restored afterwards"));
-                    }
-                    g
-                }
-                Err(why) => {
-                    report
-                        .notes
-                        .push(format!("1G: {why}; the region falls back to THP"));
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        // Probes write a faulted buffer of the same size, in pieces of at
-        // least 2 MiB spread over the same number of threads.
-        let mut probe_buf = if limits_on {
-            Some(Region::new(a.size, page.min(2 << 20))?)
-        } else {
-            None
-        };
-        let piece = page.max(2 << 20);
-        let mut single: Vec<f64> = vec![f64::NAN; nf];
-        for &t in &a.threads {
-            let t = t as usize;
-            let mut first = Vec::new();
-            for f in &a.function {
-                let (g, mut r) = one_pass(&a, page, f, t, 1)?;
-                r.observe_backing();
-                backing.push(BackingNote::of(page, &format!("{f} x{t}"), r.backing()));
-                drop(r);
-                first.push(g);
-                pb.inc(1);
-            }
-            // Timed loops: methods and probes interleaved, rotated each loop.
-            let mut rates: Vec<Vec<f64>> = vec![Vec::new(); nf];
-            let mut probe_secs: Vec<Vec<f64>> = vec![Vec::new(); probes];
-            for l in 0..a.loops as usize {
-                for k in 0..nf + probes {
-                    let c = (l + k) % (nf + probes);
-                    if c < nf {
-                        let (g, r) = one_pass(&a, page, &a.function[c], t, 2 + l as u64)?;
-                        drop(r);
-                        rates[c].push(g);
-                    } else if let Some(buf) = probe_buf.as_mut() {
-                        let t0 = Instant::now();
-                        probe(Probe::ALL[c - nf], buf.as_mut_slice(), t, piece)?;
-                        probe_secs[c - nf].push(t0.elapsed().as_secs_f64());
-                    }
-                    pb.inc(1);
-                }
-            }
-            let lim = limits_on
-                .then(|| Limits::from_secs(LimitOp::Fault, Stores::Streaming, a.size, &probe_secs))
-                .flatten();
-            let limit = lim.as_ref().map(Limits::gbps);
-            if let Some(l) = lim {
-                limit_notes.push(LimitNote {
-                    folio_size: page,
-                    channels: t,
-                    limits: l,
-                });
-            }
-            for (c, f) in a.function.iter().enumerate() {
-                let gbps = Stats::of(&rates[c]).expect("loops >= 1");
-                if t == 1 {
-                    single[c] = gbps.median;
-                }
-                report.rows.push(FaultRow {
-                    function: f.clone(),
-                    folio_size: page,
-                    channels: t,
-                    first_touch_gbps: first[c],
-                    gbps,
-                    speedup: gbps.median / single[c],
-                    limit_gbps: limit,
-                    of_limit: limit.map(|l| gbps.median / l),
-                });
-            }
-        }
-    }
-    pb.finish_and_clear();
-    // One backing line per page size and method is enough for the table.
-    let mut seen = std::collections::BTreeSet::new();
-    for b in &backing {
-        if seen.insert((b.folio_size, b.obtained.clone())) {
-            report.header.push(BackingNote::line(b));
-        }
-    }
-    report.section("backing", &backing);
-    for l in &limit_notes {
-        report
-            .footer
-            .push(format!("{} (threads = channels)", l.line()));
-    }
-    if let Some(l) = limit_notes.first() {
-        report.footer.push(format!(
-            "% limit: median over the limit; {}: what is left is the kernel's fault path",
-            l.limits.formula
-        ));
-        report.section("limits", &limit_notes);
-    }
-    report
-        .footer
-        .push("speedup: median over the 1-thread median of the same function and page size".into());
-    report.footer.push(
-        "seed 002 (AMD Genoa, 64 GB, perf bench mem mmap -f demand): 2MB pages 11.76 -> 23.58 GB/s with sequential clearing; 1GB pages 24.85 -> 25.40"
-            .into(),
-    );
-    Ok(Some(report))
+    let plan = FaultPlan {
+        size: a.size,
+        page: a.page,
+        function: a.function,
+        loops: a.loops as usize,
+        random: a.random,
+        threads: a.threads.iter().map(|&t| t as usize).collect(),
+        limits: !a.no_limits,
+    };
+    super::show(fault::run(&plan, &super::bars())?, a.format)
 }

@@ -1,34 +1,15 @@
-//! `foliokit bench migrate`: seed 001's tables on this machine.
-//!
-//! (1) GB/s by folio size: the one-thread per-page-copy baseline vs N copy
-//!     channels, through the relocation path (moves out and in included);
-//! (2) batch size x channels -> GB/s | first-folio latency;
-//! (3) the kernel path (move_pages) vs relocation, per direction (seed 000's
-//!     move_pages table: DRAM0 -> DRAM1, DRAM -> memory-only node and back).
-//!
-//! Before every run the source is put on the direction's first node with
-//! move_pages, outside the timing, so every run really moves every page.
+//! `foliokit bench migrate`: the options of seed 001's tables
+//! (`foliokit_lab::migrate` runs them) and their table.
 
 use clap::Args;
-use foliokit::mem::system::{is_root, memory_only_nodes, numa_nodes};
-use foliokit::mem::Region;
-use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
-use foliokit::CopyStrategy;
-use foliokit_lab::census::census;
-use foliokit_lab::hugetlb::PooledRegion;
+use foliokit::migrate::Path;
 use foliokit_lab::measure::Stats;
-use foliokit_lab::mthp::MthpSettings;
-use serde::Serialize;
-use serde_json::json;
+use foliokit_lab::migrate::{self, MigratePlan, MigrateRow};
 use std::time::Duration;
 
-use super::arm_interrupt_restore;
 use crate::args::{parse_size, show_size, Format};
-use crate::progress::bar;
-use crate::report::{pm, Report, TableRow};
+use crate::report::{pm, TableRow};
 use crate::CliError;
-
-const PAGE: usize = 4096;
 
 #[derive(Debug, Clone, Args)]
 pub struct MigrateArgs {
@@ -103,15 +84,6 @@ impl PathArg {
             PathArg::Kernel => Path::Kernel,
         }
     }
-
-    /// The row label of the relocation rows.
-    fn label(self) -> &'static str {
-        match self {
-            PathArg::Relocate => "relocate",
-            PathArg::Auto => "auto",
-            PathArg::Kernel => "kernel",
-        }
-    }
 }
 
 /// Parses `500us`, `2ms`, `1s`.
@@ -131,129 +103,6 @@ pub fn parse_duration(t: &str) -> Result<Duration, String> {
         return Err("a latency budget must be positive".into());
     }
     Ok(Duration::from_secs_f64(secs))
-}
-
-/// Median and 99th percentile.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Latency {
-    pub median: f64,
-    pub p99: f64,
-}
-
-impl Latency {
-    fn of(v: &mut [f64]) -> Option<Latency> {
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(f64::total_cmp);
-        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-        Some(Latency {
-            median: at(0.5),
-            p99: at(0.99),
-        })
-    }
-}
-
-/// Where the pages start and where they go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Direction {
-    pub from: u32,
-    pub to: u32,
-}
-
-impl Direction {
-    /// "0 -> 1", with memory-only nodes marked (seed 000 says "CXL").
-    fn label(self, memory_only: &[u32]) -> String {
-        let name = |n: u32| {
-            if memory_only.contains(&n) {
-                format!("{n} (memory-only)")
-            } else {
-                n.to_string()
-            }
-        };
-        format!("{} -> {}", name(self.from), name(self.to))
-    }
-}
-
-/// Seed 000's directions on this machine's nodes: CPU node to CPU node,
-/// CPU node to each memory-only node, and back; one direction when the
-/// user named the target or there is only one node.
-fn directions(
-    nodes: &[u32],
-    memory_only: &[u32],
-    from: Option<u32>,
-    to: Option<u32>,
-    default: Direction,
-) -> Vec<Direction> {
-    if nodes.len() < 2 || to.is_some() {
-        return vec![default];
-    }
-    let cpu: Vec<u32> = nodes
-        .iter()
-        .copied()
-        .filter(|n| !memory_only.contains(n))
-        .collect();
-    let d = |from, to| Direction { from, to };
-    let mut out = Vec::new();
-    match (cpu.first(), cpu.get(1)) {
-        (Some(&c0), Some(&c1)) => {
-            out.push(d(c0, c1));
-            out.extend(memory_only.iter().map(|&m| d(c0, m)));
-            out.push(d(c1, c0));
-            out.extend(memory_only.iter().map(|&m| d(m, c0)));
-        }
-        (Some(&c0), None) => {
-            out.extend(memory_only.iter().map(|&m| d(c0, m)));
-            out.extend(memory_only.iter().map(|&m| d(m, c0)));
-        }
-        _ => out.push(default),
-    }
-    if from.is_some() {
-        out.retain(|x| Some(x.from) == from);
-    }
-    if out.is_empty() {
-        out.push(default);
-    }
-    out
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct MigrateRow {
-    pub table: u8,
-    /// Source node -> target node.
-    pub direction: String,
-    /// "baseline" (one thread, per-page copy), "relocate" or "kernel".
-    pub function: String,
-    pub folio_size: usize,
-    pub channels: usize,
-    /// Median pages per batch (for a latency budget: where it settled).
-    pub batch_pages: usize,
-    /// Median pages that changed node per run (kernel: pages not on the
-    /// target before; relocation: pages now in new folios there).
-    pub pages_moved: usize,
-    pub gbps: Option<Stats>,
-    pub first_folio_us: Option<Latency>,
-    pub total_ms: Option<Stats>,
-    pub speedup: Option<f64>,
-    /// The same-run copy limit of these buffers on these channels (GB/s,
-    /// median of `min(read, write)` probed beside every run).
-    pub copy_limit_gbps: Option<f64>,
-    /// The row's median GB/s over that limit: what the migration costs
-    /// beyond copying its bytes is the rest.
-    pub of_copy_limit: Option<f64>,
-    /// Microseconds to copy one folio of this size at that limit: no
-    /// batch's first folio can be usable again sooner, since relocation
-    /// copies it before installing it.
-    pub folio_copy_us: Option<f64>,
-    /// Table 4: the target process's longest stall per run (µs, median and
-    /// p99 over runs), timed by a thread in the target.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub target_stall_us: Option<Latency>,
-    /// Folios behind the source, from kpageflags (root), or the backing;
-    /// with what the last run left where that differs.
-    pub obtained: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
 }
 
 impl TableRow for MigrateRow {
@@ -305,304 +154,7 @@ impl TableRow for MigrateRow {
     }
 }
 
-struct Runs {
-    gbps: Vec<f64>,
-    first: Vec<f64>,
-    total_ms: Vec<f64>,
-    batch_pages: Vec<f64>,
-    moved: Vec<f64>,
-    notes: Vec<String>,
-    nothing_to_move: bool,
-    /// Why the path could not run here (the row says so instead of a figure).
-    unavailable: Option<String>,
-    /// The source's folios after the last run (census, root only): the
-    /// kernel path may split THPs on a fragmented target node.
-    backing_after: Option<String>,
-    /// The copy limit probed before each run (GB/s).
-    copy_limit: Vec<f64>,
-}
-
-/// The copy limit of `src` and `scratch` on `channels` channels, probed
-/// once: `min(read, write)` (a copy reads and writes every byte), as the
-/// copy benches compute it.
-fn copy_limit(
-    src: &mut Region,
-    scratch: &mut Region,
-    channels: usize,
-    folio: usize,
-) -> Result<f64, CliError> {
-    use foliokit_lab::measure::{gbps, probe, Probe};
-    let len = src.len().min(scratch.len());
-    let time = |p: Probe, buf: &mut [u8]| -> Result<f64, CliError> {
-        let t = std::time::Instant::now();
-        probe(p, &mut buf[..len], channels, folio)?;
-        Ok(gbps(len, t.elapsed().as_secs_f64()))
-    };
-    let read = time(Probe::Read, src.as_mut_slice())?;
-    let write = time(Probe::Write, scratch.as_mut_slice())?;
-    Ok(read.min(write))
-}
-
-/// Puts `src` on `node` with move_pages, outside any timing.
-fn place(src: &mut Region, node: u32, channels: usize) -> Result<(), CliError> {
-    let o = MigrateOptions::default()
-        .path(Path::Kernel)
-        .channels(channels);
-    // SAFETY: the region is ours and nothing else uses it meanwhile.
-    let rep = unsafe { migrate(src.as_mut_ptr(), src.len(), node, &o) }?;
-    if !rep.failed.is_empty() {
-        return Err(format!(
-            "could not put the source on node {node} before the run: {} pages stayed (first errno {})",
-            rep.failed.len(),
-            rep.failed[0].1
-        )
-        .into());
-    }
-    Ok(())
-}
-
-/// Pages of a sample (one per 2 MiB, at most 4096) not on `node`.
-fn off_node(src: &Region, node: u32) -> Result<usize, String> {
-    let step = (src.len() / 4096).max(2 << 20).next_multiple_of(PAGE);
-    let pages: Vec<usize> = (0..src.len())
-        .step_by(step)
-        .map(|o| src.as_ptr() as usize + o)
-        .collect();
-    let mut status = vec![0i32; pages.len()];
-    foliokit::migrate::page_nodes(&pages, &mut status)
-        .map_err(|e| format!("placement not checked: move_pages query failed: {e}"))?;
-    // A negative status (page not present, say) is not "on the node" either.
-    Ok(status.iter().filter(|&&s| s != node as i32).count())
-}
-
-/// Migrates `src` `loops` times with `o` in direction `dir`, checking the
-/// bytes survive and the pages arrive.
-fn runs(
-    src: &mut Region,
-    scratch: &mut Region,
-    dir: Direction,
-    o: &MigrateOptions,
-    loops: u32,
-    tick: &dyn Fn(),
-) -> Result<Runs, CliError> {
-    let node = dir.to;
-    let mut r = Runs {
-        gbps: Vec::new(),
-        first: Vec::new(),
-        total_ms: Vec::new(),
-        batch_pages: Vec::new(),
-        moved: Vec::new(),
-        notes: Vec::new(),
-        nothing_to_move: false,
-        unavailable: None,
-        backing_after: None,
-        copy_limit: Vec::new(),
-    };
-    for l in 0..loops {
-        if dir.from != dir.to {
-            place(src, dir.from, o.channels)?;
-        }
-        // Beside every run, on the same buffers and channels, outside its
-        // timing: the read probe leaves the source's bytes and placement.
-        r.copy_limit
-            .push(copy_limit(src, scratch, o.channels, o.folio_size)?);
-        // SAFETY: the region is ours and nothing else uses it meanwhile.
-        let rep: MigrateReport = match unsafe { migrate(src.as_mut_ptr(), src.len(), node, o) } {
-            Ok(rep) => rep,
-            // A kernel without UFFDIO_MOVE, a process without
-            // /dev/userfaultfd access, or a sandbox: say so in the row.
-            Err(e @ MigrateError::Refused { .. }) => {
-                r.unavailable = Some(format!("relocation unavailable: {e}"));
-                (l..loops).for_each(|_| tick());
-                return Ok(r);
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if l == 0 && !src.as_slice().iter().all(|&b| b == 0x5A) {
-            return Err(format!("{} path changed the bytes it migrated", rep.path).into());
-        }
-        r.gbps.push(rep.gbps());
-        r.first.extend(rep.batches.iter().map(|b| b.first_folio_us));
-        r.total_ms.push(rep.secs * 1e3);
-        r.batch_pages
-            .extend(rep.batches.iter().map(|b| b.pages as f64));
-        r.moved.push(match rep.path {
-            MigratePath::Kernel => rep.pages_to_move - rep.failed.len().min(rep.pages_to_move),
-            _ => rep.relocated_pages,
-        } as f64);
-        if dir.from != dir.to {
-            let n = match off_node(src, node) {
-                Ok(0) => None,
-                Ok(off) => Some(format!(
-                    "{off} sampled pages were not on node {node} afterwards"
-                )),
-                Err(e) => Some(e),
-            };
-            if let Some(n) = n.filter(|n| !r.notes.contains(n)) {
-                r.notes.push(n);
-            }
-        }
-        r.nothing_to_move |= rep.path == MigratePath::Kernel && rep.pages_to_move == 0;
-        if o.path != Path::Kernel && rep.path == MigratePath::Kernel {
-            r.notes
-                .push("ran the kernel path: relocation was refused".into());
-        }
-        for n in rep.notes {
-            if !r.notes.contains(&n) {
-                r.notes.push(n);
-            }
-        }
-        tick();
-    }
-    r.backing_after = census(src.as_ptr(), src.len()).map(|c| c.summary());
-    Ok(r)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn row(
-    table: u8,
-    dir: &str,
-    function: &str,
-    folio: usize,
-    o: &MigrateOptions,
-    r: Runs,
-    obtained: &str,
-) -> MigrateRow {
-    // A run that moved no page has no throughput: its time is a page walk
-    // (seen: relocation leaving every 64K folio whole to move_pages, which
-    // had nothing to move on one node, "ran" at 140% of the copy limit).
-    let moved_none = !r.moved.is_empty() && r.moved.iter().all(|&m| m == 0.0);
-    let nothing = r.nothing_to_move || moved_none;
-    let hide = nothing || r.unavailable.is_some();
-    let limit = Stats::of(&r.copy_limit).map(|s| s.median);
-    let gbps = if hide { None } else { Stats::of(&r.gbps) };
-    let first_folio_us = if hide {
-        None
-    } else {
-        Latency::of(&mut r.first.clone())
-    };
-    let folio_copy_us = limit.map(|l| folio as f64 / (l * (1u64 << 30) as f64) * 1e6);
-    // A first folio usable sooner than its copy could take is a
-    // measurement bug, not a result: say so in the row.
-    let below_floor = o.path != Path::Kernel
-        && first_folio_us
-            .zip(folio_copy_us)
-            .is_some_and(|(f, c)| f.median < c);
-    MigrateRow {
-        table,
-        direction: dir.into(),
-        function: function.into(),
-        folio_size: folio,
-        channels: o.channels,
-        batch_pages: Stats::of(&r.batch_pages).map_or(o.batch_pages, |s| s.median as usize),
-        pages_moved: Stats::of(&r.moved).map_or(0, |s| s.median as usize),
-        of_copy_limit: gbps.zip(limit).map(|(g, l)| g.median / l),
-        gbps,
-        first_folio_us,
-        total_ms: Stats::of(&r.total_ms),
-        speedup: None,
-        copy_limit_gbps: limit,
-        folio_copy_us,
-        target_stall_us: None,
-        obtained: match &r.backing_after {
-            Some(after) if after != obtained => format!("{obtained}; after the runs: {after}"),
-            _ => obtained.into(),
-        },
-        note: r
-            .unavailable
-            .clone()
-            .or_else(|| {
-                nothing.then(|| {
-                    let why = if numa_nodes().len() > 1 {
-                        "already on the target node"
-                    } else {
-                        "one node"
-                    };
-                    match (r.nothing_to_move, r.notes.first()) {
-                        (false, Some(n)) => format!("nothing moved ({why}): {n}"),
-                        _ => format!("nothing to move ({why})"),
-                    }
-                })
-            })
-            .or_else(|| {
-                below_floor.then(|| {
-                    "first folio below the time to copy one folio: a measurement bug".into()
-                })
-            })
-            .or_else(|| r.notes.first().cloned()),
-    }
-}
-
-/// One table-4 row: `loops` moves of the target's buffer from `dir.from`
-/// to `dir.to` on `threads` threads, the buffer put back on `dir.from`
-/// before each, outside the timing.
-#[allow(clippy::too_many_arguments)]
-fn process_row(
-    t: &mut super::mover::Running,
-    dir: Direction,
-    label: &str,
-    folio: usize,
-    threads: usize,
-    loops: u32,
-    tick: &dyn Fn(),
-    obtained: &str,
-) -> Result<MigrateRow, CliError> {
-    let budget = foliokit::tune::PROCESS_MOVE_BUDGET;
-    let (mut gbps, mut first, mut stall, mut batch, mut moved) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..loops {
-        if dir.from != dir.to {
-            t.move_to(dir.from, threads, budget)?;
-        }
-        t.stall_us()?; // forget the stalls of putting it back
-        let (secs, n, f, b) = t.move_to(dir.to, threads, budget)?;
-        stall.push(t.stall_us()?);
-        moved.push(n as f64);
-        if n > 0 {
-            gbps.push((n * PAGE) as f64 / (1u64 << 30) as f64 / secs);
-        }
-        first.extend(f);
-        batch.extend(b.map(|b| b as f64));
-        tick();
-    }
-    let nothing = moved.iter().all(|&m| m == 0.0);
-    Ok(MigrateRow {
-        table: 4,
-        direction: label.into(),
-        function: "process".into(),
-        folio_size: folio,
-        channels: threads,
-        batch_pages: Stats::of(&batch).map_or(0, |s| s.median as usize),
-        pages_moved: Stats::of(&moved).map_or(0, |s| s.median as usize),
-        gbps: Stats::of(&gbps),
-        first_folio_us: Latency::of(&mut first),
-        total_ms: None,
-        speedup: None,
-        copy_limit_gbps: None,
-        of_copy_limit: None,
-        folio_copy_us: None,
-        target_stall_us: Latency::of(&mut stall),
-        obtained: obtained.into(),
-        note: nothing.then(|| {
-            if numa_nodes().len() > 1 {
-                "nothing to move (already on the target node)".into()
-            } else {
-                "nothing to move (one node); target stall is its loop's own noise".into()
-            }
-        }),
-    })
-}
-
-fn source(size: usize, folio: usize) -> Result<(PooledRegion, String), CliError> {
-    let mut src = PooledRegion::new(size, folio)?;
-    src.as_mut_slice().fill(0x5A);
-    let obtained = census(src.as_ptr(), src.len())
-        .map(|c| c.summary())
-        .unwrap_or_else(|| src.backing().obtained.clone());
-    Ok((src, obtained))
-}
-
-/// Prints the experiment's report (`-f help` prints the strategies instead).
+/// Prints the experiment's report (or runs it in a guest kernel).
 pub fn run(a: MigrateArgs) -> Result<(), CliError> {
     if a.guest.kernel.is_some() {
         // The guest only needs somewhere to leave its start mark.
@@ -611,309 +163,52 @@ pub fn run(a: MigrateArgs) -> Result<(), CliError> {
         let _ = std::fs::remove_dir_all(&dir);
         return r;
     }
-    let format = a.format;
-    super::print(report(a)?, format)
+    measure(a)
 }
 
-/// Runs the experiment; `None` when the options only asked for help.
-pub fn report(a: MigrateArgs) -> Result<Option<Report<MigrateRow>>, CliError> {
-    let nodes = numa_nodes();
-    let node = a.node.unwrap_or(*nodes.last().unwrap_or(&0));
-    if !nodes.contains(&node) {
-        return Err(format!("NUMA node {node} does not exist (online: {nodes:?})").into());
-    }
-    let from = a
-        .from
-        .unwrap_or_else(|| nodes.iter().copied().find(|&n| n != node).unwrap_or(node));
-    if !nodes.contains(&from) {
-        return Err(format!("NUMA node {from} does not exist (online: {nodes:?})").into());
-    }
-    let memory_only = memory_only_nodes();
-    let main_dir = Direction { from, to: node };
-    let main_label = main_dir.label(&memory_only);
-    let table3_dirs = directions(&nodes, &memory_only, a.from, a.node, main_dir);
-    super::check_shape(a.size, &a.page, 2)?;
-    if a.batch.contains(&0) {
-        return Err("batch sizes must be at least one page".into());
-    }
-    let channels: Vec<usize> = a.channels.iter().map(|&c| c as usize).collect();
-    // A batch cannot exceed the run: larger sizes all measure the same
-    // thing, so they become one row (and one note) instead of duplicates.
-    let run_pages = (a.size / PAGE).max(1);
-    let mut batches: Vec<usize> = Vec::new();
-    for &b in &a.batch {
-        let b = b.min(run_pages);
-        if !batches.contains(&b) {
-            batches.push(b);
-        }
-    }
-    let clamped = a.batch.iter().any(|&b| b > run_pages);
-    let title = format!(
-        "migrate: {} per run, node {main_label} (tables 1-2), {} runs per row; relocation = UFFDIO_MOVE out + channel copy + UFFDIO_MOVE in",
-        show_size(a.size),
-        a.loops
-    );
-    let params = json!({"size": a.size, "folio_sizes": a.page, "channels": channels, "batches": a.batch,
-                        "loops": a.loops, "node": node, "from": from, "nodes": nodes,
-                        "path": a.path.label(),
-                        "memory_only_nodes": memory_only, "tables": a.tables,
-                        "latency_budget_us": a.latency_budget.map(|d| d.as_secs_f64() * 1e6)});
-    let mut report = Report::<MigrateRow>::new("migrate", title, params);
-    if nodes.len() == 1 {
-        report.notes.push(format!(
-            "one NUMA node: relocation still copies every populated page into new folios on node {node}; move_pages has nothing to move"
-        ));
-    }
-    let t1 = if a.tables.contains(&1) {
-        a.page.len() * (1 + channels.len())
-    } else {
-        0
-    };
-    let t2 = if a.tables.contains(&2) {
-        batches.len() * channels.len() + usize::from(a.latency_budget.is_some()) * channels.len()
-    } else {
-        0
-    };
-    let t3 = if a.tables.contains(&3) {
-        2 * channels.len() * table3_dirs.len()
-    } else {
-        0
-    };
-    let t4 = if a.tables.contains(&4) {
-        2 * channels.len() * table3_dirs.len()
-    } else {
-        0
-    };
-    let pb = bar((t1 + t2 + t3 + t4) * a.loops as usize, "migrate");
-    // The write probe's buffer for the copy limit beside every run.
-    let mut scratch = Region::new(a.size, 2 << 20)?;
-    let tick = || pb.inc(1);
-    let base = MigrateOptions::default().path(a.path.path());
-    let label = a.path.label();
+#[derive(Debug, Clone, Args)]
+pub struct TargetArgs {
+    /// Bytes to map.
+    #[arg(long)]
+    pub size: usize,
+    /// Folio size to ask for (2M: THP; 4K: base pages).
+    #[arg(long)]
+    pub folio: usize,
+    /// Bytes at the start of the buffer the loop writes (default: all);
+    /// the rest is written once and then left idle (cold).
+    #[arg(long)]
+    pub hot: Option<usize>,
+}
 
-    if a.tables.contains(&1) {
-        let mut settings = MthpSettings::system();
-        for &folio in &a.page {
-            let mthp = folio > PAGE && folio < (2 << 20);
-            if mthp && is_root() {
-                settings.only(Some(folio))?;
-                arm_interrupt_restore(&settings);
-            }
-            let (mut src, obtained) = source(a.size, folio)?;
-            let batch = (a.table_batch as usize * PAGE).max(folio) / PAGE;
-            let o = base
-                .channels(1)
-                .strategy(CopyStrategy::PerPage)
-                .batch_pages(batch)
-                .folio_size(folio);
-            let baseline = row(
-                1,
-                &main_label,
-                "baseline",
-                folio,
-                &o,
-                runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
-                &obtained,
-            );
-            let bmed = baseline.gbps.map(|g| g.median);
-            report.rows.push(MigrateRow {
-                speedup: bmed.map(|_| 1.0),
-                ..baseline
-            });
-            for &c in &channels {
-                let o = base.channels(c).batch_pages(batch).folio_size(folio);
-                let mut r = row(
-                    1,
-                    &main_label,
-                    label,
-                    folio,
-                    &o,
-                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
-                    &obtained,
-                );
-                r.speedup = r.gbps.zip(bmed).map(|(g, b)| g.median / b);
-                report.rows.push(r);
-            }
-            if mthp && is_root() {
-                settings.restore()?;
-                arm_interrupt_restore(&settings);
-            }
-        }
-    }
-    if a.tables.contains(&2) {
-        let folio = 2 << 20;
-        let (mut src, obtained) = source(a.size, folio)?;
-        for &c in &channels {
-            let mut first_gbps = None;
-            for &b in &batches {
-                let o = base.channels(c).batch_pages(b);
-                let mut r = row(
-                    2,
-                    &main_label,
-                    label,
-                    folio,
-                    &o,
-                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
-                    &obtained,
-                );
-                first_gbps = first_gbps.or(r.gbps.map(|g| g.median));
-                r.speedup = r.gbps.zip(first_gbps).map(|(g, f)| g.median / f);
-                report.rows.push(r);
-            }
-            if let Some(budget) = a.latency_budget {
-                let o = base
-                    .channels(c)
-                    .batch_pages(512)
-                    .latency_budget(Some(budget));
-                let mut r = row(
-                    2,
-                    &main_label,
-                    "budget",
-                    folio,
-                    &o,
-                    runs(&mut src, &mut scratch, main_dir, &o, a.loops, &tick)?,
-                    &obtained,
-                );
-                r.note = Some(format!(
-                    "budget {:.0} µs; batch settled at {} pages",
-                    budget.as_secs_f64() * 1e6,
-                    r.batch_pages
-                ));
-                report.rows.push(r);
-            }
-        }
-    }
-    if a.tables.contains(&3) {
-        let folio = 2 << 20;
-        let (mut src, obtained) = source(a.size, folio)?;
-        let batch_pages = a.table_batch as usize;
-        for &dir in &table3_dirs {
-            let label = dir.label(&memory_only);
-            for &c in &channels {
-                let o = base.path(Path::Kernel).channels(c).batch_pages(batch_pages);
-                let kernel = row(
-                    3,
-                    &label,
-                    "kernel",
-                    folio,
-                    &o,
-                    runs(&mut src, &mut scratch, dir, &o, a.loops, &tick)?,
-                    &obtained,
-                );
-                let kmed = kernel.gbps.map(|g| g.median);
-                report.rows.push(MigrateRow {
-                    speedup: kmed.map(|_| 1.0),
-                    ..kernel
-                });
-                let o = base.channels(c).batch_pages(batch_pages);
-                let mut r = row(
-                    3,
-                    &label,
-                    a.path.label(),
-                    folio,
-                    &o,
-                    runs(&mut src, &mut scratch, dir, &o, a.loops, &tick)?,
-                    &obtained,
-                );
-                r.speedup = r.gbps.zip(kmed).map(|(g, k)| g.median / k);
-                report.rows.push(r);
-            }
-        }
-    }
-    if a.tables.contains(&4) {
-        for folio in [2 << 20, PAGE] {
-            let mut t = super::mover::Running::start(a.size, folio)?;
-            let obtained = format!(
-                "{} in another process",
-                if folio == PAGE {
-                    "4K pages"
-                } else {
-                    "THP asked"
-                }
-            );
-            for &dir in &table3_dirs {
-                let label = dir.label(&memory_only);
-                for &c in &channels {
-                    report.rows.push(process_row(
-                        &mut t, dir, &label, folio, c, a.loops, &tick, &obtained,
-                    )?);
-                }
-            }
-        }
-    }
-    pb.finish_and_clear();
-    let has = |t: u8| a.tables.contains(&t);
-    let mut footer: Vec<String> = Vec::new();
-    if has(1) {
-        footer.push("table 1: speedup over the one-thread per-page baseline (relocation, moves out and in included) at the same folio size".into());
-    }
-    if has(2) {
-        footer.push("table 2: speedup over the smallest batch with the same channels; first folio = from the batch's start (before any page is taken out) until its first folio is usable again: relocation copies the whole batch first".into());
-        if clamped {
-            footer.push(format!(
-                "table 2: batch sizes above {run_pages} pages (the whole run of {}) were measured once, as {run_pages}",
-                show_size(a.size)
-            ));
-        }
-    }
-    if has(3) {
-        footer.push("table 3: speedup of relocation over move_pages in the same direction with the same channels; moved = pages that changed node per run, placement checked on a sample".into());
-    }
-    if has(4) {
-        footer.push(format!(
-            "table 4: the mover is another process (foliokit's migrate_process, move_pages on its pid, calls kept under {} ms each); target stall = the longest gap in the target's own loop writing a byte per page, per run (p50 / p99 over runs)",
-            foliokit::tune::PROCESS_MOVE_BUDGET.as_millis()
-        ));
-    }
-    if has(1) || has(3) {
-        footer.push(format!(
-            "tables 1 and 3 use batches of {} pages (--table-batch); kernel = move_pages from N threads",
-            a.table_batch
-        ));
-    }
-    footer.push("before every run the source is put on the direction's first node with move_pages, outside the timing".into());
-    footer.push("% copy limit: the row's median over the same-run copy limit of its buffers on its channels (min of a streaming read of the source and a streaming write of another buffer, probed beside every run); 1-folio copy µs: one folio at that limit, which no first folio can beat".into());
-    if has(3) {
-        footer.push(
-            "seed 000 (Zen 5, 2 sockets + CXL): move_pages of 1G of 2M mTHP, DRAM0 -> DRAM1 7.20 -> 8.01 GB/s (1.11x), DRAM0 -> CXL 11.12 -> 13.07 (1.18x) with one bulk folio copy"
-                .into(),
-        );
-    }
-    if has(1) || has(2) {
-        footer.push(
-            "seed 001 (Zen 3, 2 sockets, PTDMA): 1G of 2M folios 11.02 GB/s baseline -> 12.65 (1 DMA ch) .. 65.23 (16 ch); batch 512 pages: 160 µs first folio"
-                .into(),
-        );
-    }
-    report.footer.extend(footer);
-    Ok(Some(report))
+/// The target process of table 4 (`foliokit __target`): see
+/// `foliokit_lab::migrate::mover`.
+pub fn target(a: TargetArgs) -> Result<(), CliError> {
+    Ok(foliokit_lab::migrate::mover::target(
+        a.size, a.folio, a.hot,
+    )?)
+}
+
+/// Runs the tables and prints their report.
+fn measure(a: MigrateArgs) -> Result<(), CliError> {
+    let plan = MigratePlan {
+        size: a.size,
+        page: a.page,
+        channels: a.channels.iter().map(|&c| c as usize).collect(),
+        table_batch: a.table_batch as usize,
+        batch: a.batch,
+        loops: a.loops,
+        latency_budget: a.latency_budget,
+        tables: a.tables,
+        node: a.node,
+        from: a.from,
+        path: a.path.path(),
+    };
+    super::show(migrate::run(&plan, &super::bars())?, a.format)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn directions_follow_seed_000() {
-        let d = |from, to| Direction { from, to };
-        let one = d(0, 0);
-        assert_eq!(directions(&[0], &[], None, None, one), vec![one]);
-        // Two CPU nodes and a memory-only one: 0->1, 0->2, 1->0, 2->0.
-        assert_eq!(
-            directions(&[0, 1, 2], &[2], None, None, d(0, 2)),
-            vec![d(0, 1), d(0, 2), d(1, 0), d(2, 0)]
-        );
-        // --from keeps the directions that start there; --node names one.
-        assert_eq!(
-            directions(&[0, 1, 2], &[2], Some(0), None, d(0, 2)),
-            vec![d(0, 1), d(0, 2)]
-        );
-        assert_eq!(
-            directions(&[0, 1, 2], &[2], None, Some(1), d(0, 1)),
-            vec![d(0, 1)]
-        );
-        assert_eq!(d(0, 2).label(&[2]), "0 -> 2 (memory-only)");
-    }
 
     #[test]
     fn durations() {
@@ -923,13 +218,5 @@ mod tests {
         assert!(parse_duration("0ms").is_err());
         assert!(parse_duration("3h").is_err());
         assert!(parse_duration("fast").is_err());
-    }
-
-    #[test]
-    fn percentiles() {
-        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
-        let l = Latency::of(&mut v).unwrap();
-        assert_eq!((l.median, l.p99), (51.0, 99.0));
-        assert!(Latency::of(&mut []).is_none());
     }
 }

@@ -4,14 +4,11 @@
 //! limit. The experiment lives in `foliokit_lab::restore`.
 
 use clap::Args;
-use foliokit::mem::system::is_root;
-use foliokit_lab::restore::{run as run_restore, RestorePlan, RestoreRow};
-use serde_json::json;
+use foliokit_lab::restore::{self, RestorePlan, RestoreRow};
 use std::time::Duration;
 
-use crate::args::{parse_size, show_size, Format};
-use crate::progress::bar;
-use crate::report::{pct, Report, TableRow};
+use crate::args::{parse_size, Format};
+use crate::report::{pct, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -125,20 +122,8 @@ impl TableRow for RestoreRow {
     }
 }
 
-/// Prints the experiment's report.
+/// Runs the experiment and prints its report.
 pub fn run(a: RestoreArgs) -> Result<(), CliError> {
-    let format = a.format;
-    super::print(report(a)?, format)
-}
-
-/// Runs the experiment.
-pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
-    if a.cold && !is_root() {
-        return Err(
-            "--cold drops the snapshot from the page cache before every restore: run as root"
-                .into(),
-        );
-    }
     let plan = RestorePlan {
         size: a.size,
         channels: a.channels as usize,
@@ -148,76 +133,5 @@ pub fn report(a: RestoreArgs) -> Result<Option<Report<RestoreRow>>, CliError> {
         dir: a.dir.clone(),
         serve_during_batches: a.serve_faults_during_batches,
     };
-    let order = foliokit_lab::measure::Order::new(8, plan.loops);
-    let pb = bar(8 * (order.passes + 1), "restore");
-    let r = run_restore(plan.clone(), || pb.inc(1))?;
-    pb.finish_and_clear();
-    let title = format!(
-        "restore: {} guest of 2 MiB THP from a snapshot in {}, {} channels, budget {} µs, faults {}",
-        show_size(a.size),
-        if a.cold {
-            "a cold file"
-        } else {
-            "the page cache"
-        },
-        a.channels,
-        a.budget_us,
-        if a.serve_faults_during_batches {
-            "served beside the batch in flight"
-        } else {
-            "wait for the batch in flight"
-        }
-    );
-    let params = json!({"size": a.size, "channels": a.channels, "loops": a.loops,
-                        "budget_us": a.budget_us, "cold": a.cold,
-                        "serve_during_batches": a.serve_faults_during_batches});
-    let mut report = Report::<RestoreRow>::new("restore", title, params);
-    report.rows = r.rows.clone();
-    report.notes.extend(r.notes.iter().cloned());
-    let row = |f: &str| r.rows.iter().find(|x| x.function == f);
-    if let Some(l) = &r.limits {
-        report.footer.push(format!(
-            "copy limit {:.2} GB/s ({}; set by {}); the foliokit rows ran mc {}",
-            l.gbps(),
-            l.formula,
-            l.set_by,
-            r.strategy
-        ));
-    }
-    if let Some(aa) = &r.aa {
-        report.footer.push(aa.line(" (eager foliokit)"));
-    }
-    if let (Some(e), Some(z), Some(rd)) = (row("foliokit"), row("lazy"), row("read(2)")) {
-        let budget = a.budget_us as f64;
-        let folio_us = r.limits.as_ref().map_or(f64::NAN, |l| {
-            (2 << 20) as f64 / (l.gbps() * (1u64 << 30) as f64) * 1e6
-        });
-        let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
-        let start = z.start_secs.median / e.resident_secs.median;
-        let total = z.resident_secs.median / e.resident_secs.median;
-        let vs_read = e.gbps.median / rd.gbps.median;
-        let p99 = z.touch_p99_us.unwrap_or(f64::NAN);
-        report.footer.push(format!(
-            "targets: lazy start {:.2}% of eager foliokit (≤1%: {}); lazy all-resident {:.2}x eager foliokit (≤1.25x: {}); eager foliokit {:.2}x read(2) (≥2x: {}) and {} of the limit (≥70%: {}); lazy touch p99 {:.0} µs vs budget + one folio's copy {:.0} µs ({})",
-            start * 100.0,
-            verdict(start <= 0.01),
-            total,
-            verdict(total <= 1.25),
-            vs_read,
-            verdict(vs_read >= 2.0),
-            pct(Some(e.share)),
-            verdict(e.share >= 0.7),
-            p99,
-            budget + folio_us,
-            verdict(p99 <= budget + folio_us),
-        ));
-    }
-    report.footer.push(
-        "vCPUs run after: eager rows when the copy ends, lazy when restore_lazy returns; touch: one random page of every folio, in random order, while the fill runs (each first touch of a folio not yet in waits for it)".into(),
-    );
-    report.footer.push(r.order.line());
-    report.section("limits", &r.limits);
-    report.section("aa", &r.aa);
-    report.section("order", &r.order);
-    Ok(Some(report))
+    super::show(restore::report(&plan, &super::bars())?, a.format)
 }

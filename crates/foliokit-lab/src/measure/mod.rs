@@ -20,7 +20,7 @@ pub use ops::{
     Plan,
 };
 pub use order::{williams, Order};
-pub use stats::{gbps, Stats};
+pub use stats::{gbps, Stats, NOISY_CV};
 
 use std::time::Instant;
 

@@ -195,15 +195,119 @@ impl Layout {
     }
 }
 
+/// What the steps copy and clear share need of a candidate: a copy
+/// candidate (a strategy, plain or machine-check-safe) or a clear strategy.
+trait Candidate: Copy + PartialEq {
+    /// As rows name it (`movsb`, `nt-mc`, `auto`).
+    fn label(&self) -> String;
+    /// Plain `auto`: the A/A control's first side.
+    fn is_auto(&self) -> bool;
+    /// What it runs as on `shape`: auto's resolution, the rest themselves.
+    fn twin(&self, shape: Shape) -> Self;
+    /// One primitive over the whole folio: whatever it reaches, the
+    /// machine can do, so the limit is raised to it.
+    fn primitive(&self) -> bool;
+}
+
+impl Candidate for CopyCandidate {
+    fn label(&self) -> String {
+        self.name()
+    }
+
+    fn is_auto(&self) -> bool {
+        self.strategy == CopyStrategy::Auto && !self.mc
+    }
+
+    fn twin(&self, shape: Shape) -> Self {
+        if self.is_auto() {
+            CopyCandidate::plain(self.strategy.resolve(shape))
+        } else {
+            *self
+        }
+    }
+
+    fn primitive(&self) -> bool {
+        !self.mc && COPY_PRIMITIVES.contains(&self.strategy)
+    }
+}
+
+impl Candidate for ClearStrategy {
+    fn label(&self) -> String {
+        self.name().to_string()
+    }
+
+    fn is_auto(&self) -> bool {
+        *self == ClearStrategy::Auto
+    }
+
+    fn twin(&self, shape: Shape) -> Self {
+        self.resolve(shape)
+    }
+
+    fn primitive(&self) -> bool {
+        CLEAR_PRIMITIVES.contains(self)
+    }
+}
+
+/// What a measurement settles before anything runs.
+struct Setup<C> {
+    /// The channel pool, for plans on more than one channel.
+    pool: Option<std::sync::Arc<foliokit::channels::ChannelPool>>,
+    shape: Shape,
+    /// Whether hot loops re-run the candidate untimed first ([`rewarm`]).
+    rewarm: bool,
+    /// The candidates, then the A/A twin where the list lacks it.
+    cands: Vec<C>,
+    layout: Layout,
+    /// How many candidates were listed (rows are made for these).
+    listed: usize,
+}
+
+/// The pool, the batch's shape, and the slots with the A/A control: auto
+/// beside the named strategy it resolves to (added when not listed), or
+/// without auto the first candidate beside a second copy of itself.
+fn setup<C: Candidate>(
+    candidates: &[C],
+    plan: &Plan,
+    len: usize,
+    working_set: usize,
+) -> Result<Setup<C>, MeasureError> {
+    let pool = if plan.channels > 1 {
+        Some(foliokit::channels::shared(plan.channels)?)
+    } else {
+        None
+    };
+    let shape = Shape::batch(plan.folio_size, len / plan.folio_size.max(1), plan.reuse)
+        .on_channels(plan.channels);
+    let mut cands = candidates.to_vec();
+    let auto = cands.iter().position(C::is_auto).map(|a| {
+        let twin = cands[a].twin(shape);
+        (a, cands.iter().position(|c| *c == twin))
+    });
+    let rewarm = rewarm(plan, working_set);
+    let layout = Layout::new(cands.len(), auto, plan, rewarm);
+    let listed = cands.len();
+    if let Some((a, _, true)) = layout.aa {
+        cands.push(cands[a].twin(shape));
+    }
+    Ok(Setup {
+        pool,
+        shape,
+        rewarm,
+        cands,
+        layout,
+        listed,
+    })
+}
+
 /// Builds the measurement from the slots' per-pass seconds: rows for the
 /// listed candidates, the limit raised to every single-primitive row and
 /// the other store kind's probes, and the A/A control.
 #[allow(clippy::too_many_arguments)]
-fn finish(
+fn finish<C: Candidate>(
     op: LimitOp,
     layout: &Layout,
-    names: &[String],
-    primitive: &[bool],
+    cands: &[C],
     listed: usize,
     resolved: Vec<String>,
     secs: Vec<Vec<f64>>,
@@ -212,6 +316,7 @@ fn finish(
     order: Order,
     reps: usize,
 ) -> Measurement {
+    let names: Vec<String> = cands.iter().map(C::label).collect();
     let probe_secs = |st: Stores| -> Vec<Vec<f64>> {
         Probe::ALL
             .iter()
@@ -234,7 +339,7 @@ fn finish(
                 l = l.raise(&name, &Limits::probe_rates(op, bytes, &other));
             }
         }
-        for i in (0..listed).filter(|&i| primitive[i]) {
+        for i in (0..listed).filter(|&i| cands[i].primitive()) {
             let rates: Vec<f64> = secs[i].iter().map(|&t| gbps(bytes, t)).collect();
             l = l.raise(&names[i], &rates);
         }
@@ -275,35 +380,13 @@ pub fn measure_copy(
     mut tick: impl FnMut(),
 ) -> Result<Measurement, MeasureError> {
     let len = src.len().min(dst.len());
-    let pool = if plan.channels > 1 {
+    if plan.channels > 1 {
         if let Some(c) = candidates.iter().find(|c| c.mc) {
             return Err(MeasureError::McChannels(c.name()));
         }
-        Some(foliokit::channels::shared(plan.channels)?)
-    } else {
-        None
-    };
-    let shape = Shape::batch(plan.folio_size, len / plan.folio_size.max(1), plan.reuse)
-        .on_channels(plan.channels);
-    // The A/A control: auto beside the named strategy it resolves to.
-    let mut cands = candidates.to_vec();
-    let auto = cands
-        .iter()
-        .position(|c| c.strategy == CopyStrategy::Auto && !c.mc)
-        .map(|a| {
-            let twin = CopyCandidate::plain(CopyStrategy::Auto.resolve(shape));
-            (a, cands.iter().position(|c| *c == twin))
-        });
-    let rewarm = rewarm(plan, 2 * len);
-    let layout = Layout::new(cands.len(), auto, plan, rewarm);
-    let listed = cands.len();
-    match layout.aa {
-        Some((a, _, true)) if auto.is_some() => {
-            cands.push(CopyCandidate::plain(cands[a].strategy.resolve(shape)))
-        }
-        Some((a, _, true)) => cands.push(cands[a]),
-        _ => {}
     }
+    let set = setup(candidates, plan, len, 2 * len)?;
+    let (pool, shape, rewarm, cands) = (&set.pool, set.shape, set.rewarm, &set.cands);
     // The channel path takes folio lists. Build them once: the buffers do
     // not move, and building them inside the timed call would bill only the
     // channel rows for it.
@@ -362,12 +445,10 @@ pub fn measure_copy(
         unsafe { run_probe(p, st, ptr, len, pool) }?;
         Ok(())
     };
-    let order = Order::new(layout.slots.len(), plan.loops);
-    let (secs, mut resolved) = run_slots(
-        &layout.slots,
-        &order,
-        plan.cache,
-        rewarm,
+    measured(
+        LimitOp::Copy,
+        &set,
+        plan,
         reps,
         dst,
         |dst| {
@@ -387,26 +468,7 @@ pub fn measure_copy(
         },
         len,
         &mut tick,
-    )?;
-    let names: Vec<String> = cands.iter().map(CopyCandidate::name).collect();
-    let primitive: Vec<bool> = cands
-        .iter()
-        .map(|c| !c.mc && COPY_PRIMITIVES.contains(&c.strategy))
-        .collect();
-    resolved.truncate(cands.len());
-    Ok(finish(
-        LimitOp::Copy,
-        &layout,
-        &names,
-        &primitive,
-        listed,
-        resolved,
-        secs,
-        len * reps,
-        rewarm,
-        order,
-        reps,
-    ))
+    )
 }
 
 /// Copy strategies that are one primitive (a string instruction or one
@@ -440,27 +502,8 @@ pub fn measure_clear(
     mut tick: impl FnMut(),
 ) -> Result<Measurement, MeasureError> {
     let len = dst.len();
-    let pool = if plan.channels > 1 {
-        Some(foliokit::channels::shared(plan.channels)?)
-    } else {
-        None
-    };
-    let shape = Shape::batch(plan.folio_size, len / plan.folio_size.max(1), plan.reuse)
-        .on_channels(plan.channels);
-    let mut strategies = strategies.to_vec();
-    let auto = strategies
-        .iter()
-        .position(|&s| s == ClearStrategy::Auto)
-        .map(|a| {
-            let twin = ClearStrategy::Auto.resolve(shape);
-            (a, strategies.iter().position(|&s| s == twin))
-        });
-    let rewarm = rewarm(plan, len);
-    let layout = Layout::new(strategies.len(), auto, plan, rewarm);
-    let listed = strategies.len();
-    if let Some((a, _, true)) = layout.aa {
-        strategies.push(strategies[a].resolve(shape));
-    }
+    let set = setup(strategies, plan, len, len)?;
+    let (pool, shape, rewarm, strategies) = (&set.pool, set.shape, set.rewarm, &set.cands);
     // Built once, outside the timed calls, as in measure_copy.
     let dsts = match pool {
         Some(_) => folio_starts(dst.as_mut_ptr(), len, plan.folio_size),
@@ -490,12 +533,10 @@ pub fn measure_clear(
         unsafe { run_probe(p, st, dst.as_mut_ptr(), len, pool) }?;
         Ok(())
     };
-    let order = Order::new(layout.slots.len(), plan.loops);
-    let (secs, mut resolved) = run_slots(
-        &layout.slots,
-        &order,
-        plan.cache,
-        rewarm,
+    measured(
+        LimitOp::Clear,
+        &set,
+        plan,
         reps,
         dst,
         |dst| dst.evict().map_err(MeasureError::from),
@@ -506,46 +547,26 @@ pub fn measure_clear(
             dst.as_mut_slice().fill(0xFF);
             let ran = run_once(dst, c)?;
             if !is_zero(dst.as_slice()) {
-                return Err(MeasureError::Wrong(strategies[c].name().to_string()));
+                return Err(MeasureError::Wrong(strategies[c].label()));
             }
             Ok(ran)
         },
         len,
         &mut tick,
-    )?;
-    let names: Vec<String> = strategies.iter().map(|s| s.name().to_string()).collect();
-    let primitive: Vec<bool> = strategies
-        .iter()
-        .map(|s| CLEAR_PRIMITIVES.contains(s))
-        .collect();
-    resolved.truncate(strategies.len());
-    Ok(finish(
-        LimitOp::Clear,
-        &layout,
-        &names,
-        &primitive,
-        listed,
-        resolved,
-        secs,
-        len * reps,
-        rewarm,
-        order,
-        reps,
-    ))
+    )
 }
 
-/// Runs every slot of a measurement in `order` (see [`run_interleaved`]):
-/// before each call, `evict` in evict mode, or the same call untimed in a
-/// cache-resident hot run; a candidate's first (warm-up) call is
-/// `verified` (it fills, runs and checks the buffer, returning what ran),
-/// its timed calls repeat `run_once` `reps` times; probes go through
-/// [`probe_call`]. Returns the per-pass seconds and what each slot ran.
+/// Runs every slot of `set` in a balanced order (see [`run_interleaved`])
+/// and builds the measurement from the timings (see [`finish`]): before
+/// each call, `evict` in evict mode, or the same call untimed in a
+/// cache-resident hot run; a candidate's first (warm-up) call is `verified`
+/// (it fills, runs and checks the buffer, returning what ran), its timed
+/// calls repeat `run_once` `reps` times; probes go through [`probe_call`].
 #[allow(clippy::too_many_arguments)]
-fn run_slots(
-    slots: &[Slot],
-    order: &Order,
-    cache: CacheMode,
-    rewarm: bool,
+fn measured<C: Candidate>(
+    op: LimitOp,
+    set: &Setup<C>,
+    plan: &Plan,
     reps: usize,
     dst: &mut Region,
     evict: impl Fn(&mut Region) -> Result<(), MeasureError>,
@@ -554,10 +575,12 @@ fn run_slots(
     verified: impl Fn(&mut Region, usize) -> Result<String, MeasureError>,
     len: usize,
     tick: &mut impl FnMut(),
-) -> Result<(Vec<Vec<f64>>, Vec<String>), MeasureError> {
+) -> Result<Measurement, MeasureError> {
+    let order = Order::new(set.layout.slots.len(), plan.loops);
+    let (slots, cache, rewarm) = (&set.layout.slots, plan.cache, set.rewarm);
     let mut resolved = vec![String::new(); slots.len()];
     let secs = run_interleaved(
-        order,
+        &order,
         dst,
         |dst, k| match (cache, slots[k]) {
             (CacheMode::Evict, _) => evict(dst),
@@ -580,7 +603,19 @@ fn run_slots(
         },
         tick,
     )?;
-    Ok((secs, resolved))
+    resolved.truncate(set.cands.len());
+    Ok(finish(
+        op,
+        &set.layout,
+        &set.cands,
+        set.listed,
+        resolved,
+        secs,
+        len * reps,
+        set.rewarm,
+        order,
+        reps,
+    ))
 }
 
 /// One call of a limit probe in the interleaved loop: the first (untimed

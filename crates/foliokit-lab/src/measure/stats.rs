@@ -1,10 +1,11 @@
 //! Summary statistics for repeated measurements.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Mean ± sample standard deviation, plus the median the tables rank by
 /// (robust against one noisy neighbour run on a shared machine).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(from = "StatsRead")]
 pub struct Stats {
     pub mean: f64,
     pub stdev: f64,
@@ -12,6 +13,34 @@ pub struct Stats {
     pub min: f64,
     pub max: f64,
     pub runs: usize,
+}
+
+/// Stats as read back: files written by hand or by older versions may lack
+/// the median (then the mean stands for it) or the run count (then one);
+/// a figure JSON could not hold (NaN, infinite: written as null) reads as
+/// NaN, which readers take as no figure.
+#[derive(Deserialize)]
+struct StatsRead {
+    mean: Option<f64>,
+    stdev: Option<f64>,
+    median: Option<f64>,
+    min: Option<f64>,
+    max: Option<f64>,
+    runs: Option<usize>,
+}
+
+impl From<StatsRead> for Stats {
+    fn from(s: StatsRead) -> Self {
+        let centre = s.median.or(s.mean).unwrap_or(f64::NAN);
+        Stats {
+            mean: s.mean.unwrap_or(centre),
+            stdev: s.stdev.unwrap_or(f64::NAN),
+            median: centre,
+            min: s.min.unwrap_or(centre),
+            max: s.max.unwrap_or(centre),
+            runs: s.runs.unwrap_or(1),
+        }
+    }
 }
 
 impl Stats {
@@ -44,6 +73,10 @@ impl Stats {
         })
     }
 }
+
+/// A row whose stdev exceeds this share of its mean is noisy: the tables,
+/// the plots (hollow markers) and the lab page all mark it by this one rule.
+pub const NOISY_CV: f64 = 0.10;
 
 /// GB/s with GB = 2^30 bytes, as `perf bench` prints.
 pub fn gbps(bytes: usize, secs: f64) -> f64 {

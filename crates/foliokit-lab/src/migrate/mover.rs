@@ -1,46 +1,33 @@
-//! `bench migrate` table 4: the mover is another process, as a tiering
+//! Seed 001's table 4 (`bench migrate`): the mover is another process, as a tiering
 //! agent is. The target is this binary started again (`foliokit
 //! __target`): it maps the buffer, fills it, and a thread keeps writing one
 //! byte of every page, timing its own loop; the longest gap between two of
 //! its steps is the target's stall, which the row shows beside the
 //! throughput.
 
-use clap::Args;
 use foliokit::migrate::process::{migrate_process, ProcessOptions, Ranges, Target};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::CliError;
+use crate::LabError;
 
 /// Pages the target's loop writes between two clock reads: a step is
 /// short enough that a stall stands out, long enough that reading the
 /// clock costs little.
 const STEP_PAGES: usize = 16;
 
-#[derive(Debug, Clone, Args)]
-pub struct TargetArgs {
-    /// Bytes to map.
-    #[arg(long)]
-    pub size: usize,
-    /// Folio size to ask for (2M: THP; 4K: base pages).
-    #[arg(long)]
-    pub folio: usize,
-    /// Bytes at the start of the buffer the loop writes (default: all);
-    /// the rest is written once and then left idle (cold).
-    #[arg(long)]
-    pub hot: Option<usize>,
-}
-
 /// The target process: prints `ADDR <start> <len>`, then on each stdin
 /// line `S` prints `STALL <longest step in µs since the last S>`; exits on
 /// EOF.
-pub fn target(a: TargetArgs) -> Result<(), CliError> {
-    let len = a.size.next_multiple_of(2 << 20);
+/// `hot` bounds the bytes at the start of the buffer the loop writes (the
+/// rest is written once and left idle).
+pub fn target(size: usize, folio: usize, hot: Option<usize>) -> Result<(), LabError> {
+    let len = size.next_multiple_of(2 << 20);
     // A region asks for the folio size (THP for 2M, none for 4K) as the
     // other tables' buffers do.
-    let mut region = foliokit::mem::Region::new(len, a.folio.max(4096))?;
+    let mut region = foliokit::mem::Region::new(len, folio.max(4096))?;
     region.as_mut_slice().fill(0x5A);
     let base = region.as_mut_ptr() as usize;
     println!("ADDR {base} {len}");
@@ -53,7 +40,7 @@ pub fn target(a: TargetArgs) -> Result<(), CliError> {
     let last_ns = AtomicU64::new(0);
     std::thread::scope(|s| {
         s.spawn(|| {
-            let pages = (a.hot.unwrap_or(len).min(len) / 4096).max(1);
+            let pages = (hot.unwrap_or(len).min(len) / 4096).max(1);
             let mut t = Instant::now();
             let mut i = 0;
             while !done.load(Ordering::Relaxed) {
@@ -98,7 +85,7 @@ pub struct Running {
 impl Running {
     /// Starts a target of `size` bytes in `folio`-sized folios.
     #[allow(clippy::zombie_processes)] // reaped by Drop
-    pub fn start(size: usize, folio: usize) -> Result<Running, CliError> {
+    pub fn start(size: usize, folio: usize) -> Result<Running, LabError> {
         let mut child = Command::new(std::env::current_exe()?)
             .args([
                 "__target",
@@ -141,7 +128,7 @@ impl Running {
     }
 
     /// The target's longest step since the last call (µs).
-    pub fn stall_us(&mut self) -> Result<f64, CliError> {
+    pub fn stall_us(&mut self) -> Result<f64, LabError> {
         let stdin = self.child.stdin.as_mut().ok_or("target stdin")?;
         writeln!(stdin, "S")?;
         stdin.flush()?;
@@ -159,7 +146,7 @@ impl Running {
         node: u32,
         threads: usize,
         budget: Duration,
-    ) -> Result<(f64, usize, Option<f64>, Option<usize>), CliError> {
+    ) -> Result<(f64, usize, Option<f64>, Option<usize>), LabError> {
         let o = ProcessOptions::default().threads(threads).budget(budget);
         let r = migrate_process(
             &self.target,
