@@ -227,7 +227,7 @@ impl Candidate for CopyCandidate {
     }
 
     fn primitive(&self) -> bool {
-        !self.mc && COPY_PRIMITIVES.contains(&self.strategy)
+        !self.mc && self.strategy.is_primitive()
     }
 }
 
@@ -245,7 +245,7 @@ impl Candidate for ClearStrategy {
     }
 
     fn primitive(&self) -> bool {
-        CLEAR_PRIMITIVES.contains(self)
+        self.is_primitive()
     }
 }
 
@@ -470,27 +470,6 @@ pub fn measure_copy(
         &mut tick,
     )
 }
-
-/// Copy strategies that are one primitive (a string instruction or one
-/// vector loop over the whole folio): whatever they reach, the machine
-/// can do, so a copy limit is at least their best.
-const COPY_PRIMITIVES: [CopyStrategy; 6] = [
-    CopyStrategy::Movsq,
-    CopyStrategy::Movsb,
-    CopyStrategy::Unrolled,
-    CopyStrategy::Avx2,
-    CopyStrategy::Avx512,
-    CopyStrategy::Nt,
-];
-
-/// Clear strategies that are one primitive over the whole folio (`rep
-/// stos`, streaming stores of zeros, `clzero`).
-const CLEAR_PRIMITIVES: [ClearStrategy; 4] = [
-    ClearStrategy::Stosb,
-    ClearStrategy::Stosq,
-    ClearStrategy::Nt,
-    ClearStrategy::Clzero,
-];
 
 /// Measures zeroing `dst` in `plan.folio_size` folios with each strategy,
 /// verifying each warm-up call; hot mode re-warms, repeats and probes the
@@ -748,7 +727,7 @@ mod tests {
             for r in m
                 .rows
                 .iter()
-                .filter(|r| CLEAR_PRIMITIVES.iter().any(|p| p.name() == r.function))
+                .filter(|r| ClearStrategy::from_name(&r.function).is_some_and(|p| p.is_primitive()))
             {
                 assert!(
                     l.limit.median >= r.gbps.median,

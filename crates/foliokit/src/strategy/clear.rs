@@ -31,7 +31,7 @@ strategies! {
             name: "per-page",
             description: "4 KiB clear_page calls in address order with a yield point between pages",
             needs: Need::Nothing,
-            body: Body::Range(Some(per_page)),
+            body: Body::Composite(per_page),
             undrained: None,
         },
         /// `rep stosb` over the whole extent. x86_64 only.
@@ -73,7 +73,7 @@ strategies! {
             name: "libc",
             description: "the platform memset",
             needs: Need::Nothing,
-            body: Body::Range(Some(libc_memset)),
+            body: Body::Composite(libc_memset),
             undrained: None,
         },
         /// Chosen per batch from the CPU, its cache sizes, the batch's total

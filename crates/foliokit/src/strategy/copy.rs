@@ -20,7 +20,7 @@ strategies! {
             name: "per-page",
             description: "one copy_page per 4 KiB with a yield point between pages (the kernel's old folio_copy loop)",
             needs: Need::Nothing,
-            body: Body::Range(Some(per_page)),
+            body: Body::Composite(per_page),
             undrained: None,
         },
         /// `rep movsq` over the whole extent (the kernel's `copy_page` on
@@ -81,7 +81,7 @@ strategies! {
             name: "libc",
             description: "the platform memcpy",
             needs: Need::Nothing,
-            body: Body::Range(Some(libc_memcpy)),
+            body: Body::Composite(libc_memcpy),
             undrained: None,
         },
         /// Chosen per batch from the CPU, its cache sizes, the batch's total

@@ -45,9 +45,14 @@ impl Need {
 /// How a row runs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Body<F> {
-    /// This function over the whole range; `None` where this architecture
-    /// has no such instruction (see [`on_x86!`]).
+    /// One primitive over the whole range (a string instruction or one
+    /// vector loop); `None` where this architecture has no such
+    /// instruction (see [`on_x86!`]).
     Range(Option<F>),
+    /// A range function built from others or from the platform (the
+    /// per-page loop, libc): callable, but what it reaches says nothing
+    /// about what the machine can do.
+    Composite(F),
     /// Page by page around a hint page (`butterfly`): no range function.
     Paged,
     /// Chosen per request by the policy in [`crate::tune`].
@@ -98,7 +103,7 @@ impl<F: Copy> Row<F> {
             });
         }
         match self.body {
-            Body::Range(Some(f)) => Ok(f),
+            Body::Range(Some(f)) | Body::Composite(f) => Ok(f),
             Body::Range(None) => unreachable!("refused above as unavailable"),
             Body::Paged => Err(StrategyError::Unavailable {
                 op,
@@ -168,6 +173,9 @@ macro_rules! strategies {
             fn unavailable(self) -> Option<&'static str> {
                 self.row().unavailable()
             }
+            fn is_primitive(self) -> bool {
+                matches!(self.row().body, $crate::strategy::Body::Range(_))
+            }
         }
 
         impl std::fmt::Display for $name {
@@ -193,6 +201,14 @@ pub trait Strategy: Copy + Eq + std::fmt::Debug + 'static {
     fn description(self) -> &'static str;
     /// `Some(reason)` when this CPU or architecture cannot run it.
     fn unavailable(self) -> Option<&'static str>;
+
+    /// Whether it is one primitive over the whole range (a string
+    /// instruction or one vector loop), so that what it reaches the machine
+    /// can do: a bandwidth limit is at least the best of these. Composites
+    /// (`per-page`, `libc`, `butterfly`) and `auto` are not.
+    fn is_primitive(self) -> bool {
+        false
+    }
 
     /// The strategy called `name` (exact match), available here or not.
     fn from_name(name: &str) -> Option<Self> {
@@ -339,5 +355,25 @@ mod tests {
             let paged = matches!(s.row().body, Body::Paged);
             assert_eq!(paged, s == clear::ClearStrategy::Butterfly, "{s}");
         }
+    }
+
+    #[test]
+    fn primitives_are_the_single_instruction_rows() {
+        let names = |all: &[&'static str]| all.to_vec();
+        let copy: Vec<_> = copy::CopyStrategy::ALL
+            .iter()
+            .filter(|s| s.is_primitive())
+            .map(|s| s.name())
+            .collect();
+        let clear: Vec<_> = clear::ClearStrategy::ALL
+            .iter()
+            .filter(|s| s.is_primitive())
+            .map(|s| s.name())
+            .collect();
+        assert_eq!(
+            copy,
+            names(&["movsq", "movsb", "unrolled", "avx2", "avx512", "nt"])
+        );
+        assert_eq!(clear, names(&["stosb", "stosq", "nt", "clzero"]));
     }
 }
