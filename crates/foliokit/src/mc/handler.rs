@@ -3,7 +3,7 @@
 //!
 //! This is the user-space twin of the kernel's exception table: the handler
 //! looks the faulting PC up in the table the assembler gathered beside the
-//! routines ([`super::arch::fixup_for`]) and, on a hit,
+//! routines ([`crate::arch::x86_64::mc::fixup_for`]) and, on a hit,
 //! rewrites the PC in the saved context to the fixup, so the interrupted
 //! routine returns normally. No stack is unwound and no setjmp/longjmp
 //! crosses Rust frames. A fault anywhere else goes to the handler installed
@@ -13,8 +13,8 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use super::arch::fixup_for;
 use super::HandlerState;
+use crate::arch::x86_64::mc::fixup_for;
 
 /// The disposition SIGBUS had before foliokit's handler.
 #[derive(Clone, Copy)]

@@ -9,9 +9,6 @@
 //! bad page, as `folio_mc_copy` does.
 
 #[cfg(target_arch = "x86_64")]
-#[path = "x86_64.rs"]
-mod arch;
-#[cfg(target_arch = "x86_64")]
 mod handler;
 
 use thiserror::Error;
@@ -86,17 +83,9 @@ pub enum McError {
     Batch(#[from] BatchError),
 }
 
+pub use crate::strategy::McCopyFn;
 /// A routine returning the bytes it did not copy.
-type McFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
-
-/// A machine-check-safe copy routine `(dst, src, len) -> bytes not copied`,
-/// as the copy channels run it ([`crate::channels::Op::CopyMc`]).
-///
-/// # Safety (of calling it)
-/// As [`copy_mc_raw`]: `src` mapped readable (its pages may raise SIGBUS,
-/// which ends the copy short), `dst` valid for writes and not faulting,
-/// the two disjoint.
-pub type McCopyFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
+type McFn = McCopyFn;
 
 /// The mc routine for `strategy` at `shape` (itself, or for `auto` the mc
 /// twin of the strategy `auto` picks for that shape), with the
@@ -110,15 +99,12 @@ pub fn mc_routine(
     Ok((s, mc_fn(s)?))
 }
 
-/// The strategies with an mc variant.
-pub(crate) const MC_STRATEGIES: &[CopyStrategy] =
-    &[CopyStrategy::Movsb, CopyStrategy::Avx2, CopyStrategy::Nt];
-
 impl CopyStrategy {
-    /// Whether this strategy has a machine-check-safe variant here.
+    /// Whether this strategy has a machine-check-safe variant here (its
+    /// row names one; `auto` picks among those).
     pub fn has_mc(self) -> bool {
         cfg!(target_arch = "x86_64")
-            && (self == CopyStrategy::Auto || MC_STRATEGIES.contains(&self))
+            && (self == CopyStrategy::Auto || self.row().mc.is_some())
             && self.unavailable().is_none()
     }
 }
@@ -215,12 +201,7 @@ fn mc_fn(s: CopyStrategy) -> Result<McFn, McError> {
     if handler::state() == HandlerState::Replaced {
         return Err(McError::HandlerReplaced);
     }
-    Ok(match s {
-        CopyStrategy::Movsb => arch::mc_movsb,
-        CopyStrategy::Avx2 => arch::mc_avx2,
-        CopyStrategy::Nt => arch::mc_nt,
-        other => return Err(McError::NoVariant(other.name())),
-    })
+    s.row().mc.ok_or(McError::NoVariant(s.name()))
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -25,6 +25,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Paged,
             undrained: None,
+            mc: None,
         },
         /// 4 KiB clears in address order with a yield point between pages.
         PerPage => Row {
@@ -33,6 +34,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Composite(per_page),
             undrained: None,
+            mc: None,
         },
         /// `rep stosb` over the whole extent. x86_64 only.
         Stosb => Row {
@@ -41,6 +43,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::clear_stosb)),
             undrained: None,
+            mc: None,
         },
         /// `rep stosq` over the whole extent. x86_64 only.
         Stosq => Row {
@@ -49,6 +52,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::clear_stosq)),
             undrained: None,
+            mc: None,
         },
         /// Streaming (non-temporal) stores of whole lines, fenced before
         /// returning: for memory not read again soon. x86_64 only.
@@ -58,6 +62,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::clear_nt)),
             undrained: on_x86!(asm::clear_nt_nodrain),
+            mc: None,
         },
         /// AMD `clzero`, one instruction per 64-byte line, fenced. x86_64
         /// with the CLZERO flag (AMD only).
@@ -67,6 +72,7 @@ strategies! {
             needs: Need::Clzero,
             body: Body::Range(on_x86!(asm::clear_clzero)),
             undrained: on_x86!(asm::clear_clzero_nodrain),
+            mc: None,
         },
         /// The platform `memset`.
         Libc => Row {
@@ -75,6 +81,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Composite(libc_memset),
             undrained: None,
+            mc: None,
         },
         /// Chosen per batch from the CPU, its cache sizes, the batch's total
         /// size, the reuse hint and the calibration profile; reports say

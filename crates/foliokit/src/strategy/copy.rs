@@ -9,6 +9,8 @@ use crate::sys::page_size;
 
 #[cfg(target_arch = "x86_64")]
 use crate::arch::x86_64::copy as asm;
+#[cfg(target_arch = "x86_64")]
+use crate::arch::x86_64::mc as mc_asm;
 
 strategies! {
     /// A way of copying memory. Every variant is callable by name; `Auto`
@@ -22,6 +24,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Composite(per_page),
             undrained: None,
+            mc: None,
         },
         /// `rep movsq` over the whole extent (the kernel's `copy_page` on
         /// REP_GOOD CPUs). x86_64 only.
@@ -31,6 +34,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::copy_movsq)),
             undrained: None,
+            mc: None,
         },
         /// `rep movsb` over the whole extent; fast with ERMS/FSRM, slow on
         /// some AMD parts with a misaligned destination. x86_64 only.
@@ -40,6 +44,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::copy_movsb)),
             undrained: None,
+            mc: on_x86!(mc_asm::mc_movsb),
         },
         /// Unrolled 64-bit register moves, 64 bytes per iteration (the
         /// kernel's `memcpy_orig`, used when FSRM is absent). x86_64 only.
@@ -49,6 +54,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::copy_unrolled)),
             undrained: None,
+            mc: None,
         },
         /// 32-byte AVX2 loads and stores. x86_64 with AVX2.
         Avx2 => Row {
@@ -57,6 +63,7 @@ strategies! {
             needs: Need::Avx2,
             body: Body::Range(on_x86!(asm::copy_avx2)),
             undrained: None,
+            mc: on_x86!(mc_asm::mc_avx2),
         },
         /// 64-byte AVX-512 loads and stores. x86_64 with AVX-512F.
         Avx512 => Row {
@@ -65,6 +72,7 @@ strategies! {
             needs: Need::Avx512f,
             body: Body::Range(on_x86!(asm::copy_avx512)),
             undrained: None,
+            mc: None,
         },
         /// Streaming (non-temporal) stores that bypass the cache, fenced
         /// before returning: for write-once data larger than the cache.
@@ -75,6 +83,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::copy_nt)),
             undrained: on_x86!(asm::copy_nt_nodrain),
+            mc: on_x86!(mc_asm::mc_nt),
         },
         /// The platform `memcpy`.
         Libc => Row {
@@ -83,6 +92,7 @@ strategies! {
             needs: Need::Nothing,
             body: Body::Composite(libc_memcpy),
             undrained: None,
+            mc: None,
         },
         /// Chosen per batch from the CPU, its cache sizes, the batch's total
         /// size, the reuse hint and the calibration profile; reports say

@@ -1,5 +1,6 @@
 //! The strategy tables: every copy and clear strategy is one row of data
-//! (name, description, CPU requirement, function, undrained function),
+//! (name, description, CPU requirement, function, undrained function,
+//! machine-check-safe twin),
 //! declared with [`strategies!`](crate::strategy) in `copy.rs` and
 //! `clear.rs` beside the composite functions it names; the assembly is in
 //! `crate::arch`. Adding a strategy is one row there and its assembly.
@@ -20,6 +21,15 @@ pub type CopyFn = unsafe fn(dst: *mut u8, src: *const u8, len: usize);
 /// A clear primitive: zeroes exactly `len` bytes at `dst`.
 /// Callers guarantee the range is valid for writes.
 pub type ClearFn = unsafe fn(dst: *mut u8, len: usize);
+
+/// A machine-check-safe copy routine `(dst, src, len) -> bytes not copied`,
+/// as the copy channels run it ([`crate::channels::Op::CopyMc`]).
+///
+/// # Safety (of calling it)
+/// As [`crate::mc::copy_mc_raw`]: `src` mapped readable (its pages may
+/// raise SIGBUS, which ends the copy short), `dst` valid for writes and not
+/// faulting, the two disjoint; the SIGBUS handler installed.
+pub type McCopyFn = unsafe fn(*mut u8, *const u8, usize) -> usize;
 
 /// What a row needs from the CPU beyond its architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +79,9 @@ pub(crate) struct Row<F: 'static> {
     /// The same stores without the closing fence, for a batch that fences
     /// once after its last folio; `None` where the stores are ordinary.
     pub undrained: Option<F>,
+    /// Its machine-check-safe twin (copy rows only): the same loop with
+    /// every faulting instruction in the fault table.
+    pub mc: Option<McCopyFn>,
 }
 
 /// The `auto` row, the same for every operation: chosen per request.
@@ -79,6 +92,7 @@ pub(crate) const fn auto_row<F>() -> Row<F> {
         needs: Need::Nothing,
         body: Body::Auto,
         undrained: None,
+        mc: None,
     }
 }
 

@@ -76,6 +76,7 @@ macro_rules! per_line {
 
 pub mod clear;
 pub mod copy;
+pub mod mc;
 
 /// The loop structure every block primitive shares: the range of `len`
 /// bytes at `addr` splits into a head up to the first `ALIGN`-aligned

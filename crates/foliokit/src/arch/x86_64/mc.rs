@@ -198,7 +198,7 @@ unsafe extern "sysv64" {
 /// # Safety
 /// `dst` valid for writes and `src` mapped (it may fault: that is the
 /// point) for `len` bytes; the ranges must not overlap. The SIGBUS handler
-/// must be installed (see `super::handler::install`).
+/// must be installed (`crate::mc` installs it before running one).
 pub unsafe fn mc_movsb(dst: *mut u8, src: *const u8, len: usize) -> usize {
     // SAFETY: forwarded contract; the routine follows the System V ABI.
     unsafe { foliokit_mc_movsb(dst, src, len) }
@@ -273,7 +273,7 @@ mod tests {
 
     /// The lines of the `global_asm!` above, as written.
     fn asm_lines() -> Vec<&'static str> {
-        let src = include_str!("x86_64.rs");
+        let src = include_str!("mc.rs");
         let body = src.split("global_asm!(\n").nth(1).unwrap();
         let body = &body[..body.find("\n);\n").unwrap()];
         body.lines()
