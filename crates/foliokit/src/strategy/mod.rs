@@ -372,22 +372,17 @@ mod tests {
     }
 
     #[test]
-    fn primitives_are_the_single_instruction_rows() {
-        let names = |all: &[&'static str]| all.to_vec();
-        let copy: Vec<_> = copy::CopyStrategy::ALL
-            .iter()
-            .filter(|s| s.is_primitive())
-            .map(|s| s.name())
-            .collect();
-        let clear: Vec<_> = clear::ClearStrategy::ALL
-            .iter()
-            .filter(|s| s.is_primitive())
-            .map(|s| s.name())
-            .collect();
-        assert_eq!(
-            copy,
-            names(&["movsq", "movsb", "unrolled", "avx2", "avx512", "nt"])
-        );
-        assert_eq!(clear, names(&["stosb", "stosq", "nt", "clzero"]));
+    fn every_row_but_the_composites_is_a_primitive() {
+        // The composites are written in this module's files; every other
+        // row is one instruction sequence from `arch`, and counts towards
+        // the lab's limit by being there.
+        for &s in copy::CopyStrategy::ALL {
+            let composite = ["per-page", "libc", "auto"].contains(&s.name());
+            assert_eq!(s.is_primitive(), !composite, "{s}");
+        }
+        for &s in clear::ClearStrategy::ALL {
+            let composite = ["butterfly", "per-page", "libc", "auto"].contains(&s.name());
+            assert_eq!(s.is_primitive(), !composite, "{s}");
+        }
     }
 }
