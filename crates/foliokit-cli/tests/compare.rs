@@ -34,32 +34,27 @@ fn lab(kernel: &str, copy: Vec<Value>, init: Vec<Value>) -> Value {
 #[test]
 fn compare_calls_changes_only_beyond_the_spread() {
     let dir = Scratch::new("compare");
-    let a = lab(
-        "6.1.0",
-        vec![
-            copy_row("up", 10.0, 0.5, 5),
-            copy_row("down", 10.0, 0.5, 5),
-            copy_row("noisy", 10.0, 2.0, 5),
-            copy_row("once", 10.0, 0.0, 1),
-            copy_row("only-a", 10.0, 0.5, 5),
-        ],
-        vec![
-            json!({"function": "template-nt", "record_size": 64, "rebind_ms": stats(100.0, 5.0, 5)}),
-        ],
-    );
-    let b = lab(
-        "6.12.0",
-        vec![
-            copy_row("up", 12.0, 0.5, 5),
-            copy_row("down", 8.0, 0.5, 5),
-            copy_row("noisy", 11.0, 2.0, 5),
-            copy_row("once", 20.0, 0.0, 1),
-            copy_row("only-b", 10.0, 0.5, 5),
-        ],
-        vec![
-            json!({"function": "template-nt", "record_size": 64, "rebind_ms": stats(80.0, 5.0, 5)}),
-        ],
-    );
+    // Each copy row's mean on side A and on side B (a side without one
+    // lacks the row), its stdev and runs: the verdict reads off one line.
+    let copy = [
+        ("up", Some(10.0), Some(12.0), 0.5, 5),
+        ("down", Some(10.0), Some(8.0), 0.5, 5),
+        ("noisy", Some(10.0), Some(11.0), 2.0, 5),
+        ("once", Some(10.0), Some(20.0), 0.0, 1),
+        ("only-a", Some(10.0), None, 0.5, 5),
+        ("only-b", None, Some(10.0), 0.5, 5),
+    ];
+    let side = |kernel: &str, on_b: bool, rebind_ms: f64| {
+        let rows = copy
+            .iter()
+            .filter_map(|&(f, a, b, sd, runs)| {
+                Some(copy_row(f, if on_b { b } else { a }?, sd, runs))
+            })
+            .collect();
+        let init = json!({"function": "template-nt", "record_size": 64, "rebind_ms": stats(rebind_ms, 5.0, 5)});
+        lab(kernel, rows, vec![init])
+    };
+    let (a, b) = (side("6.1.0", false, 100.0), side("6.12.0", true, 80.0));
     let (pa, pb) = (dir.join("a.json"), dir.join("b.json"));
     std::fs::write(&pa, a.to_string()).unwrap();
     std::fs::write(&pb, b.to_string()).unwrap();

@@ -81,6 +81,20 @@ impl Drop for Target {
     }
 }
 
+/// How many bytes of the reported `ranges` lie inside `[lo, hi)`.
+fn bytes_within(ranges: &[Value], lo: usize, hi: usize) -> u64 {
+    ranges
+        .iter()
+        .map(|r| {
+            let (s, e) = (
+                r["start"].as_u64().unwrap() as usize,
+                r["end"].as_u64().unwrap() as usize,
+            );
+            e.min(hi).saturating_sub(s.max(lo)) as u64
+        })
+        .sum()
+}
+
 fn damon_state() -> Option<String> {
     std::fs::read_to_string(NR).ok()
 }
@@ -176,27 +190,8 @@ fn cold_leaves_damon_as_it_found_it() {
     // What DAMON saw idle lies in the target's cold part or elsewhere in
     // its anonymous memory; the loop's half stays out of it mostly (DAMON
     // samples; regions are approximate).
-    let hot = (t.start, t.start + HOT);
-    let hot_bytes: u64 = ranges
-        .iter()
-        .map(|r| {
-            let (s, e) = (
-                r["start"].as_u64().unwrap() as usize,
-                r["end"].as_u64().unwrap() as usize,
-            );
-            (e.min(hot.1).saturating_sub(s.max(hot.0))) as u64
-        })
-        .sum();
-    let cold_bytes: u64 = ranges
-        .iter()
-        .map(|r| {
-            let (s, e) = (
-                r["start"].as_u64().unwrap() as usize,
-                r["end"].as_u64().unwrap() as usize,
-            );
-            (e.min(t.start + t.len).saturating_sub(s.max(hot.1))) as u64
-        })
-        .sum();
+    let hot_bytes = bytes_within(ranges, t.start, t.start + HOT);
+    let cold_bytes = bytes_within(ranges, t.start + HOT, t.start + t.len);
     say(&format!(
         "NOTE: --cold {window} found {} regions: {} MiB of the 32 MiB cold part, {} KiB of the 32 MiB hot part",
         ranges.len(),
