@@ -1,6 +1,7 @@
 //! UNSTABLE: the pieces of foliokit's inside that `foliokit-lab` measures
 //! with (its bandwidth probes run the bare instructions; its guards change
-//! the sysfs settings foliokit only reads). Behind the non-default
+//! the sysfs settings foliokit only reads), and that foliokit-vm-memory's
+//! tests check with (smaps, as a dev-dependency). Behind the non-default
 //! `unstable-internals` feature and hidden from the docs: anything here
 //! may change or go in any release, minor ones included. Adopters use the
 //! documented modules.
