@@ -2,8 +2,10 @@
 //! change beyond both spreads either way, one inside them, too few runs,
 //! a lower-is-better metric, rows on one side only, a kernel difference.
 
+mod common;
+
+use common::{foliokit, json, refused, Scratch};
 use serde_json::{json, Value};
-use std::process::Command;
 
 fn stats(mean: f64, sd: f64, runs: u64) -> Value {
     json!({"mean": mean, "stdev": sd, "median": mean, "min": mean - sd, "max": mean + sd, "runs": runs})
@@ -31,49 +33,36 @@ fn lab(kernel: &str, copy: Vec<Value>, init: Vec<Value>) -> Value {
 
 #[test]
 fn compare_calls_changes_only_beyond_the_spread() {
-    let dir = std::env::temp_dir().join(format!("foliokit-compare-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let a = lab(
-        "6.1.0",
-        vec![
-            copy_row("up", 10.0, 0.5, 5),
-            copy_row("down", 10.0, 0.5, 5),
-            copy_row("noisy", 10.0, 2.0, 5),
-            copy_row("once", 10.0, 0.0, 1),
-            copy_row("only-a", 10.0, 0.5, 5),
-        ],
-        vec![
-            json!({"function": "template-nt", "record_size": 64, "rebind_ms": stats(100.0, 5.0, 5)}),
-        ],
-    );
-    let b = lab(
-        "6.12.0",
-        vec![
-            copy_row("up", 12.0, 0.5, 5),
-            copy_row("down", 8.0, 0.5, 5),
-            copy_row("noisy", 11.0, 2.0, 5),
-            copy_row("once", 20.0, 0.0, 1),
-            copy_row("only-b", 10.0, 0.5, 5),
-        ],
-        vec![
-            json!({"function": "template-nt", "record_size": 64, "rebind_ms": stats(80.0, 5.0, 5)}),
-        ],
-    );
+    let dir = Scratch::new("compare");
+    // Each copy row's mean on side A and on side B (a side without one
+    // lacks the row), its stdev and runs: the verdict reads off one line.
+    let copy = [
+        ("up", Some(10.0), Some(12.0), 0.5, 5),
+        ("down", Some(10.0), Some(8.0), 0.5, 5),
+        ("noisy", Some(10.0), Some(11.0), 2.0, 5),
+        ("once", Some(10.0), Some(20.0), 0.0, 1),
+        ("only-a", Some(10.0), None, 0.5, 5),
+        ("only-b", None, Some(10.0), 0.5, 5),
+    ];
+    let side = |kernel: &str, on_b: bool, rebind_ms: f64| {
+        let rows = copy
+            .iter()
+            .filter_map(|&(f, a, b, sd, runs)| {
+                Some(copy_row(f, if on_b { b } else { a }?, sd, runs))
+            })
+            .collect();
+        let init = json!({"function": "template-nt", "record_size": 64, "rebind_ms": stats(rebind_ms, 5.0, 5)});
+        lab(kernel, rows, vec![init])
+    };
+    let (a, b) = (side("6.1.0", false, 100.0), side("6.12.0", true, 80.0));
     let (pa, pb) = (dir.join("a.json"), dir.join("b.json"));
     std::fs::write(&pa, a.to_string()).unwrap();
     std::fs::write(&pb, b.to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_foliokit"))
-        .args(["compare", "--format", "json"])
-        .arg(&pa)
-        .arg(&pb)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json(
+        foliokit()
+            .args(["compare", "--format", "json"])
+            .args([&pa, &pb]),
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let change = |row: &str| -> Value {
         let r = v["rows"]
             .as_array()
@@ -108,53 +97,32 @@ fn compare_calls_changes_only_beyond_the_spread() {
 
     // Bad input is one clear line, not a panic.
     std::fs::write(dir.join("bad.json"), "{\"x\": 1}").unwrap();
-    let bad = Command::new(env!("CARGO_BIN_EXE_foliokit"))
-        .arg("compare")
-        .arg(&pa)
-        .arg(dir.join("bad.json"))
-        .output()
-        .unwrap();
-    assert!(!bad.status.success());
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(
-        err.contains("neither a lab's results.json nor a bench's JSON"),
-        "{err}"
+    refused(
+        foliokit().arg("compare").args([pa, dir.join("bad.json")]),
+        "neither a lab's results.json nor a bench's JSON",
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn compare_takes_lab_directories_and_refuses_results_without_rows() {
-    let dir = std::env::temp_dir().join(format!("foliokit-compare-dirs-{}", std::process::id()));
+    let dir = Scratch::new("compare-dirs");
     let (a, b) = (dir.join("a"), dir.join("b"));
     for (d, mean) in [(&a, 10.0), (&b, 12.0)] {
         std::fs::create_dir_all(d).unwrap();
         let r = lab("6.12.0", vec![copy_row("movsb", mean, 0.1, 5)], vec![]);
         std::fs::write(d.join("results.json"), r.to_string()).unwrap();
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_foliokit"))
-        .args(["compare", "--format", "json"])
-        .args([&a, &b])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json(
+        foliokit()
+            .args(["compare", "--format", "json"])
+            .args([&a, &b]),
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 1);
     // A results file with no measured rows is refused with one line.
     let empty = dir.join("empty.json");
     std::fs::write(&empty, lab("6.12.0", vec![], vec![]).to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_foliokit"))
-        .args(["compare"])
-        .args([&a, &empty])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("no rows with a measurement"), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
+    refused(
+        foliokit().arg("compare").args([&a, &empty]),
+        "no rows with a measurement",
+    );
 }

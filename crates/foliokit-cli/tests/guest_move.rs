@@ -5,6 +5,9 @@
 //! vm-test`, in the guests (the 6.12 guest has DAMON sysfs and no kdamond
 //! of its own, so `--cold` really runs there).
 
+mod common;
+
+use common::{foliokit, json, refused, say, skip};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -15,15 +18,6 @@ const NR: &str = "/sys/kernel/mm/damon/admin/kdamonds/nr_kdamonds";
 /// The part of the target's 64 MiB its loop keeps writing; the rest is
 /// written once and then idle.
 const HOT: usize = 32 << 20;
-
-fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "guest_move: {line}");
-}
-
-fn foliokit() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_foliokit"))
-}
 
 /// A target of 64 MiB of 4K pages whose first `hot` bytes its loop keeps
 /// writing; killed and reaped on drop.
@@ -70,6 +64,14 @@ impl Target {
     fn pid(&self) -> String {
         self.child.id().to_string()
     }
+
+    /// `foliokit move` of this target's memory to `node`; what to move
+    /// and how is the caller's.
+    fn move_to(&self, node: &str) -> Command {
+        let mut c = foliokit();
+        c.args(["move", "--pid", &self.pid(), "--to", node]);
+        c
+    }
 }
 
 impl Drop for Target {
@@ -77,6 +79,20 @@ impl Drop for Target {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// How many bytes of the reported `ranges` lie inside `[lo, hi)`.
+fn bytes_within(ranges: &[Value], lo: usize, hi: usize) -> u64 {
+    ranges
+        .iter()
+        .map(|r| {
+            let (s, e) = (
+                r["start"].as_u64().unwrap() as usize,
+                r["end"].as_u64().unwrap() as usize,
+            );
+            e.min(hi).saturating_sub(s.max(lo)) as u64
+        })
+        .sum()
 }
 
 fn damon_state() -> Option<String> {
@@ -88,26 +104,11 @@ fn move_counts_what_it_finds_and_refuses_bad_input_in_one_line() {
     let t = Target::start(1 << 20);
     let node = foliokit::mem::system::numa_nodes()[0].to_string();
     let range = format!("{:x}-{:x}", t.start, t.start + t.len);
-    let out = foliokit()
-        .args([
-            "move",
-            "--pid",
-            &t.pid(),
-            "--to",
-            &node,
-            "--range",
-            &range,
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json(
+        t.move_to(&node)
+            .args(["--range", &range])
+            .args(["--format", "json"]),
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let r = &v["ranges"][0];
     let total = r["moved"].as_u64().unwrap()
         + r["already"].as_u64().unwrap()
@@ -124,25 +125,19 @@ fn move_counts_what_it_finds_and_refuses_bad_input_in_one_line() {
         (vec!["--to", "4096", "--all-anon"], "does not exist"),
         (vec!["--to", &node], "say what to move"),
     ] {
-        let out = foliokit()
-            .args(["move", "--pid", &t.pid()])
-            .args(&args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-        assert!(
-            err.contains(want) && err.trim().lines().count() == 1,
-            "{args:?}: {err}"
+        let code = refused(
+            foliokit().args(["move", "--pid", &t.pid()]).args(&args),
+            want,
         );
+        assert_eq!(code, Some(1), "{args:?}");
     }
-    let out = foliokit()
-        .args(["move", "--pid", "2147483647", "--to", &node, "--all-anon"])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no process"));
-    let out = foliokit()
-        .args(["move", "--pid", &t.pid(), "--to", &node, "--range", "zz-10"])
+    refused(
+        foliokit().args(["move", "--pid", "2147483647", "--to", &node, "--all-anon"]),
+        "no process",
+    );
+    let out = t
+        .move_to(&node)
+        .args(["--range", "zz-10"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "usage error");
@@ -151,27 +146,13 @@ fn move_counts_what_it_finds_and_refuses_bad_input_in_one_line() {
 #[test]
 fn cold_leaves_damon_as_it_found_it() {
     let Some(before) = damon_state() else {
-        say("SKIP: this kernel has no DAMON sysfs interface (--cold says so; checked below)");
+        skip("this kernel has no DAMON sysfs interface (--cold says so; checked below)");
         let t = Target::start(1 << 20);
-        let out = foliokit()
-            .args([
-                "move",
-                "--pid",
-                &t.pid(),
-                "--to",
-                "0",
-                "--all-anon",
-                "--cold",
-                "1",
-            ])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains("DAMON"), "{err}");
+        refused(t.move_to("0").args(["--all-anon", "--cold", "1"]), "DAMON");
         return;
     };
     if !foliokit::mem::system::is_root() {
-        say("SKIP: DAMON sysfs needs root");
+        skip("DAMON sysfs needs root");
         return;
     }
     let node = foliokit::mem::system::numa_nodes()[0].to_string();
@@ -182,17 +163,9 @@ fn cold_leaves_damon_as_it_found_it() {
         3
     };
     let t = Target::start(HOT);
-    let out = foliokit()
-        .args([
-            "move",
-            "--pid",
-            &t.pid(),
-            "--to",
-            &node,
-            "--all-anon",
-            "--cold",
-            &window.to_string(),
-        ])
+    let out = t
+        .move_to(&node)
+        .args(["--all-anon", "--cold", &window.to_string()])
         .args(["--format", "json"])
         .output()
         .unwrap();
@@ -217,27 +190,8 @@ fn cold_leaves_damon_as_it_found_it() {
     // What DAMON saw idle lies in the target's cold part or elsewhere in
     // its anonymous memory; the loop's half stays out of it mostly (DAMON
     // samples; regions are approximate).
-    let hot = (t.start, t.start + HOT);
-    let hot_bytes: u64 = ranges
-        .iter()
-        .map(|r| {
-            let (s, e) = (
-                r["start"].as_u64().unwrap() as usize,
-                r["end"].as_u64().unwrap() as usize,
-            );
-            (e.min(hot.1).saturating_sub(s.max(hot.0))) as u64
-        })
-        .sum();
-    let cold_bytes: u64 = ranges
-        .iter()
-        .map(|r| {
-            let (s, e) = (
-                r["start"].as_u64().unwrap() as usize,
-                r["end"].as_u64().unwrap() as usize,
-            );
-            (e.min(t.start + t.len).saturating_sub(s.max(hot.1))) as u64
-        })
-        .sum();
+    let hot_bytes = bytes_within(ranges, t.start, t.start + HOT);
+    let cold_bytes = bytes_within(ranges, t.start + HOT, t.start + t.len);
     say(&format!(
         "NOTE: --cold {window} found {} regions: {} MiB of the 32 MiB cold part, {} KiB of the 32 MiB hot part",
         ranges.len(),
@@ -254,17 +208,9 @@ fn cold_leaves_damon_as_it_found_it() {
         "DAMON saw at least half of the 32 MiB cold part idle for the window: {cold_bytes} bytes"
     );
     // Interrupted mid-window: DAMON is put back all the same.
-    let mut c = foliokit()
-        .args([
-            "move",
-            "--pid",
-            &t.pid(),
-            "--to",
-            &node,
-            "--all-anon",
-            "--cold",
-            "30",
-        ])
+    let mut c = t
+        .move_to(&node)
+        .args(["--all-anon", "--cold", "30"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -4,21 +4,13 @@
 //! kernel offers. Run on the
 //! host and, through `cargo xtask vm-test`, in the 6.12 and 6.1 guests.
 
+mod common;
+
+use common::{foliokit, json, say, skip};
 use serde_json::Value;
 use std::process::Command;
 
 const SIZES: [(usize, &str); 2] = [(16 << 10, "16K"), (64 << 10, "64K")];
-
-/// Straight to the process's stderr: the test harness captures `println!`,
-/// and the guest's log should show what was checked.
-fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "guest_mthp: {line}");
-}
-
-fn skip(why: &str) {
-    say(&format!("SKIP: {why}"));
-}
 
 fn is_root() -> bool {
     foliokit::mem::system::is_root()
@@ -28,35 +20,25 @@ fn has_mthp() -> bool {
     std::path::Path::new("/sys/kernel/mm/transparent_hugepage/hugepages-16kB").exists()
 }
 
-fn run(op: &str) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_foliokit"))
-        .args([
-            "bench",
-            op,
-            "-s",
-            "8M",
-            "-p",
-            "16K,64K",
-            "-f",
-            if op == "copy" { "movsb" } else { "stosb" },
-            "-l",
-            "1",
-            "--no-limits",
-            "--format",
-            "json",
-        ])
-        .output()
-        .expect("run foliokit")
-}
-
-fn bench(op: &str) -> Value {
-    let out = run(op);
-    assert!(
-        out.status.success(),
-        "foliokit bench {op} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("bench JSON")
+/// `bench copy` or `bench clear` of the mTHP sizes, as JSON.
+fn bench(op: &str) -> Command {
+    let mut c = foliokit();
+    c.args([
+        "bench",
+        op,
+        "-s",
+        "8M",
+        "-p",
+        "16K,64K",
+        "-f",
+        if op == "copy" { "movsb" } else { "stosb" },
+        "-l",
+        "1",
+        "--no-limits",
+        "--format",
+        "json",
+    ]);
+    c
 }
 
 /// The share of the bytes a census line ("… census of the first 8M: 16K
@@ -107,7 +89,7 @@ fn mthp_rows_are_backed_by_their_folio_size_or_say_why_not() {
             // Linux 6.1: no mTHP sizes. Asking for one is refused up front,
             // with the sizes this kernel does offer, before any memory is
             // touched or any sysfs knob changed.
-            let out = run(op);
+            let out = bench(op).output().expect("run foliokit");
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(!out.status.success(), "bench {op} -p 16K ran without mTHP");
             assert!(
@@ -120,7 +102,7 @@ fn mthp_rows_are_backed_by_their_folio_size_or_say_why_not() {
             ));
             continue;
         }
-        let r = bench(op);
+        let r = json(&mut bench(op));
         let backing = r["backing"].as_array().expect("backing list");
         for (size, name) in SIZES {
             let rows: Vec<&Value> = backing

@@ -1,41 +1,43 @@
 //! `foliokit lab --out DIR` refuses a directory it cannot write into at
 //! once, in one line, before measuring anything.
 
+mod common;
+
+use common::{foliokit, skip, Scratch};
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[test]
 fn an_unwritable_out_directory_fails_before_any_measurement() {
-    let dir = std::env::temp_dir().join(format!("foliokit-lab-ro-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new("lab-ro");
+    let dir = scratch.path();
     let root = foliokit::mem::system::is_root();
     let mounted = root
         && Command::new("mount")
             .args(["-t", "tmpfs", "-o", "ro", "tmpfs"])
-            .arg(&dir)
+            .arg(dir)
             .status()
             .is_ok_and(|s| s.success());
     if !mounted {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).unwrap();
         if std::fs::write(dir.join("x"), b"").is_ok() {
-            eprintln!("SKIP: cannot make a read-only directory here (root without mount)");
-            let _ = std::fs::remove_dir_all(&dir);
+            skip("cannot make a read-only directory here (root without mount)");
             return;
         }
     }
     let t = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_foliokit"))
+    let out = foliokit()
         .args(["lab", "--quick", "--out"])
-        .arg(&dir)
+        .arg(dir)
         .output()
         .unwrap();
     let took = t.elapsed();
     if mounted {
-        let _ = Command::new("umount").arg(&dir).status();
+        let _ = Command::new("umount").arg(dir).status();
     }
-    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
-    let _ = std::fs::remove_dir_all(&dir);
+    // Writable again, so that the scratch directory can be removed.
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("cannot write results into"), "{err}");

@@ -2,7 +2,9 @@
 //! (Debian's package; .ci/run installs it) loads index.html and the page's
 //! self-check must report every plot drawn, every table filled, no errors.
 
-use std::io::Write as _;
+mod common;
+
+use common::{foliokit, fresh_dir, run_ok, skip};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -44,18 +46,9 @@ fn attr(dom: &str, name: &str) -> Option<usize> {
 
 #[test]
 fn the_lab_page_renders_every_plot_and_table_in_headless_chromium() {
-    let out = std::env::temp_dir().join(format!("foliokit-lab-page-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let run = Command::new(env!("CARGO_BIN_EXE_foliokit"))
-        .args(["lab", "--smoke", "--out"])
-        .arg(&out)
-        .output()
-        .expect("run foliokit lab");
-    assert!(
-        run.status.success(),
-        "lab failed: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    // Kept afterwards: the screenshot is there to look at.
+    let out = fresh_dir("lab-page");
+    let run = run_ok(foliokit().args(["lab", "--smoke", "--out"]).arg(&out));
 
     // The files the lab promises.
     let results: serde_json::Value =
@@ -111,11 +104,7 @@ fn the_lab_page_renders_every_plot_and_table_in_headless_chromium() {
     }
 
     let Some(browser) = chromium() else {
-        // Straight to stderr: libtest hides a passing test's eprintln!.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP: the browser half: no chromium on PATH (.ci/run installs Debian's package)"
-        );
+        skip("the browser half: no chromium on PATH (.ci/run installs Debian's package)");
         return;
     };
     let url = format!("file://{}", page.display());
@@ -165,18 +154,12 @@ fn the_lab_page_renders_every_plot_and_table_in_headless_chromium() {
     // compare: the run against itself, page rendered the same way.
     let cmp = out.join("compare");
     let results_json = out.join("results.json");
-    let c = Command::new(env!("CARGO_BIN_EXE_foliokit"))
-        .arg("compare")
-        .arg(&results_json)
-        .arg(&results_json)
-        .arg("--out")
-        .arg(&cmp)
-        .output()
-        .expect("run foliokit compare");
-    assert!(
-        c.status.success(),
-        "compare failed: {}",
-        String::from_utf8_lossy(&c.stderr)
+    let c = run_ok(
+        foliokit()
+            .arg("compare")
+            .args([&results_json, &results_json])
+            .arg("--out")
+            .arg(&cmp),
     );
     let text = String::from_utf8_lossy(&c.stdout);
     assert!(

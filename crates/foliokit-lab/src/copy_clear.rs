@@ -17,7 +17,7 @@ use crate::measure::{
 };
 use crate::prepare::{check_shape, counted_backing, inline_note, with_mthp};
 use crate::progress::Progress;
-use crate::schema::{pct, BackingNote, LimitNote, Report};
+use crate::schema::{pct, BackingNote, LimitNote, LimitShare, Report};
 use crate::units::show_size;
 use crate::LabError;
 
@@ -32,11 +32,9 @@ pub struct Row {
     pub gbps: Stats,
     /// Median GB/s over the baseline's median GB/s for this folio size.
     pub speedup: f64,
-    /// The same-run limit at this folio size and channel count (GB/s,
-    /// median), when the run measured one.
-    pub limit_gbps: Option<f64>,
-    /// The row's median over `limit_gbps`.
-    pub of_limit: Option<f64>,
+    /// Against the limit at this folio size and channel count.
+    #[serde(flatten)]
+    pub limit: LimitShare,
     /// The row beat its limit beyond the run's noise: the limit missed
     /// something (tables print "missed" instead of a percentage).
     pub limit_missed: bool,
@@ -221,16 +219,18 @@ impl StrategyTables {
             }
             (None, None) => f64::NAN,
         };
-        report.rows.extend(m.iter().map(|x| Row {
-            function: x.function.clone(),
-            resolved: x.resolved.clone(),
-            folio_size: folio,
-            channels,
-            gbps: x.gbps,
-            speedup: x.gbps.median / base,
-            limit_gbps: limit,
-            of_limit: limit.map(|l| x.gbps.median / l),
-            limit_missed: over_limit(limit.map(|l| x.gbps.median / l)),
+        report.rows.extend(m.iter().map(|x| {
+            let share = LimitShare::of(x.gbps.median, limit);
+            Row {
+                function: x.function.clone(),
+                resolved: x.resolved.clone(),
+                folio_size: folio,
+                channels,
+                gbps: x.gbps,
+                speedup: x.gbps.median / base,
+                limit: share,
+                limit_missed: over_limit(share.of_limit),
+            }
         }));
         let best = m
             .iter()
@@ -245,7 +245,7 @@ impl StrategyTables {
                 best_named: best.function.clone(),
                 auto_vs_best_named: auto.gbps.median / best.gbps.median,
                 channels,
-                auto_of_limit: limit.map(|l| auto.gbps.median / l),
+                auto_of_limit: LimitShare::of(auto.gbps.median, limit).of_limit,
                 limit_gbps: limit,
             });
         }

@@ -11,7 +11,7 @@ use crate::hugetlb::HugetlbGrant;
 use crate::measure::{gbps, probe, LimitOp, Limits, Probe, Stats, Stores};
 use crate::prepare::check_shape;
 use crate::progress::Progress;
-use crate::schema::{BackingNote, LimitNote, Report};
+use crate::schema::{BackingNote, LimitNote, LimitShare, Report};
 use crate::units::show_size;
 use crate::LabError;
 
@@ -46,10 +46,9 @@ pub struct FaultRow {
     pub gbps: Stats,
     /// Median over the median of the same function and page with 1 thread.
     pub speedup: f64,
-    /// The same-run limit (streaming write of zeros, same size and threads).
-    pub limit_gbps: Option<f64>,
-    /// The median over `limit_gbps`.
-    pub of_limit: Option<f64>,
+    /// Against the limit: a streaming write of zeros, same size and threads.
+    #[serde(flatten)]
+    pub limit: LimitShare,
 }
 
 /// Touches one byte per `page` in `[lo, hi)` of the region (a write fault).
@@ -215,8 +214,7 @@ pub fn run(a: &FaultPlan, progress: &dyn Progress) -> Result<Report<FaultRow>, L
                     first_touch_gbps: first[c],
                     gbps,
                     speedup: gbps.median / single[c],
-                    limit_gbps: limit,
-                    of_limit: limit.map(|l| gbps.median / l),
+                    limit: LimitShare::of(gbps.median, limit),
                 });
             }
         }

@@ -15,7 +15,7 @@ use std::time::Instant;
 use crate::measure::{probe, LimitOp, Limits, Probe, Stats, Stores};
 use crate::prepare::check_shape;
 use crate::progress::Progress;
-use crate::schema::{pct, BackingNote, Report};
+use crate::schema::{pct, BackingNote, LimitShare, Report};
 use crate::units::show_size;
 use crate::LabError;
 
@@ -73,10 +73,9 @@ pub struct InitRow {
     pub victim_reread_us: Stats,
     /// template-memcpy's median rebind time over this variant's.
     pub speedup: f64,
-    /// The same-run write limit of the array (GB/s, median).
-    pub limit_gbps: Option<f64>,
-    /// `rebind_gbps` over `limit_gbps`.
-    pub of_limit: Option<f64>,
+    /// `rebind_gbps` against the write limit of the array.
+    #[serde(flatten)]
+    pub limit: LimitShare,
 }
 
 /// The per-record fields: a pfn-like index and flags derived from it.
@@ -345,8 +344,7 @@ pub fn run(a: &InitPlan, progress: &dyn Progress) -> Result<Report<InitRow>, Lab
             rebind_gbps,
             victim_reread_us: Stats::of(&victim_us[c]).expect("passes ran"),
             speedup: memcpy_median.map_or(f64::NAN, |m| m / rb.median),
-            limit_gbps: limit,
-            of_limit: limit.map(|l| rebind_gbps / l),
+            limit: LimitShare::of(rebind_gbps, limit),
         });
     }
     if let Some(l) = &limits {
@@ -374,7 +372,7 @@ pub fn run(a: &InitPlan, progress: &dyn Progress) -> Result<Report<InitRow>, Lab
                 .rows
                 .iter()
                 .find(|x| x.function == nt)
-                .and_then(|x| x.of_limit);
+                .and_then(|x| x.limit.of_limit);
             report.footer.push(format!(
                 "{nt}: {} of the write limit, {r:.2}x {cached}, {m:.2}x template-memcpy (median rebinds, same run)",
                 pct(of)

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use foliokit::channels::ChannelError;
+use foliokit::internals::anon_huge_bytes;
 use foliokit::lazy::{fill_lazily, LazyError, LazyOptions, Segment, Source};
 use foliokit::mem::system::is_root;
 use foliokit::mem::{MemError, Region};
@@ -189,37 +190,6 @@ fn write_snapshot(path: &std::path::Path, size: usize) -> Result<File, RestoreEr
     }
     f.sync_all().map_err(io("sync"))?;
     File::open(path).map_err(io("open"))
-}
-
-/// Bytes of `[addr, addr + len)` mapped by huge pages (smaps).
-pub fn thp_bytes(addr: usize, len: usize) -> usize {
-    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
-        return 0;
-    };
-    let mut inside = false;
-    let mut total = 0;
-    for line in text.lines() {
-        if let Some((a, b)) = line
-            .split_whitespace()
-            .next()
-            .and_then(|r| r.split_once('-'))
-        {
-            if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                inside = s < addr + len && e > addr;
-                continue;
-            }
-        }
-        if let Some(v) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
-            total += v
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<usize>()
-                .unwrap_or(0)
-                << 10;
-        }
-    }
-    total
 }
 
 fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
@@ -410,7 +380,10 @@ impl State {
             sample.start = secs;
             sample.resident = secs;
         }
-        sample.thp = thp_bytes(g.as_ptr() as usize, g.len()) as f64 / g.len() as f64;
+        let start = g.as_ptr() as usize;
+        // Unreadable smaps: no THP seen, as before.
+        let huge = anon_huge_bytes(None, start, start + g.len()).unwrap_or(0);
+        sample.thp = huge as f64 / g.len() as f64;
         self.check(name(m, self.named), &g)?;
         self.samples[c].push(sample);
         drop(g);

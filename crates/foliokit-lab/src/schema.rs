@@ -416,6 +416,28 @@ impl LimitNote {
     }
 }
 
+/// A row's place against the same-run limit of its shape: the limit where
+/// the run measured one, and the row's share of it. Flattened into the
+/// rows of copy, clear, fault and init, so their JSON keeps the two fields.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LimitShare {
+    /// The same-run limit at the row's size and threads (GB/s, median),
+    /// when the run measured one.
+    pub limit_gbps: Option<f64>,
+    /// The row's median GB/s over `limit_gbps`.
+    pub of_limit: Option<f64>,
+}
+
+impl LimitShare {
+    /// The share of `limit` a row measured at a median of `gbps` has.
+    pub fn of(gbps: f64, limit: Option<f64>) -> LimitShare {
+        LimitShare {
+            limit_gbps: limit,
+            of_limit: limit.map(|l| gbps / l),
+        }
+    }
+}
+
 /// "62%" of a limit, or "-" without one.
 pub fn pct(of: Option<f64>) -> String {
     of.map_or_else(|| "-".into(), |x| format!("{:.0}%", x * 100.0))

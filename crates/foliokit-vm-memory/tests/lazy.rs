@@ -91,31 +91,8 @@ fn start<'m>(
 
 /// Bytes of `[addr, addr + len)` (host) mapped by huge pages, from smaps.
 fn thp_bytes(addr: usize, len: usize) -> u64 {
-    let text = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    let mut total = 0;
-    for line in text.lines() {
-        if let Some((a, b)) = line
-            .split_whitespace()
-            .next()
-            .and_then(|r| r.split_once('-'))
-        {
-            if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                inside = s < addr + len && e > addr;
-                continue;
-            }
-        }
-        if let Some(v) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
-            total += v
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .unwrap()
-                << 10;
-        }
-    }
-    total
+    let huge = foliokit::internals::anon_huge_bytes(None, addr, addr + len);
+    huge.expect("/proc/self/smaps") as u64
 }
 
 /// A patterned guest's snapshot (its file, and each region's expected

@@ -1,6 +1,7 @@
 //! UNSTABLE: the pieces of foliokit's inside that `foliokit-lab` measures
 //! with (its bandwidth probes run the bare instructions; its guards change
-//! the sysfs settings foliokit only reads). Behind the non-default
+//! the sysfs settings foliokit only reads), and that foliokit-vm-memory's
+//! tests check with (smaps, as a dev-dependency). Behind the non-default
 //! `unstable-internals` feature and hidden from the docs: anything here
 //! may change or go in any release, minor ones included. Adopters use the
 //! documented modules.
@@ -8,6 +9,10 @@
 #[cfg(target_arch = "x86_64")]
 pub use crate::arch::x86_64::{clear as x86_clear, copy as x86_copy, split_blocks};
 pub use crate::arch::{sfence, CAN_FLUSH};
+/// How much of a range the kernel maps with PMD THPs: the lab's restore
+/// rows and foliokit-vm-memory's tests check it with the parser foliokit's
+/// own reports use, not a copy of it.
+pub use crate::sys::smaps::anon_huge_bytes;
 
 /// The THP sysfs directory (`mem::system` reads it; the lab's mTHP guard
 /// writes it).

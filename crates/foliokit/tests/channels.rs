@@ -467,12 +467,22 @@ fn pieces_count_once_and_only_for_their_own_batch() {
     }
 }
 
-/// A source of `folios` folios of `folio` bytes filled from `seed`, and a
-/// destination like it, for [`copies_through`].
-fn fork_buffers(folio: usize, folios: usize, seed: u64) -> (Region, Region) {
-    let src = filled_region(folio, folios, seed);
-    let dst = Region::new(src.len(), folio).unwrap();
-    (src, dst)
+/// Runs the fork test `name` in a fresh process, so that no other test's
+/// threads are forked mid-lock, handing `body` a source of `folios` folios
+/// of `folio` bytes filled from `seed` and a destination like it, for
+/// [`copies_through`].
+fn fork_test(
+    name: &str,
+    folio: usize,
+    folios: usize,
+    seed: u64,
+    body: impl FnOnce(Region, Region),
+) {
+    common::in_child(name, Duration::from_secs(60), || {
+        let src = filled_region(folio, folios, seed);
+        let dst = Region::new(src.len(), folio).unwrap();
+        body(src, dst)
+    });
 }
 
 /// Copies `src` into `dst` (equal, whole folios) through `pool`, returning
@@ -494,16 +504,16 @@ fn copies_through(pool: &ChannelPool, dst: &mut Region, src: &Region, folio: usi
 /// A child forked after the shared pool was used gets a pool with live
 /// workers; a pool inherited from the parent still finishes its batches
 /// (on the calling thread) instead of queueing them for threads that do
-/// not exist, and can be dropped there. Runs in a fresh process so no other test's threads are
-/// forked mid-lock.
+/// not exist, and can be dropped there.
 #[test]
 fn shared_pool_works_after_fork() {
-    common::in_child(
+    let folio = 4 * PAGE;
+    fork_test(
         "shared_pool_works_after_fork",
-        Duration::from_secs(60),
-        || {
-            let folio = 4 * PAGE;
-            let (src, mut dst) = fork_buffers(folio, 4, 11);
+        folio,
+        4,
+        11,
+        |src, mut dst| {
             let inherited = shared(2).unwrap();
             assert!(
                 copies_through(&inherited, &mut dst, &src, folio),
@@ -538,12 +548,13 @@ fn shared_pool_works_after_fork() {
 /// have, and gets pools and helpers of its own.
 #[test]
 fn fork_while_another_thread_holds_the_pool_lock() {
-    common::in_child(
+    let folio = 2 * PAGE;
+    fork_test(
         "fork_while_another_thread_holds_the_pool_lock",
-        Duration::from_secs(60),
-        || {
-            let folio = 2 * PAGE;
-            let (src, mut dst) = fork_buffers(folio, 2, 12);
+        folio,
+        2,
+        12,
+        |src, mut dst| {
             assert!(copies_through(&shared(2).unwrap(), &mut dst, &src, folio));
             foliokit::channels::hold_shared_lock(|| {
                 std::thread::scope(|s| {

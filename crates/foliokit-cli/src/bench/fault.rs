@@ -68,7 +68,7 @@ impl TableRow for FaultRow {
             } else {
                 format!("{:.2}x", self.speedup)
             },
-            pct(self.of_limit),
+            pct(self.limit.of_limit),
         ]
     }
 }

@@ -107,7 +107,7 @@ impl TableRow for Row {
             if self.limit_missed {
                 "missed".into()
             } else {
-                pct(self.of_limit)
+                pct(self.limit.of_limit)
             },
         ]
     }
@@ -140,9 +140,11 @@ impl TableRow for Row {
             format!("{:.3}", g.median),
             g.runs.to_string(),
             format!("{:.3}", self.speedup),
-            self.limit_gbps
+            self.limit
+                .limit_gbps
                 .map_or_else(String::new, |x| format!("{x:.3}")),
-            self.of_limit
+            self.limit
+                .of_limit
                 .map_or_else(String::new, |x| format!("{x:.3}")),
         ]
     }

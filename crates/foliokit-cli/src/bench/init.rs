@@ -63,7 +63,7 @@ impl TableRow for InitRow {
             format!("{:.2}", self.rebind_gbps),
             format!("{:.0}", self.victim_reread_us.median),
             format!("{:.2}x", self.speedup),
-            pct(self.of_limit),
+            pct(self.limit.of_limit),
         ]
     }
 }
