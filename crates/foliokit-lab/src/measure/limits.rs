@@ -187,7 +187,8 @@ impl Limits {
             .iter()
             .map(|s| s.iter().map(|&t| gbps(bytes, t)).collect())
             .collect();
-        let [r, w0, w] = [&rates[0], &rates[1], &rates[2]];
+        // No probes ran (`--no-limits`): there is no limit to give.
+        let [r, w0, w] = [rates.first()?, rates.get(1)?, rates.get(2)?];
         let per_loop: Vec<f64> = (0..r.len().min(w0.len()).min(w.len()))
             .map(|l| op.combine(r[l], w0[l], w[l]))
             .collect();
