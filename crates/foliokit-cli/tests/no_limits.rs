@@ -9,45 +9,15 @@ use common::{foliokit, json};
 #[test]
 fn benches_without_limits_measure_and_give_no_limit() {
     for args in [
-        &[
-            "bench",
-            "init",
-            "-s",
-            "1M",
-            "-l",
-            "2",
-            "-f",
-            "field,template-memcpy",
-        ][..],
-        &["bench", "fault", "-s", "8M", "-l", "2", "-p", "4K"][..],
-        &[
-            "bench",
-            "copy",
-            "-s",
-            "4M",
-            "-p",
-            "2M",
-            "-l",
-            "2",
-            "-f",
-            "movsb,libc",
-        ][..],
-        &[
-            "bench",
-            "clear",
-            "-s",
-            "4M",
-            "-p",
-            "2M",
-            "-l",
-            "2",
-            "-f",
-            "per-page,libc",
-        ][..],
+        "bench init -s 1M -l 2 -f field,template-memcpy",
+        "bench fault -s 8M -l 2 -p 4K",
+        "bench copy -s 4M -p 2M -l 2 -f movsb,libc",
+        "bench clear -s 4M -p 2M -l 2 -f per-page,libc",
     ] {
+        let args: Vec<&str> = args.split_whitespace().collect();
         let v = json(
             foliokit()
-                .args(args)
+                .args(&args)
                 .args(["--no-limits", "--format", "json"]),
         );
         let rows = v["rows"].as_array().expect("rows");

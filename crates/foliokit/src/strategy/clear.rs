@@ -58,7 +58,7 @@ strategies! {
         /// returning: for memory not read again soon. x86_64 only.
         Nt => Row {
             name: "nt",
-            description: "streaming movntdq stores of whole lines, sfence before returning",
+            description: "zeros stored past the cache by streaming movntdq of whole lines, sfence before returning",
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::clear_nt)),
             undrained: on_x86!(asm::clear_nt_nodrain),

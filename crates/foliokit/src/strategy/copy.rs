@@ -79,7 +79,7 @@ strategies! {
         /// x86_64 only.
         Nt => Row {
             name: "nt",
-            description: "streaming movntdq stores of whole lines, sfence before returning",
+            description: "cached loads, streaming movntdq stores of whole lines past the cache, sfence before returning",
             needs: Need::Nothing,
             body: Body::Range(on_x86!(asm::copy_nt)),
             undrained: on_x86!(asm::copy_nt_nodrain),
