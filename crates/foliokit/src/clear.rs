@@ -22,22 +22,13 @@ pub struct ClearOptions {
 }
 
 impl ClearOptions {
-    /// Sets the strategy.
-    pub fn strategy(mut self, s: ClearStrategy) -> Self {
-        self.strategy = s;
-        self
-    }
-
-    /// Sets the reuse hint.
-    pub fn reuse(mut self, r: Reuse) -> Self {
-        self.reuse = r;
-        self
-    }
-
-    /// Sets the butterfly's hint page.
-    pub fn hint_page(mut self, page: usize) -> Self {
-        self.hint_page = page;
-        self
+    setters! {
+        /// Sets the strategy.
+        strategy: ClearStrategy,
+        /// Sets the reuse hint.
+        reuse: Reuse,
+        /// Sets the butterfly's hint page.
+        hint_page: usize,
     }
 }
 

@@ -17,16 +17,11 @@ pub struct CopyOptions {
 }
 
 impl CopyOptions {
-    /// Sets the strategy.
-    pub fn strategy(mut self, s: CopyStrategy) -> Self {
-        self.strategy = s;
-        self
-    }
-
-    /// Sets the reuse hint.
-    pub fn reuse(mut self, r: Reuse) -> Self {
-        self.reuse = r;
-        self
+    setters! {
+        /// Sets the strategy.
+        strategy: CopyStrategy,
+        /// Sets the reuse hint.
+        reuse: Reuse,
     }
 }
 

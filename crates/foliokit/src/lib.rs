@@ -264,6 +264,22 @@
 
 // The instructions themselves: reached through the strategy tables, and
 // by foliokit-lab's probes through `internals`.
+/// Builder setters of an options type: `pub fn field(mut self, value: T)
+/// -> Self` for each `field: T` listed, with the doc comment written
+/// before it. Only for setters that just store their argument; anything
+/// else is written out.
+macro_rules! setters {
+    ($( $(#[$doc:meta])* $field:ident: $ty:ty ),+ $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, value: $ty) -> Self {
+                self.$field = value;
+                self
+            }
+        )+
+    };
+}
+
 mod arch;
 pub mod batch;
 pub mod channels;

@@ -79,22 +79,13 @@ impl Config {
         Self::default()
     }
 
-    /// Sets the profile `auto` follows.
-    pub fn profile(mut self, p: ProfileChoice) -> Self {
-        self.profile = p;
-        self
-    }
-
-    /// Installs (`true`) or refuses (`false`) the SIGBUS handler.
-    pub fn sigbus_handler(mut self, install: bool) -> Self {
-        self.sigbus_handler = install;
-        self
-    }
-
-    /// Sets where channel workers run.
-    pub fn channel_cpus(mut self, c: ChannelCpus) -> Self {
-        self.channel_cpus = c;
-        self
+    setters! {
+        /// Sets the profile `auto` follows.
+        profile: ProfileChoice,
+        /// Installs (`true`) or refuses (`false`) the SIGBUS handler.
+        sigbus_handler: bool,
+        /// Sets where channel workers run.
+        channel_cpus: ChannelCpus,
     }
 
     /// Starts a pool of `n` channels (and `n - 1` helpers) during [`init`].

@@ -116,46 +116,21 @@ pub struct MigrateOptions {
 }
 
 impl MigrateOptions {
-    /// Sets the path.
-    pub fn path(mut self, p: Path) -> Self {
-        self.path = p;
-        self
-    }
-
-    /// Sets the pages per batch.
-    pub fn batch_pages(mut self, n: usize) -> Self {
-        self.batch_pages = n;
-        self
-    }
-
-    /// Sets the copy channels (relocation) or threads (kernel path).
-    pub fn channels(mut self, n: usize) -> Self {
-        self.channels = n;
-        self
-    }
-
-    /// Sets the copy relocation uses.
-    pub fn strategy(mut self, s: CopyStrategy) -> Self {
-        self.strategy = s;
-        self
-    }
-
-    /// Sets the first-folio latency budget.
-    pub fn latency_budget(mut self, b: Option<Duration>) -> Self {
-        self.latency_budget = b;
-        self
-    }
-
-    /// Sets the folio size relocation allocates.
-    pub fn folio_size(mut self, n: usize) -> Self {
-        self.folio_size = n;
-        self
-    }
-
-    /// Accepts a user-mode-only userfaultfd (see the field).
-    pub fn allow_user_mode_only(mut self, allow: bool) -> Self {
-        self.allow_user_mode_only = allow;
-        self
+    setters! {
+        /// Sets the path.
+        path: Path,
+        /// Sets the pages per batch.
+        batch_pages: usize,
+        /// Sets the copy channels (relocation) or threads (kernel path).
+        channels: usize,
+        /// Sets the copy relocation uses.
+        strategy: CopyStrategy,
+        /// Sets the first-folio latency budget.
+        latency_budget: Option<Duration>,
+        /// Sets the folio size relocation allocates.
+        folio_size: usize,
+        /// Accepts a user-mode-only userfaultfd (see the field).
+        allow_user_mode_only: bool,
     }
 }
 

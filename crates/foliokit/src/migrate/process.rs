@@ -160,22 +160,13 @@ impl Default for ProcessOptions {
 }
 
 impl ProcessOptions {
-    /// Sets the threads.
-    pub fn threads(mut self, n: usize) -> Self {
-        self.threads = n;
-        self
-    }
-
-    /// Sets the per-call latency budget.
-    pub fn budget(mut self, b: Duration) -> Self {
-        self.budget = b;
-        self
-    }
-
-    /// Sets dry-run.
-    pub fn dry_run(mut self, d: bool) -> Self {
-        self.dry_run = d;
-        self
+    setters! {
+        /// Sets the threads.
+        threads: usize,
+        /// Sets the per-call latency budget.
+        budget: Duration,
+        /// Sets dry-run.
+        dry_run: bool,
     }
 }
 
