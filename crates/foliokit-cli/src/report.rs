@@ -209,6 +209,16 @@ pub fn escape(s: &str) -> String {
 }
 
 /// "mean ± stdev" with `prec` decimals.
+/// A speedup as tables print it: `1.23x`, or `-` where there is none (the
+/// baseline was not selected, so the ratio is NaN).
+pub fn times(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.2}x")
+    } else {
+        "-".into()
+    }
+}
+
 pub fn pm(s: &Stats, prec: usize) -> String {
     format!("{:.prec$} ± {:.prec$}", s.median, s.stdev)
 }

@@ -7,7 +7,7 @@ use foliokit_lab::fault::{self, FaultPlan, FaultRow};
 use foliokit_lab::measure::Stats;
 
 use crate::args::{parse_size, show_size, Format};
-use crate::report::{pct, pm, TableRow};
+use crate::report::{pct, pm, times, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -63,11 +63,7 @@ impl TableRow for FaultRow {
             self.channels.to_string(),
             format!("{:.2}", self.first_touch_gbps),
             pm(&self.gbps, 2),
-            if self.speedup.is_nan() {
-                "-".into()
-            } else {
-                format!("{:.2}x", self.speedup)
-            },
+            times(self.speedup),
             pct(self.limit.of_limit),
         ]
     }

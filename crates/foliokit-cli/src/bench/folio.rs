@@ -8,7 +8,7 @@ use foliokit_lab::measure::{CacheMode, Stats};
 
 use super::select;
 use crate::args::{show_size, BenchArgs};
-use crate::report::{pct, pm, TableRow};
+use crate::report::{pct, pm, times, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -103,7 +103,7 @@ impl TableRow for Row {
                 self.resolved.clone()
             },
             pm(&self.gbps, 2),
-            format!("{:.2}x", self.speedup),
+            times(self.speedup),
             if self.limit_missed {
                 "missed".into()
             } else {

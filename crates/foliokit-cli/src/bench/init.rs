@@ -9,7 +9,7 @@ use foliokit_lab::init::{self, InitPlan, InitRow, VARIANTS};
 use foliokit_lab::measure::Stats;
 
 use crate::args::{parse_size, show_size, Format};
-use crate::report::{pct, pm, TableRow};
+use crate::report::{pct, pm, times, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -62,7 +62,7 @@ impl TableRow for InitRow {
             pm(&self.rebind_ms, 1),
             format!("{:.2}", self.rebind_gbps),
             format!("{:.0}", self.victim_reread_us.median),
-            format!("{:.2}x", self.speedup),
+            times(self.speedup),
             pct(self.limit.of_limit),
         ]
     }

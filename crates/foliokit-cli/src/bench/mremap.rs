@@ -7,7 +7,7 @@ use foliokit_lab::measure::Stats;
 use foliokit_lab::remap::{self, MremapRow, RemapPlan};
 
 use crate::args::{show_size, Format};
-use crate::report::{pm, TableRow};
+use crate::report::{pm, times, TableRow};
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -54,7 +54,7 @@ impl TableRow for MremapRow {
             case,
             self.obtained.clone(),
             time,
-            format!("{:.2}x", self.speedup),
+            times(self.speedup),
         ]
     }
 }
