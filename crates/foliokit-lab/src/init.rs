@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::time::Instant;
 
-use crate::measure::{probe, LimitOp, Limits, Probe, Stats, Stores};
+use crate::measure::{probe, LimitOp, Limits, Order, Probe, Stats, Stores};
 use crate::prepare::check_shape;
 use crate::progress::Progress;
 use crate::schema::{pct, BackingNote, LimitShare, Report};
@@ -249,7 +249,11 @@ pub fn run(a: &InitPlan, progress: &dyn Progress) -> Result<Report<InitRow>, Lab
             "typed-memcpy and typed-nt skipped: typed records are built for 16 to {TYPED_MAX} bytes"
         ));
     }
-    progress.begin(chosen.len() * a.loops, "init");
+    let nv = chosen.len();
+    let probes = if !a.limits { 0 } else { Probe::ALL.len() };
+    // Rebind passes: at least loops - 1, rounded up to whole designs.
+    let order = Order::new(nv + probes, a.loops - 1);
+    progress.begin(nv * (1 + order.passes), "init");
 
     // First binds: each variant on its own fresh array (faults included),
     // verified against the first variant's array.
@@ -283,16 +287,16 @@ pub fn run(a: &InitPlan, progress: &dyn Progress) -> Result<Report<InitRow>, Lab
         progress.tick();
     }
     // Rebinds: every variant on one shared, already-faulted array,
-    // interleaved loop by loop in a rotated order (as measure's runner does),
-    // so a noisy minute slows them all alike.
+    // interleaved pass by pass in a balanced (Williams) design, as
+    // measure's runner does: a noisy minute slows them all alike, and each
+    // follows every other equally often (a probe's streaming writes leave
+    // the cache differently from a cached fill, so a fixed rotation would
+    // give one variant the same predecessor every time).
     let mut shared = Region::new(len, 2 << 20)?;
-    let nv = chosen.len();
-    let probes = if !a.limits { 0 } else { Probe::ALL.len() };
     let mut rebind_ms: Vec<Vec<f64>> = vec![Vec::new(); nv];
     let mut probe_secs: Vec<Vec<f64>> = vec![Vec::new(); probes];
-    for l in 0..(a.loops - 1) {
-        for k in 0..nv + probes {
-            let c = (l + k) % (nv + probes);
+    for pass in 0..order.passes {
+        for c in order.pass(pass) {
             std::hint::black_box(read_sum(&victim));
             let array = &mut shared.as_mut_slice()[..len];
             let t0 = Instant::now();
@@ -362,6 +366,11 @@ pub fn run(a: &InitPlan, progress: &dyn Progress) -> Result<Report<InitRow>, Lab
     report
         .footer
         .push("speedup: template-memcpy's median rebind time over the variant's".into());
+    report.footer.push(format!(
+        "rebinds, with the limit probes as candidates: {}",
+        order.line()
+    ));
+    report.section("order", &order);
     let ratio = |a: &str, b: &str| Some(median_of(b)? / median_of(a)?);
     for (nt, cached) in [
         ("template-nt", "template-memcpy"),
