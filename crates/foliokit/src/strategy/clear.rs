@@ -112,10 +112,8 @@ fn page_clear() -> ClearFn {
         } else {
             ClearStrategy::Stosq
         };
-        match s.row().body {
-            Body::Range(Some(f)) => f,
-            _ => libc_memset,
-        }
+        // Unavailable (no such instruction on this architecture): libc.
+        s.function().unwrap_or(libc_memset)
     })
 }
 

@@ -132,10 +132,8 @@ fn page_copy() -> CopyFn {
         } else {
             CopyStrategy::Unrolled
         };
-        match s.row().body {
-            Body::Range(Some(f)) => f,
-            _ => libc_memcpy,
-        }
+        // Unavailable (no such instruction on this architecture): libc.
+        s.function().unwrap_or(libc_memcpy)
     })
 }
 
