@@ -13,7 +13,12 @@
 //!   `auto` resolved to);
 //! - `lazy`: [`foliokit::lazy::fill_lazily`]; a simulated vCPU touches one
 //!   random page of every folio, in random order, while the fill runs, and
-//!   each touch is timed.
+//!   each touch is timed;
+//! - `foliokit, prealloc`: the `foliokit` row into guest RAM faulted in
+//!   beforehand, untimed (a VMM that preallocates guest RAM at start);
+//! - `populate only`: no restore, just the kernel faulting fresh guest RAM
+//!   in (`MADV_POPULATE_WRITE` on the copy channels): the share of every
+//!   restore into fresh memory that is the kernel zeroing each huge page.
 //!
 //! Candidates and the three limit probes run interleaved in a balanced
 //! order (see `measure::order`).
@@ -50,6 +55,8 @@ const FOLIO: usize = 2 << 20;
 const READ_CHUNK: usize = 64 << 20;
 /// The limit probes run over at most this much (a separate buffer).
 const PROBE_MAX: usize = 1 << 30;
+/// Rows and probes, interleaved (see `run`).
+const METHODS: usize = 10;
 
 /// What to run.
 #[derive(Debug, Clone, Serialize)]
@@ -97,6 +104,9 @@ pub enum RestoreError {
     /// A restore produced wrong bytes: the bench refuses to time it.
     #[error("{0} restored wrong bytes at guest offset {1:#x}")]
     Wrong(&'static str, usize),
+    /// The kernel could not fault guest RAM in (`populate only`).
+    #[error("{0}")]
+    Populate(#[from] foliokit::mem::PopulateError),
     /// Bad options.
     #[error("{0}")]
     Plan(String),
@@ -113,7 +123,9 @@ pub struct RestoreRow {
     pub resident_secs: Stats,
     /// Guest bytes over `resident_secs`, GB/s (2^30).
     pub gbps: Stats,
-    /// `gbps` median over the same-run copy limit.
+    /// `gbps` median over the same-run copy limit (NaN, written null, for
+    /// `populate only`, which copies nothing).
+    #[serde(deserialize_with = "crate::schema::nan_if_null")]
     pub share: f64,
     /// First-touch latency of the simulated vCPU during the fill (lazy).
     pub touch_p50_us: Option<f64>,
@@ -153,6 +165,8 @@ enum Method {
     Foliokit,
     Named,
     Lazy,
+    Prealloc,
+    Populate,
     Probe(Probe),
 }
 
@@ -373,6 +387,14 @@ impl State {
                 Sample::default()
             }
             Method::Lazy => self.lazy(&mut g)?,
+            Method::Prealloc => {
+                self.eager_mc(&mut g, CopyStrategy::Auto)?;
+                Sample::default()
+            }
+            Method::Populate => {
+                foliokit::mem::populate(g.as_mut_slice(), self.plan.channels)?;
+                Sample::default()
+            }
             Method::Probe(_) => unreachable!("handled above"),
         };
         let secs = t0.elapsed().as_secs_f64();
@@ -384,7 +406,9 @@ impl State {
         // Unreadable smaps: no THP seen, as before.
         let huge = anon_huge_bytes(None, start, start + g.len()).unwrap_or(0);
         sample.thp = huge as f64 / g.len() as f64;
-        self.check(name(m, self.named), &g)?;
+        if m != Method::Populate {
+            self.check(name(m, self.named), &g)?;
+        }
         self.samples[c].push(sample);
         drop(g);
         Ok(())
@@ -399,7 +423,11 @@ impl State {
             // SAFETY: advice on our own descriptor; pages are clean (synced).
             unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         }
-        self.guest = Some(Region::unpopulated(self.plan.size, FOLIO)?);
+        self.guest = Some(if self.methods[c] == Method::Prealloc {
+            Region::new(self.plan.size, FOLIO)?
+        } else {
+            Region::unpopulated(self.plan.size, FOLIO)?
+        });
         Ok(())
     }
 }
@@ -416,6 +444,8 @@ fn name(m: Method, named: CopyStrategy) -> &'static str {
             _ => "foliokit (named)",
         },
         Method::Lazy => "lazy",
+        Method::Prealloc => "foliokit, prealloc",
+        Method::Populate => "populate only",
         Method::Probe(p) => p.name(),
     }
 }
@@ -444,12 +474,14 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
     )?;
     let probe_len = plan.size.min(PROBE_MAX);
     let probe_buf = Region::new(probe_len, FOLIO)?;
-    let methods = vec![
+    let methods: [Method; METHODS] = [
         Method::Read,
         Method::Memcpy,
         Method::Foliokit,
         Method::Named,
         Method::Lazy,
+        Method::Prealloc,
+        Method::Populate,
         Method::Probe(Probe::Read),
         Method::Probe(Probe::WriteZero),
         Method::Probe(Probe::Write),
@@ -457,7 +489,7 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
     let order = Order::new(methods.len(), plan.loops);
     let mut st = State {
         samples: vec![Vec::new(); methods.len()],
-        methods: methods.clone(),
+        methods: methods.to_vec(),
         plan: plan.clone(),
         file,
         map,
@@ -467,25 +499,41 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         seed: 0x5eed,
     };
     let secs = run_interleaved(&order, &mut st, State::prepare, State::body, &mut tick)?;
+    let at = |m: Method| {
+        methods
+            .iter()
+            .position(|&x| x == m)
+            .expect("a method of the plan")
+    };
     let size = plan.size;
     let limits = Limits::from_secs(
         LimitOp::Copy,
         Stores::Streaming,
         probe_len,
-        &[secs[5].clone(), secs[6].clone(), secs[7].clone()],
+        &[
+            secs[at(Method::Probe(Probe::Read))].clone(),
+            secs[at(Method::Probe(Probe::WriteZero))].clone(),
+            secs[at(Method::Probe(Probe::Write))].clone(),
+        ],
     );
     // Timed passes only: the warm-up's sample is the first.
     let timed = |c: usize| -> Vec<Sample> { st.samples[c][1..].to_vec() };
     let gb = |s: &Sample| crate::measure::gbps(size, s.resident);
     let limits = limits.map(|l| {
-        [2usize, 3].iter().fold(l, |l, &c| {
+        // Copies between mapped buffers, as the probes are: rows that
+        // also fault guest RAM in cannot set it (they only miss it).
+        [Method::Named, Method::Prealloc].iter().fold(l, |l, &m| {
+            let c = at(m);
             let rates: Vec<f64> = timed(c).iter().map(gb).collect();
             l.raise(name(methods[c], named), &rates)
         })
     });
     let limit = limits.as_ref().map_or(f64::NAN, Limits::gbps);
     let mut rows = Vec::new();
-    for (c, &m) in methods.iter().enumerate().take(5) {
+    for (c, &m) in methods.iter().enumerate() {
+        if let Method::Probe(_) = m {
+            continue;
+        }
         let s = timed(c);
         let last = s.last().cloned().unwrap_or_default();
         let mut lat: Vec<f64> = s.iter().flat_map(|x| x.lat.iter().copied()).collect();
@@ -499,7 +547,12 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         };
         rows.push(RestoreRow {
             function: name(m, named).into(),
-            share: gbps.median / limit,
+            // A copy's limit says nothing of the kernel's faults alone.
+            share: if m == Method::Populate {
+                f64::NAN
+            } else {
+                gbps.median / limit
+            },
             start_secs: start,
             resident_secs: resident,
             gbps,
@@ -515,9 +568,9 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
     }
     let aa = AaControl::of(
         "foliokit",
-        &secs[2],
+        &secs[at(Method::Foliokit)],
         name(Method::Named, named),
-        &secs[3],
+        &secs[at(Method::Named)],
         size,
         true,
     );
@@ -544,8 +597,8 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
                 .into(),
         );
     }
-    let order = crate::measure::Order::new(8, plan.loops);
-    progress.begin(8 * (order.passes + 1), "restore");
+    let order = crate::measure::Order::new(METHODS, plan.loops);
+    progress.begin(METHODS * (order.passes + 1), "restore");
     let r = run(plan.clone(), || progress.tick())?;
     progress.end();
     let budget_us = plan.budget.as_micros() as u64;
@@ -594,8 +647,9 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
         let total = z.resident_secs.median / e.resident_secs.median;
         let vs_read = e.gbps.median / rd.gbps.median;
         let p99 = z.touch_p99_us.unwrap_or(f64::NAN);
+        let prealloc = row("foliokit, prealloc").map_or(f64::NAN, |x| x.share);
         report.footer.push(format!(
-            "targets: lazy start {:.2}% of eager foliokit (≤1%: {}); lazy all-resident {:.2}x eager foliokit (≤1.25x: {}); eager foliokit {:.2}x read(2) (≥2x: {}) and {} of the limit (≥70%: {}); lazy touch p99 {:.0} µs vs budget + one folio's copy {:.0} µs ({})",
+            "targets: lazy start {:.2}% of eager foliokit (≤1%: {}); lazy all-resident {:.2}x eager foliokit (≤1.25x: {}); eager foliokit {:.2}x read(2) (≥2x: {}) and {} of the limit (≥70%: {}; into preallocated guest RAM {}: {}); lazy touch p99 {:.0} µs vs budget + one folio's copy {:.0} µs ({})",
             start * 100.0,
             verdict(start <= 0.01),
             total,
@@ -604,10 +658,19 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
             verdict(vs_read >= 2.0),
             pct(Some(e.share)),
             verdict(e.share >= 0.7),
+            pct(Some(prealloc)),
+            verdict(prealloc >= 0.7),
             p99,
             budget + folio_us,
             verdict(p99 <= budget + folio_us),
         ));
+        if let Some(f) = row("populate only") {
+            report.footer.push(format!(
+                "fresh guest RAM: the kernel's huge-page faults alone (populate only, zeroing each 2 MiB page) take {:.0} ms of the eager foliokit's {:.0} ms; no restore into fresh anonymous memory avoids them",
+                f.resident_secs.median * 1e3,
+                e.resident_secs.median * 1e3,
+            ));
+        }
     }
     report.footer.push(
         "vCPUs run after: eager rows when the copy ends, lazy when restore_lazy returns; touch: one random page of every folio, in random order, while the fill runs (each first touch of a folio not yet in waits for it)".into(),
@@ -636,7 +699,7 @@ mod tests {
         };
         match run(plan, || {}) {
             Ok(r) => {
-                assert_eq!(r.rows.len(), 5);
+                assert_eq!(r.rows.len(), METHODS - 3);
                 assert!(r.limits.is_some());
                 let lazy = r.rows.iter().find(|x| x.function == "lazy").unwrap();
                 assert!(lazy.touches > 0);

@@ -1,7 +1,8 @@
 //! Lazy restore against the real vm-memory crate, with the guest running:
 //! vCPU-like threads reading and writing during the fill, MADV_DONTNEED
 //! during the fill, a device thread read(2)ing into guest RAM, a snapshot
-//! truncated mid-fill, cancel then wait, a fork during the fill.
+//! truncated mid-fill, cancel then wait, a fork during the fill (also
+//! while many threads wait on faults).
 //!
 //! Each test runs in a child process with a deadline (the shared harness's
 //! `in_child`), so a hang is a failure. Where no userfaultfd that catches
@@ -629,6 +630,61 @@ fn a_child_forked_during_the_fill_sees_the_snapshot() {
                 let r = h.wait();
                 assert!(r.fill.forks >= 1);
                 assert_eq!(read(mem, B, B_LEN as usize), *b);
+            });
+        },
+    );
+}
+
+#[test]
+fn forks_while_many_threads_wait_on_faults_never_hang() {
+    // More threads than the fill thread has room for at first while it is
+    // parked for a fork: the room grows, nothing is lost, nobody hangs.
+    const THREADS: u64 = 96;
+    in_child(
+        "forks_while_many_threads_wait_on_faults_never_hang",
+        LIMIT,
+        || {
+            while_restoring("many-faults-fork", &paused(), |snap, mem, h| {
+                let a = &snap.a;
+                std::thread::scope(|s| {
+                    for t in 0..THREADS {
+                        s.spawn(move || {
+                            let mut p = t;
+                            while p < A_LEN / PAGE {
+                                let at = p * PAGE + (p % 7) * 8;
+                                assert_eq!(
+                                    read(mem, at, 8),
+                                    a[at as usize..][..8],
+                                    "thread {t}, page {p}"
+                                );
+                                p += THREADS;
+                            }
+                        });
+                    }
+                    for _ in 0..20 {
+                        // SAFETY: the child only reads memory and exits.
+                        let pid = unsafe { libc::fork() };
+                        if pid == 0 {
+                            let at = A_LEN - PAGE;
+                            let good = read(mem, at, PAGE as usize) == a[at as usize..];
+                            // SAFETY: leaving the forked child without
+                            // running the parent's destructors.
+                            unsafe { libc::_exit(if good { 0 } else { 1 }) };
+                        }
+                        assert!(pid > 0);
+                        let mut status = 0;
+                        // SAFETY: waiting for our own child.
+                        unsafe { libc::waitpid(pid, &mut status, 0) };
+                        assert!(
+                            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                            "a forked child saw wrong bytes (status {status:#x})"
+                        );
+                    }
+                });
+                let r = h.wait();
+                assert!(r.fill.forks >= 20);
+                assert_eq!(read(mem, 0, A_LEN as usize), *a);
+                assert_eq!(read(mem, B, B_LEN as usize), snap.b);
             });
         },
     );

@@ -110,6 +110,13 @@ pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_
 /// about 10 folios of 2 MiB, enough to keep the channels streaming.
 pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_millis(2);
 
+/// The share of the latency budget a lazy fill's background batch aims
+/// at (its controller halves a batch that took longer, doubles one that
+/// took under half): the rest is headroom for bandwidth that swings by a
+/// third from one moment to the next on shared machines, and for the
+/// faulting thread's own folio, copied after the batch.
+pub const LAZY_BATCH_SHARE_OF_BUDGET: f64 = 0.5;
+
 /// Copy channels of a lazy fill's background batches by default.
 pub const LAZY_CHANNELS: usize = 2;
 
@@ -126,9 +133,9 @@ pub const LAZY_MAX_BATCH_BYTES: usize = 64 << 20;
 /// a batch's end is seen at most this late.
 pub const LAZY_BATCH_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// Messages a lazy fill thread can hold while parked for a fork (read
-/// without allocating); faults beyond it wait until the fork returns.
-pub const LAZY_PARKED_MESSAGES: usize = 4096;
+/// Messages a lazy fill thread has room for, at first, while parked for a
+/// fork; the room grows (by mremap, never the allocator) as needed.
+pub const LAZY_PARKED_MESSAGES: usize = 64;
 
 /// Bump when the profile format or the meaning of its cells changes.
 pub const PROFILE_VERSION: u32 = 1;

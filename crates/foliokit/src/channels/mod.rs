@@ -1186,6 +1186,26 @@ impl InFlight<'_> {
     /// batch's pieces queued behind its wait, so waiting for it would close
     /// a circle; pieces a channel did start copy relocation's own staging
     /// memory and finish (see `crate::worker`).
+    /// Runs, on the calling thread, the pieces no channel has taken yet
+    /// (from the batch's end, where the channels take last), then returns;
+    /// [`InFlight::wait`] afterwards waits only for pieces a channel is
+    /// running. For a caller with its own CPU time to give, where channels
+    /// share CPUs with other busy threads: a channel not scheduled yet then
+    /// holds up nothing.
+    pub(crate) fn help(&self) {
+        for (p, _) in self
+            .pieces
+            .iter()
+            .zip(&self.claimable)
+            .rev()
+            .filter(|(_, c)| **c)
+        {
+            // SAFETY: the batch's contract covers every piece's ranges
+            // until it ends, which is not before this handle is dropped.
+            unsafe { self.done.run_claimed(self.op, p) };
+        }
+    }
+
     fn unstall(&self) {
         let mut left = self.done.remaining.load(Ordering::Acquire);
         while !self.done.wait_for(crate::params::CHANNEL_STALL) {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::child::{fill_child, Piece};
-use super::park::Active;
+use super::park::{Active, Parked};
 use super::remap::Remaps;
 use super::{
     BadOutcome, LazyBad, LazyError, LazyFill, LazyOptions, LazyRefusal, LazyReport, Segment,
@@ -394,7 +394,8 @@ pub(super) fn start(
         mc,
         strategy: copy_strategy,
         ctl: BatchController::new(
-            opts.latency_budget,
+            opts.latency_budget
+                .mul_f64(crate::params::LAZY_BATCH_SHARE_OF_BUDGET),
             crate::params::LAZY_START_BATCH_BYTES / page,
             folio / page,
             slots * folio / page,
@@ -423,10 +424,19 @@ pub(super) fn start(
     }
     f.order
         .extend((0..nb as u32).filter(|&b| !seen[b as usize]));
+    f.ready_fault_slot();
+    // Made before any fork can ask for it: parked, the fill thread must
+    // not allocate (see `park`).
+    let parked =
+        Parked::new(crate::params::LAZY_PARKED_MESSAGES).map_err(|source| LazyError::Sys {
+            what: "mapping room for messages read during a fork",
+            source,
+        })?;
     let thread = std::thread::Builder::new()
         .name("foliokit-lazy".into())
         .spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.run(active)));
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.run(active, parked)));
             if r.is_err() {
                 // Registered ranges with nobody to serve them would hang
                 // every thread that touches them; unregistering would
@@ -629,21 +639,21 @@ impl Filler {
         }
     }
 
-    fn run(mut self, active: Active) {
-        let mut parked: Vec<Msg> = Vec::with_capacity(crate::params::LAZY_PARKED_MESSAGES);
+    fn run(mut self, active: Active, mut parked: Parked) {
         loop {
             if active.fork_pending() {
                 let u = &self.uffd;
                 active.park(|| {
                     // No allocation here: a fork holds the allocator's
                     // locks until we read its event.
-                    let _ = u.read_into(&mut parked);
+                    let _ = u.read_each(|m| parked.push(m));
                     u.poll(1);
                 });
-                // Drained, not taken: the room must stay reserved for the
-                // next fork (with none, its event could not be read).
-                for m in parked.drain(..) {
-                    self.apply(m);
+                let mut msgs = Vec::new();
+                let dropped = parked.take(|m| msgs.push(m));
+                msgs.into_iter().for_each(|m| self.apply(m));
+                if dropped {
+                    self.wake_everyone();
                 }
             }
             self.drain();
@@ -844,8 +854,10 @@ impl Filler {
                 }
                 None => {
                     // A faulting thread waits for this copy: the channels
-                    // split the one folio between them.
-                    let s = self.slot(0);
+                    // split the one folio between them, into the fault
+                    // slot, which is kept faulted in (the kernel's zeroing
+                    // of it is done after the wake, not before).
+                    let s = self.slot(self.slots);
                     let src = self.src(blk.seg as usize, blk.start);
                     // SAFETY: the slot is our private staging mapping
                     // (blk.len == folio bytes from a folio-aligned slot),
@@ -861,13 +873,22 @@ impl Filler {
                         )
                     };
                     r.ok()
-                        .map(|b| b.wait())
+                        .map(|b| {
+                            b.help();
+                            b.wait()
+                        })
                         .filter(|o| o.failed.is_empty())
                         .map(|_| s)
                 }
             };
             match slot {
-                Some(s) => self.move_in(b, s),
+                Some(s) => {
+                    let n = self.move_in(b, s);
+                    if s == self.slot(self.slots) {
+                        self.ready_fault_slot();
+                    }
+                    n
+                }
                 None => self.copy_block(b),
             }
         } else {
@@ -875,6 +896,22 @@ impl Filler {
         };
         self.mark_done(b);
         n
+    }
+
+    /// Faults the fault slot in again after its folio was moved out, on
+    /// this thread, so that the next fault's copy finds it ready (more
+    /// threads would take CPU from the guest's running vCPUs, and a helper
+    /// that waits for a CPU holds up the next fault). A failure only leaves
+    /// the zeroing to that copy.
+    fn ready_fault_slot(&self) {
+        if self.staging.is_none() {
+            return;
+        }
+        let s = self.slot(self.slots);
+        // SAFETY: the fault slot is a folio of our private staging
+        // mapping; populating keeps its (stale) bytes and nobody reads it
+        // before the next copy into it overwrites them.
+        let _ = unsafe { crate::mem::populate_raw(s as *mut u8, self.folio, 1) };
     }
 
     /// Moves the staged folio into block `b`; what the move could not do
@@ -1097,6 +1134,7 @@ impl Filler {
                             break o;
                         }
                         if !self.serve_during {
+                            batch.help();
                             break batch.wait();
                         }
                         if self.uffd.poll_for(crate::params::LAZY_BATCH_POLL) {
@@ -1150,6 +1188,17 @@ impl Filler {
         self.batches += 1;
         self.longest = self.longest.max(took);
         self.ctl.observe(took);
+    }
+
+    /// Wakes every thread waiting on our ranges (where they are now): they
+    /// fault again, and this time their faults are read.
+    fn wake_everyone(&mut self) {
+        for i in 0..self.segs.len() {
+            let (a, l) = (self.segs[i].addr, self.segs[i].len);
+            for (s, n) in self.remaps.image(a, l) {
+                let _ = self.uffd.wake(s, n);
+            }
+        }
     }
 
     /// Unregisters everything (where it is now), reads what is left, and

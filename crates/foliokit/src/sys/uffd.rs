@@ -337,25 +337,22 @@ impl Uffd {
         ioctl(&self.fd, UFFDIO_WAKE, &mut r)
     }
 
-    /// Reads waiting messages into `out` without allocating: at most
-    /// `out.capacity() - out.len()` of them (never blocks). For a thread
-    /// that must read a fork's event while another thread inside fork()
-    /// holds the allocator's locks. Returns how many were read.
-    pub fn read_into(&self, out: &mut Vec<Msg>) -> io::Result<usize> {
+    /// Reads every waiting message and hands each to `each`, allocating
+    /// nothing itself (never blocks): for a thread that must read a fork's
+    /// event while another thread inside fork() holds the allocator's
+    /// locks. Returns how many were read.
+    pub fn read_each(&self, mut each: impl FnMut(Msg)) -> io::Result<usize> {
+        const AT_ONCE: usize = 16;
         let mut n_read = 0;
         loop {
-            let room = (out.capacity() - out.len()).min(16);
-            if room == 0 {
-                return Ok(n_read);
-            }
-            let mut buf = [RawMsg::default(); 16];
-            // SAFETY: the buffer is valid for `room` whole messages; the
+            let mut buf = [RawMsg::default(); AT_ONCE];
+            // SAFETY: the buffer is valid for AT_ONCE whole messages; the
             // kernel writes whole messages into it.
             let n = unsafe {
                 libc::read(
                     self.fd.as_raw_fd(),
                     buf.as_mut_ptr().cast(),
-                    room * std::mem::size_of::<RawMsg>(),
+                    std::mem::size_of_val(&buf),
                 )
             };
             if n < 0 {
@@ -367,14 +364,11 @@ impl Uffd {
                 };
             }
             let count = n as usize / std::mem::size_of::<RawMsg>();
-            for m in &buf[..count] {
-                if let Some(msg) = Self::decode(m) {
-                    // Within capacity: no allocation.
-                    out.push(msg);
-                    n_read += 1;
-                }
+            for msg in buf[..count].iter().filter_map(Self::decode) {
+                each(msg);
+                n_read += 1;
             }
-            if count < room {
+            if count < AT_ONCE {
                 return Ok(n_read);
             }
         }
@@ -413,14 +407,8 @@ impl Uffd {
     /// lets the thread that caused it continue.
     pub fn read_all(&self) -> io::Result<Vec<Msg>> {
         let mut out = Vec::new();
-        loop {
-            out.reserve(16);
-            self.read_into(&mut out)?;
-            // `read_into` stops early only when no message is left.
-            if out.len() < out.capacity() {
-                return Ok(out);
-            }
-        }
+        self.read_each(|m| out.push(m))?;
+        Ok(out)
     }
 
     fn decode(m: &RawMsg) -> Option<Msg> {
