@@ -75,7 +75,11 @@
 //!   for the event to be read, so the fill thread must read it without
 //!   allocating: a `pthread_atfork` prepare handler (it runs before glibc
 //!   takes those locks) parks every fill thread in a loop that only reads
-//!   messages into room reserved beforehand, until fork() returns.
+//!   messages, until fork() returns. The kernel hands out every waiting
+//!   fault before the fork's event, so the room for them is mapped with
+//!   mmap and grown with mremap, which take none of the allocator's
+//!   locks; should even that fail, a fault is dropped and its thread
+//!   woken after the fork to fault again (an event is never dropped).
 //!   Wipe-on-fork ranges are left empty in the child (it must see zeros).
 //!
 //! What a page being out means for code that cannot wait (the kernel does
@@ -133,9 +137,16 @@ pub struct Segment {
 #[derive(Debug, Clone)]
 pub struct LazyOptions {
     /// The longest a faulting thread may wait behind a background batch;
-    /// the batch size is chosen to keep each batch within it.
+    /// the batch size is chosen to keep each batch within half of it (the
+    /// rest is headroom for bandwidth that swings, and for the faulting
+    /// thread's own folio).
     pub latency_budget: Duration,
-    /// Copy channels for the background batches.
+    /// Copy channels for the background batches. They share CPUs with the
+    /// guest's running vCPUs: the fill thread takes the pieces of a batch
+    /// no channel has started, so a channel waiting for a CPU holds up
+    /// nothing it has not begun, but a channel preempted mid-piece does;
+    /// on a host with no CPU to spare, fewer channels bound the wait
+    /// better.
     pub channels: usize,
     /// The folio size of THP-eligible anonymous ranges (filled a folio at
     /// a time); base pages elsewhere, the huge page size on hugetlb.
@@ -157,9 +168,10 @@ pub struct LazyOptions {
     /// then waits for its own folio only, at the cost of a copy competing
     /// with the channels for CPUs; worth it with CPUs to spare beyond the
     /// channels. Off (the default): faults wait for the batch to end (at
-    /// most the latency budget) and every copy runs on the channels. On the
-    /// 2-vCPU dev machine, at 1 GiB: off, first-touch p99 2.0 ms and all
-    /// resident in 1.28x the eager time; on, 5.6 ms and 1.45x.
+    /// most the latency budget) and every copy runs on the channels.
+    /// `foliokit bench restore --serve-faults-during-batches` measures it;
+    /// on the 2-vCPU dev machine off gave the lower first-touch p99 and
+    /// the shorter time to all resident.
     pub serve_during_batches: bool,
     /// Fill shared or file-backed memory too (a memfd guest RAM a
     /// vhost-user backend will share). Off by default, and then such a
