@@ -341,28 +341,52 @@ pub(crate) fn spawn<J: Send + 'static>(
     mut serve: impl FnMut(J) + Send + 'static,
 ) -> Option<JoinHandle<()>> {
     let queue = queue.clone();
+    spawn_masked(role.mask(), name, move || {
+        ROLE.with(|r| r.set(Some(role)));
+        if let Role::Channel { cpu: Some(cpu) } = role {
+            // A performance hint: see above.
+            let _ = Placement::pinned(cpu).apply();
+        }
+        while let Some(job) = queue.next() {
+            serve(job);
+        }
+    })
+    .ok()
+}
+
+/// Starts a thread of foliokit's own that is no worker (a lazy fill's),
+/// with a channel's signal mask from its first instruction: no
+/// asynchronous signal (an application's handler run there could touch
+/// memory only this thread fills in, and wait for itself), while the
+/// signals a faulting instruction raises still reach it, so a
+/// machine-check-safe copy recovers there.
+pub(crate) fn spawn_shielded(
+    name: String,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    spawn_masked(Role::Channel { cpu: None }.mask(), name, f)
+}
+
+/// Spawns `f` on a thread named `name` that runs with `mask` from the
+/// start: this thread blocks every signal around the spawn (the new thread
+/// inherits that, and this thread's own mask is put back after), and the
+/// new thread's first act is to set `mask`.
+fn spawn_masked(
+    mask: libc::sigset_t,
+    name: String,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
     let all = every_signal();
     let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
     // SAFETY: `all` is a whole sigset_t; the old mask is written to `old`,
     // which pthread_sigmask fills on success (checked below). SIG_BLOCK
     // only adds signals: nothing blocked here is let through meanwhile.
     let masked = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &all, old.as_mut_ptr()) } == 0;
-    let made = std::thread::Builder::new()
-        .name(name)
-        .spawn(move || {
-            let mask = role.mask();
-            // SAFETY: `mask` is a whole sigset_t of our own.
-            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut()) };
-            ROLE.with(|r| r.set(Some(role)));
-            if let Role::Channel { cpu: Some(cpu) } = role {
-                // A performance hint: see above.
-                let _ = Placement::pinned(cpu).apply();
-            }
-            while let Some(job) = queue.next() {
-                serve(job);
-            }
-        })
-        .ok();
+    let made = std::thread::Builder::new().name(name).spawn(move || {
+        // SAFETY: `mask` is a whole sigset_t of our own.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut()) };
+        f()
+    });
     if masked {
         // SAFETY: `old` was filled by the successful call above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
@@ -426,6 +450,28 @@ mod tests {
                 blocked(&after, sig),
                 "spawner's mask"
             );
+        }
+    }
+
+    #[test]
+    fn a_shielded_thread_takes_no_application_signal_but_its_own_faults() {
+        let before = this_mask();
+        let t = spawn_shielded("foliokit-test".into(), || {
+            let mask = this_mask();
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1, libc::SIGCHLD] {
+                assert!(blocked(&mask, sig), "signal {sig} reaches it");
+            }
+            for sig in [libc::SIGBUS, libc::SIGSEGV] {
+                assert!(!blocked(&mask, sig), "signal {sig} is blocked");
+            }
+        });
+        match t {
+            Ok(t) => t.join().expect("the mask checks passed"),
+            Err(e) => eprintln!("SKIP: no thread could be started here: {e}"),
+        }
+        let after = this_mask();
+        for sig in [libc::SIGINT, libc::SIGUSR1, libc::SIGBUS] {
+            assert_eq!(blocked(&before, sig), blocked(&after, sig), "caller's {sig}");
         }
     }
 

@@ -1177,15 +1177,6 @@ impl InFlight<'_> {
         timing
     }
 
-    /// Waits for the batch, and whenever its channels finish no piece for
-    /// [`crate::params::CHANNEL_STALL`], runs on this thread the pieces no
-    /// channel has started (of channels that claim pieces; others may run
-    /// any piece they were given). Only a helper waits so: relocation's
-    /// loop, which puts back pages that other threads, a channel's worker
-    /// among them, may be waiting for. That worker cannot start this
-    /// batch's pieces queued behind its wait, so waiting for it would close
-    /// a circle; pieces a channel did start copy relocation's own staging
-    /// memory and finish (see `crate::worker`).
     /// Runs, on the calling thread, the pieces no channel has taken yet
     /// (from the batch's end, where the channels take last), then returns;
     /// [`InFlight::wait`] afterwards waits only for pieces a channel is
@@ -1206,6 +1197,15 @@ impl InFlight<'_> {
         }
     }
 
+    /// Waits for the batch, and whenever its channels finish no piece for
+    /// [`crate::params::CHANNEL_STALL`], runs on this thread the pieces no
+    /// channel has started (of channels that claim pieces; others may run
+    /// any piece they were given). Only a helper waits so: relocation's
+    /// loop, which puts back pages that other threads, a channel's worker
+    /// among them, may be waiting for. That worker cannot start this
+    /// batch's pieces queued behind its wait, so waiting for it would close
+    /// a circle; pieces a channel did start copy relocation's own staging
+    /// memory and finish (see `crate::worker`).
     fn unstall(&self) {
         let mut left = self.done.remaining.load(Ordering::Acquire);
         while !self.done.wait_for(crate::params::CHANNEL_STALL) {

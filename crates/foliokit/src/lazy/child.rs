@@ -126,9 +126,10 @@ pub fn fill_child(child: Uffd, mut pieces: Vec<Piece>, unit: usize, poison: bool
             match m {
                 Msg::Fork(grandchild) => {
                     let copy = pieces.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("foliokit-lazy-child".into())
-                        .spawn(move || fill_child(grandchild, copy, unit, poison));
+                    let _ =
+                        crate::worker::spawn_shielded("foliokit-lazy-child".into(), move || {
+                            fill_child(grandchild, copy, unit, poison)
+                        });
                 }
                 Msg::Remove { start, end } | Msg::Unmap { start, end } => {
                     pieces = split(pieces, start, end);

@@ -432,23 +432,20 @@ pub(super) fn start(
             what: "mapping room for messages read during a fork",
             source,
         })?;
-    let thread = std::thread::Builder::new()
-        .name("foliokit-lazy".into())
-        .spawn(move || {
-            let r =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.run(active, parked)));
-            if r.is_err() {
-                // Registered ranges with nobody to serve them would hang
-                // every thread that touches them; unregistering would
-                // expose zeros. Neither is acceptable.
-                eprintln!("foliokit: the lazy fill thread panicked; aborting");
-                std::process::abort();
-            }
-        })
-        .map_err(|source| LazyError::Sys {
-            what: "starting the fill thread",
-            source,
-        })?;
+    let thread = crate::worker::spawn_shielded("foliokit-lazy".into(), move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.run(active, parked)));
+        if r.is_err() {
+            // Registered ranges with nobody to serve them would hang
+            // every thread that touches them; unregistering would
+            // expose zeros. Neither is acceptable.
+            eprintln!("foliokit: the lazy fill thread panicked; aborting");
+            std::process::abort();
+        }
+    })
+    .map_err(|source| LazyError::Sys {
+        what: "starting the fill thread",
+        source,
+    })?;
     Ok(LazyFill {
         shared,
         thread: Some(thread),
@@ -626,12 +623,10 @@ impl Filler {
         }
         let poison = self.poison;
         let keep = self.source.clone();
-        let spawned = std::thread::Builder::new()
-            .name("foliokit-lazy-child".into())
-            .spawn(move || {
-                fill_child(child, pieces, unit, poison);
-                drop(keep);
-            });
+        let spawned = crate::worker::spawn_shielded("foliokit-lazy-child".into(), move || {
+            fill_child(child, pieces, unit, poison);
+            drop(keep);
+        });
         if let Err(e) = spawned {
             self.notes.push(format!(
                 "could not fill a forked child ({e}); its unfilled pages read zeros"
@@ -652,8 +647,14 @@ impl Filler {
                 let mut msgs = Vec::new();
                 let dropped = parked.take(|m| msgs.push(m));
                 msgs.into_iter().for_each(|m| self.apply(m));
-                if dropped {
-                    self.wake_everyone();
+                if let Some((lo, hi)) = dropped {
+                    // Where those threads wait: the addresses they faulted
+                    // at, whatever was moved since (UFFDIO_WAKE needs no
+                    // registration there).
+                    let lo = lo / self.page * self.page;
+                    let _ = self
+                        .uffd
+                        .wake(lo, hi / self.page * self.page + self.page - lo);
                 }
             }
             self.drain();
@@ -1188,17 +1189,6 @@ impl Filler {
         self.batches += 1;
         self.longest = self.longest.max(took);
         self.ctl.observe(took);
-    }
-
-    /// Wakes every thread waiting on our ranges (where they are now): they
-    /// fault again, and this time their faults are read.
-    fn wake_everyone(&mut self) {
-        for i in 0..self.segs.len() {
-            let (a, l) = (self.segs[i].addr, self.segs[i].len);
-            for (s, n) in self.remaps.image(a, l) {
-                let _ = self.uffd.wake(s, n);
-            }
-        }
     }
 
     /// Unregisters everything (where it is now), reads what is left, and

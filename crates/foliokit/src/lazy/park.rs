@@ -38,9 +38,11 @@ pub(super) struct Parked {
     ptr: *mut Msg,
     cap: usize,
     len: usize,
-    /// Faults read but not kept (the room could not grow): their threads
-    /// must be woken to fault again once the fork returns.
-    dropped_faults: bool,
+    /// The span of faults read but not kept (the room could not grow):
+    /// their threads must be woken to fault again once the fork returns.
+    /// Kept as addresses read, which is where those threads wait, wherever
+    /// an mremap read meanwhile moved the memory.
+    dropped: Option<(usize, usize)>,
 }
 
 // SAFETY: `Parked` owns its mapping and the messages in it, like a `Vec`.
@@ -68,7 +70,7 @@ impl Parked {
             ptr: p.cast(),
             cap,
             len: 0,
-            dropped_faults: false,
+            dropped: None,
         })
     }
 
@@ -92,8 +94,9 @@ impl Parked {
     /// which cannot be read twice, waits until memory comes back.
     pub(super) fn push(&mut self, m: Msg) {
         while self.len == self.cap && !self.grow() {
-            if matches!(m, Msg::Fault { .. }) {
-                self.dropped_faults = true;
+            if let Msg::Fault { addr } = m {
+                let (lo, hi) = self.dropped.unwrap_or((addr, addr));
+                self.dropped = Some((lo.min(addr), hi.max(addr)));
                 return;
             }
             // nanosleep: no allocation.
@@ -104,16 +107,17 @@ impl Parked {
         self.len += 1;
     }
 
-    /// The messages kept, in the order read, and whether faults were
-    /// dropped (then every waiting thread must be woken). Empties it.
-    pub(super) fn take(&mut self, mut each: impl FnMut(Msg)) -> bool {
+    /// The messages kept, in the order read, and the lowest and highest
+    /// address of the faults dropped (the threads waiting there must be
+    /// woken). Empties it.
+    pub(super) fn take(&mut self, mut each: impl FnMut(Msg)) -> Option<(usize, usize)> {
         let n = std::mem::take(&mut self.len);
         for i in 0..n {
             // SAFETY: slots below the old `len` hold messages written by
             // `push`; each is read out once (`len` is already 0).
             each(unsafe { self.ptr.add(i).read() });
         }
-        std::mem::take(&mut self.dropped_faults)
+        self.dropped.take()
     }
 }
 
@@ -147,7 +151,7 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         });
         assert_eq!(next, 10_000);
-        assert!(!dropped);
-        assert!(!p.take(|_| panic!("emptied")));
+        assert_eq!(dropped, None);
+        assert_eq!(p.take(|_| panic!("emptied")), None);
     }
 }
