@@ -125,8 +125,8 @@ void fk_drain(void);
 
 /* Faults [addr, addr + len) in for writing from `channels` threads, in
  * 2 MiB-aligned chunks (THP stays THP); contents are preserved.
- * Errors: -EINVAL (zero channels, misaligned, wrapping), -EFAULT/-ENOMEM
- * from the kernel. */
+ * Errors: -EINVAL (zero channels, misaligned, wrapping; or, from the
+ * kernel, memory that is not writable), -EFAULT/-ENOMEM from the kernel. */
 int fk_populate(void *addr, size_t len, unsigned channels);
 
 /* fk_migrate paths. */

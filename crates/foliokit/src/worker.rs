@@ -471,7 +471,11 @@ mod tests {
         }
         let after = this_mask();
         for sig in [libc::SIGINT, libc::SIGUSR1, libc::SIGBUS] {
-            assert_eq!(blocked(&before, sig), blocked(&after, sig), "caller's {sig}");
+            assert_eq!(
+                blocked(&before, sig),
+                blocked(&after, sig),
+                "caller's {sig}"
+            );
         }
     }
 

@@ -411,10 +411,27 @@ fn populate_bad_input() {
     let e =
         unsafe { populate_raw((usize::MAX & !(PAGE - 1)) as *mut u8, 2 * PAGE, 1) }.unwrap_err();
     assert!(matches!(e, PopulateError::Wraps { .. }));
-    // An unmapped range is a typed error too, not a crash.
-    let hole = r.as_mut_ptr();
-    drop(r);
-    // SAFETY: the range is unmapped now; populate must report, not fault.
-    let e = unsafe { populate_raw(hole, 2 * PAGE, 1) }.unwrap_err();
-    assert!(matches!(e, PopulateError::Fault { .. }), "{e}");
+    // An unmapped range is a typed error too, not a crash. In a process of
+    // its own: beside other tests' threads, one of their mappings could
+    // take the hole between the unmap and the call.
+    in_child("populate_bad_input", Duration::from_secs(60), || {
+        let mut r = Region::new(2 * PAGE, PAGE).unwrap();
+        let hole = r.as_mut_ptr();
+        drop(r);
+        // SAFETY: the range is unmapped now; populate must report, not
+        // fault.
+        let e = unsafe { populate_raw(hole, 2 * PAGE, 1) }.unwrap_err();
+        assert!(matches!(e, PopulateError::Fault { .. }), "{e}");
+        // So is memory that is not writable: refused, never touched (a
+        // touch would raise SIGSEGV).
+        for prot in [libc::PROT_NONE, libc::PROT_READ] {
+            let g = Region::new(2 * PAGE, PAGE).unwrap();
+            // SAFETY: our own mapping, made unwritable for the check.
+            let rc = unsafe { libc::mprotect(g.as_ptr() as *mut _, PAGE, prot) };
+            assert_eq!(rc, 0);
+            // SAFETY: mapped; populate must report, not fault.
+            let e = unsafe { populate_raw(g.as_ptr() as *mut u8, 2 * PAGE, 1) }.unwrap_err();
+            assert!(matches!(e, PopulateError::Fault { .. }), "{e}");
+        }
+    });
 }

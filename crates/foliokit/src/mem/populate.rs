@@ -3,13 +3,13 @@
 //! The range is cut into `POPULATE_CHUNK`-aligned chunks (one PMD each, so
 //! THP stays THP) that the calling thread and up to `channels - 1`
 //! persistent helper threads take from a shared counter and fault in with
-//! `MADV_POPULATE_WRITE`; where the kernel refuses that (before 5.14, or for
-//! some mappings) a thread touches each page instead. No thread is made per
-//! call (see `crate::helpers`).
+//! `MADV_POPULATE_WRITE`; where the kernel lacks that (before 5.14) a
+//! thread touches each page instead. No thread is made per call (see
+//! `crate::helpers`).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 use thiserror::Error;
 
@@ -36,9 +36,11 @@ pub enum PopulateError {
         /// Its length in bytes.
         len: usize,
     },
-    /// The kernel could not fault a chunk in: `ENOMEM` (no memory, or the
-    /// hugetlb pool ran dry), `EFAULT` (not mapped), `EHWPOISON` (a
-    /// poisoned page). The first failure any thread hit is reported.
+    /// The kernel could not fault a chunk in: `ENOMEM` (not mapped, no
+    /// memory, or the hugetlb pool ran dry), `EFAULT` (a fault would have
+    /// raised SIGBUS or SIGSEGV), `EINVAL` (not writable, or PFN/IO
+    /// memory), `EHWPOISON` (a poisoned page). The first failure any
+    /// thread hit is reported.
     #[error("faulting in {addr:#x} + {len}: {source}")]
     Fault {
         /// Start of the chunk that failed.
@@ -185,9 +187,11 @@ unsafe fn populate_chunk(addr: usize, len: usize) -> io::Result<bool> {
         return Ok(true);
     }
     let err = io::Error::last_os_error();
-    // EINVAL: the kernel lacks MADV_POPULATE_WRITE, or the mapping does not
-    // take it. Anything else (ENOMEM, EFAULT, EHWPOISON...) is real.
-    if err.raw_os_error() != Some(libc::EINVAL) {
+    // EINVAL from a kernel that has MADV_POPULATE_WRITE means the mapping
+    // does not take it: not writable (a touch would raise SIGSEGV), or
+    // PFN/IO memory. Only a kernel without it (before 5.14) is left to the
+    // touch below. Anything else (ENOMEM, EFAULT, EHWPOISON...) is real.
+    if err.raw_os_error() != Some(libc::EINVAL) || kernel_populates() {
         return Err(err);
     }
     for p in (addr..addr + len).step_by(page_size()) {
@@ -196,6 +200,34 @@ unsafe fn populate_chunk(addr: usize, len: usize) -> io::Result<bool> {
         unsafe { AtomicU8::from_ptr(p as *mut u8) }.fetch_or(0, Ordering::Relaxed);
     }
     Ok(false)
+}
+
+/// Whether this kernel has `MADV_POPULATE_WRITE` (5.14+), tried once on a
+/// page of our own.
+fn kernel_populates() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        let page = page_size();
+        // SAFETY: a fresh private anonymous page, advised, then unmapped;
+        // nothing else knows its address.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                // Cannot tell: the safe answer (no touching of the range).
+                return true;
+            }
+            let ok = libc::madvise(p, page, libc::MADV_POPULATE_WRITE) == 0;
+            libc::munmap(p, page);
+            ok
+        }
+    })
 }
 
 /// How many of the pages in `[ptr, ptr + len)` are resident (mincore).
