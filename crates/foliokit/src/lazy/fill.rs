@@ -424,7 +424,6 @@ pub(super) fn start(
     }
     f.order
         .extend((0..nb as u32).filter(|&b| !seen[b as usize]));
-    f.ready_fault_slot();
     // Made before any fork can ask for it: parked, the fill thread must
     // not allocate (see `park`).
     let parked =
@@ -855,9 +854,8 @@ impl Filler {
                 }
                 None => {
                     // A faulting thread waits for this copy: the channels
-                    // split the one folio between them, into the fault
-                    // slot, which is kept faulted in (the kernel's zeroing
-                    // of it is done after the wake, not before).
+                    // (and this thread) split the one folio between them,
+                    // into the fault slot.
                     let s = self.slot(self.slots);
                     let src = self.src(blk.seg as usize, blk.start);
                     // SAFETY: the slot is our private staging mapping
@@ -883,13 +881,7 @@ impl Filler {
                 }
             };
             match slot {
-                Some(s) => {
-                    let n = self.move_in(b, s);
-                    if s == self.slot(self.slots) {
-                        self.ready_fault_slot();
-                    }
-                    n
-                }
+                Some(s) => self.move_in(b, s),
                 None => self.copy_block(b),
             }
         } else {
@@ -897,22 +889,6 @@ impl Filler {
         };
         self.mark_done(b);
         n
-    }
-
-    /// Faults the fault slot in again after its folio was moved out, on
-    /// this thread, so that the next fault's copy finds it ready (more
-    /// threads would take CPU from the guest's running vCPUs, and a helper
-    /// that waits for a CPU holds up the next fault). A failure only leaves
-    /// the zeroing to that copy.
-    fn ready_fault_slot(&self) {
-        if self.staging.is_none() {
-            return;
-        }
-        let s = self.slot(self.slots);
-        // SAFETY: the fault slot is a folio of our private staging
-        // mapping; populating keeps its (stale) bytes and nobody reads it
-        // before the next copy into it overwrites them.
-        let _ = unsafe { crate::mem::populate_raw(s as *mut u8, self.folio, 1) };
     }
 
     /// Moves the staged folio into block `b`; what the move could not do
