@@ -18,7 +18,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{in_child, pattern, skip, temp_path};
+use common::{in_child, in_forked_child, pattern, skip, temp_path};
 use foliokit::lazy::{
     fill_lazily, BadOutcome, LazyError, LazyFill, LazyOptions, LazyRefusal, Segment, Source,
 };
@@ -607,26 +607,14 @@ fn a_child_forked_during_the_fill_sees_the_snapshot() {
                     libc::madvise(host(mem, gone).cast(), PAGE as usize, libc::MADV_DONTNEED)
                 };
                 assert_eq!(rc, 0);
-                // SAFETY: the child only reads memory and exits.
-                let pid = unsafe { libc::fork() };
-                if pid == 0 {
-                    let good = read(mem, 0, gone as usize) == a[..gone as usize]
+                // The child only reads memory and exits.
+                in_forked_child(|| {
+                    read(mem, 0, gone as usize) == a[..gone as usize]
                         && read(mem, gone, PAGE as usize).iter().all(|&x| x == 0)
                         && read(mem, gone + PAGE, (A_LEN - gone - PAGE) as usize)
                             == a[(gone + PAGE) as usize..]
-                        && read(mem, B, B_LEN as usize) == *b;
-                    // SAFETY: leaving the forked child without running the
-                    // parent's destructors.
-                    unsafe { libc::_exit(if good { 0 } else { 1 }) };
-                }
-                assert!(pid > 0);
-                let mut status = 0;
-                // SAFETY: waiting for our own child.
-                unsafe { libc::waitpid(pid, &mut status, 0) };
-                assert!(
-                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                    "the forked child saw wrong bytes (status {status:#x})"
-                );
+                        && read(mem, B, B_LEN as usize) == *b
+                });
                 let r = h.wait();
                 assert!(r.fill.forks >= 1);
                 assert_eq!(read(mem, B, B_LEN as usize), *b);
@@ -662,23 +650,10 @@ fn forks_while_many_threads_wait_on_faults_never_hang() {
                         });
                     }
                     for _ in 0..20 {
-                        // SAFETY: the child only reads memory and exits.
-                        let pid = unsafe { libc::fork() };
-                        if pid == 0 {
+                        in_forked_child(|| {
                             let at = A_LEN - PAGE;
-                            let good = read(mem, at, PAGE as usize) == a[at as usize..];
-                            // SAFETY: leaving the forked child without
-                            // running the parent's destructors.
-                            unsafe { libc::_exit(if good { 0 } else { 1 }) };
-                        }
-                        assert!(pid > 0);
-                        let mut status = 0;
-                        // SAFETY: waiting for our own child.
-                        unsafe { libc::waitpid(pid, &mut status, 0) };
-                        assert!(
-                            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                            "a forked child saw wrong bytes (status {status:#x})"
-                        );
+                            read(mem, at, PAGE as usize) == a[at as usize..]
+                        });
                     }
                 });
                 let r = h.wait();
