@@ -228,6 +228,7 @@ pub fn run(a: &FaultPlan, progress: &dyn Progress) -> Result<Report<FaultRow>, L
         }
     }
     report.section("backing", &backing);
+    report.notes.extend(crate::measure::fresh_memory_note());
     for l in &limit_notes {
         report
             .footer

@@ -575,6 +575,7 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         true,
     );
     let mut notes = Vec::new();
+    notes.extend(crate::measure::fresh_memory_note());
     if plan.cold {
         notes.push("cold: the snapshot was dropped from the page cache before every restore (posix_fadvise DONTNEED)".into());
     }
