@@ -378,7 +378,8 @@ impl State {
                 };
                 Sample::default()
             }
-            Method::Foliokit => {
+            // The same copy; `prepare` faulted prealloc's guest RAM in.
+            Method::Foliokit | Method::Prealloc => {
                 self.eager_mc(&mut g, CopyStrategy::Auto)?;
                 Sample::default()
             }
@@ -387,10 +388,6 @@ impl State {
                 Sample::default()
             }
             Method::Lazy => self.lazy(&mut g)?,
-            Method::Prealloc => {
-                self.eager_mc(&mut g, CopyStrategy::Auto)?;
-                Sample::default()
-            }
             Method::Populate => {
                 foliokit::mem::populate(g.as_mut_slice(), self.plan.channels)?;
                 Sample::default()

@@ -14,7 +14,7 @@ const VIRTIO_ID_BALLOON: &str = "0x0005";
 /// host to back it again; whether a pass finds its memory reported depends
 /// on how long ago the previous one freed it, so fresh-memory rows swing
 /// from pass to pass. `None` where nothing says so.
-pub fn free_page_reporting() -> Option<usize> {
+fn free_page_reporting() -> Option<usize> {
     let devices = std::fs::read_dir("/sys/bus/virtio/devices").ok()?;
     let reporting = devices.flatten().any(|d| {
         let p = d.path();

@@ -15,7 +15,7 @@ mod order;
 mod stats;
 
 pub use aa::{AaControl, AA_TOLERANCE};
-pub use host::{free_page_reporting, fresh_memory_note};
+pub use host::fresh_memory_note;
 pub use limits::{probe, LimitOp, Limits, Probe, Stores};
 pub use ops::{
     measure_clear, measure_copy, CacheMode, CopyCandidate, MeasureError, Measured, Measurement,

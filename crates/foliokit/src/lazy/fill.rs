@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::child::{fill_child, Piece};
+use super::map::Map;
 use super::park::{Active, Parked};
 use super::remap::Remaps;
 use super::{
@@ -72,42 +73,6 @@ impl Bits {
 
 fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
-}
-
-/// An anonymous mapping we own.
-struct Map {
-    base: usize,
-    len: usize,
-}
-
-impl Map {
-    fn new(len: usize, prot: libc::c_int) -> io::Result<Map> {
-        // SAFETY: a fresh private anonymous mapping; nothing is replaced.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Map {
-            base: p as usize,
-            len,
-        })
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, no longer used.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
-    }
 }
 
 /// The huge page size of the hugetlb mapping at `addr` (its smaps
@@ -643,9 +608,7 @@ impl Filler {
                     let _ = u.read_each(|m| parked.push(m));
                     u.poll(1);
                 });
-                let mut msgs = Vec::new();
-                let dropped = parked.take(|m| msgs.push(m));
-                msgs.into_iter().for_each(|m| self.apply(m));
+                let dropped = parked.take(|m| self.apply(m));
                 if let Some((lo, hi)) = dropped {
                     // Where those threads wait: the addresses they faulted
                     // at, whatever was moved since (UFFDIO_WAKE needs no

@@ -103,6 +103,7 @@
 
 mod child;
 mod fill;
+mod map;
 mod park;
 mod remap;
 mod source;

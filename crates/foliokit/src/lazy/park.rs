@@ -11,6 +11,7 @@
 use std::io;
 use std::mem::size_of;
 
+use super::map::Map;
 use crate::sys::atfork::{ForkGate, Gated, Inside};
 use crate::sys::uffd::Msg;
 
@@ -35,8 +36,7 @@ pub(crate) type Active = Inside<FillThreads>;
 /// read on the way to the fork's own event (the kernel hands out faults
 /// before events).
 pub(super) struct Parked {
-    ptr: *mut Msg,
-    cap: usize,
+    room: Map,
     len: usize,
     /// The span of faults read but not kept (the room could not grow):
     /// their threads must be woken to fault again once the fork returns.
@@ -45,55 +45,34 @@ pub(super) struct Parked {
     dropped: Option<(usize, usize)>,
 }
 
-// SAFETY: `Parked` owns its mapping and the messages in it, like a `Vec`.
-unsafe impl Send for Parked {}
-
 impl Parked {
     /// Room for `cap` messages (at least one).
     pub(super) fn new(cap: usize) -> io::Result<Parked> {
-        let cap = cap.max(1);
-        // SAFETY: a fresh private anonymous mapping; no address is given.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                cap * size_of::<Msg>(),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Parked {
-            ptr: p.cast(),
-            cap,
+            room: Map::new(
+                cap.max(1) * size_of::<Msg>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+            )?,
             len: 0,
             dropped: None,
         })
     }
 
-    /// Doubles the room; false when the kernel has no memory for it.
-    fn grow(&mut self) -> bool {
-        let old = self.cap * size_of::<Msg>();
-        // SAFETY: our own mapping of `old` bytes; MAYMOVE lets the kernel
-        // move it, after which only the returned address is used. The
-        // messages are plain bytes to move (no self-references).
-        let p = unsafe { libc::mremap(self.ptr.cast(), old, old * 2, libc::MREMAP_MAYMOVE) };
-        if p == libc::MAP_FAILED {
-            return false;
-        }
-        self.ptr = p.cast();
-        self.cap *= 2;
-        true
+    fn cap(&self) -> usize {
+        self.room.len / size_of::<Msg>()
+    }
+
+    fn slot(&self, i: usize) -> *mut Msg {
+        (self.room.base as *mut Msg).wrapping_add(i)
     }
 
     /// Keeps `m`; allocates nothing. Where the room cannot grow, a fault is
     /// dropped (its thread is woken later and faults again) and an event,
     /// which cannot be read twice, waits until memory comes back.
     pub(super) fn push(&mut self, m: Msg) {
-        while self.len == self.cap && !self.grow() {
+        // Moving the messages with the mapping is moving their bytes,
+        // which is all a move of a Rust value is.
+        while self.len == self.cap() && !self.room.grow(self.room.len * 2) {
             if let Msg::Fault { addr } = m {
                 let (lo, hi) = self.dropped.unwrap_or((addr, addr));
                 self.dropped = Some((lo.min(addr), hi.max(addr)));
@@ -102,8 +81,9 @@ impl Parked {
             // nanosleep: no allocation.
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        // SAFETY: `len < cap`: the slot is inside the mapping, unused.
-        unsafe { self.ptr.add(self.len).write(m) };
+        // SAFETY: `len < cap`: the slot is inside the mapping (page
+        // aligned, so aligned for `Msg`), unused.
+        unsafe { self.slot(self.len).write(m) };
         self.len += 1;
     }
 
@@ -115,7 +95,7 @@ impl Parked {
         for i in 0..n {
             // SAFETY: slots below the old `len` hold messages written by
             // `push`; each is read out once (`len` is already 0).
-            each(unsafe { self.ptr.add(i).read() });
+            each(unsafe { self.slot(i).read() });
         }
         self.dropped.take()
     }
@@ -123,9 +103,8 @@ impl Parked {
 
 impl Drop for Parked {
     fn drop(&mut self) {
+        // The messages own descriptors; the room itself goes with `Map`.
         self.take(drop);
-        // SAFETY: our own mapping, no longer used.
-        unsafe { libc::munmap(self.ptr.cast(), self.cap * size_of::<Msg>()) };
     }
 }
 
