@@ -613,7 +613,7 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
         if plan.serve_during_batches {
             "served beside the batch in flight"
         } else {
-            "wait for the batch in flight"
+            "cut the batch in flight short"
         }
     );
     let params = json!({"size": plan.size, "channels": plan.channels, "loops": plan.loops,

@@ -104,17 +104,19 @@ pub const CHANNEL_STALL: std::time::Duration = std::time::Duration::from_millis(
 /// bytes.
 pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// The default latency budget of a lazy fill: the longest one background
-/// batch may take, i.e. how long a faulting thread may wait behind it. At
-/// the ~10 GB/s a 2-channel mc copy reaches on the dev machine, 2 ms is
-/// about 10 folios of 2 MiB, enough to keep the channels streaming.
+/// The default latency budget of a lazy fill: how long a faulting thread
+/// may wait behind a background batch (for the pieces in progress of the
+/// batch it cut short). At the ~5 GB/s one channel's mc copy into fresh
+/// memory reaches on the dev machine, a piece of up to
+/// [`CHANNEL_PIECE_BYTES`] takes about 0.8 ms.
 pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// The share of the latency budget a lazy fill's background batch aims
-/// at (its controller halves a batch that took longer, doubles one that
-/// took under half): the rest is headroom for bandwidth that swings by a
-/// third from one moment to the next on shared machines, and for the
-/// faulting thread's own folio, copied after the batch.
+/// The share of the latency budget a fault may wait behind a background
+/// batch (its controller halves the batch when a cut batch's pieces in
+/// progress took longer, doubles it when they took under half; a batch no
+/// fault cut short counts as no wait): the rest is headroom for bandwidth
+/// that swings by a third from one moment to the next on shared machines,
+/// and for the faulting thread's own folio, copied after the batch.
 pub const LAZY_BATCH_SHARE_OF_BUDGET: f64 = 0.5;
 
 /// Copy channels of a lazy fill's background batches by default.

@@ -19,15 +19,16 @@ pub struct RestoreArgs {
     /// Copy channels of the foliokit rows.
     #[arg(short = 't', long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub channels: u32,
-    /// Timed passes (rounded up to whole balanced designs of 8).
+    /// Timed passes (rounded up to a multiple of the rows, which keeps the
+    /// order design balanced).
     #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub loops: u32,
     /// The lazy fill's latency budget, microseconds.
     #[arg(long, default_value_t = foliokit::tune::LAZY_LATENCY_BUDGET.as_micros() as u64)]
     pub budget_us: u64,
     /// Lazy: serve faults beside the background batch in flight instead of
-    /// after it (a fault waits for its own folio only; costs throughput
-    /// where the channels already use every CPU).
+    /// cutting it short (a fault waits for its own folio only; costs
+    /// throughput where the channels already use every CPU).
     #[arg(long)]
     pub serve_faults_during_batches: bool,
     /// Restore from a cold file: drop it from the page cache before every

@@ -78,6 +78,7 @@ mod cpu;
 pub(crate) use cpu::{fix_placement, placement_fixed};
 pub use cpu::{ChannelCpus, CpuChannel};
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -275,6 +276,10 @@ pub struct Completion {
     failed: Mutex<Vec<PieceFailure>>,
     done: Mutex<bool>,
     cv: Condvar,
+    /// An eventfd posted when the batch ends (`InFlight::notify`): a
+    /// duplicate of the caller's, so that posting it after the caller saw
+    /// the batch end and closed its own never writes to a reused number.
+    notify: Mutex<Option<OwnedFd>>,
 }
 
 /// A piece a channel could not finish (a hardware engine's page fault or
@@ -313,6 +318,7 @@ impl Completion {
             failed: Mutex::new(Vec::new()),
             done: Mutex::new(pieces == 0),
             cv: Condvar::new(),
+            notify: Mutex::new(None),
         }
     }
 
@@ -391,6 +397,17 @@ impl Completion {
                 .is_some_and(|flag| !flag.swap(true, Ordering::AcqRel))
     }
 
+    /// Takes `piece` back before anyone runs it: claimed here, so no
+    /// channel will, and counted as ended without finishing its folios.
+    /// Whether it was still unclaimed.
+    fn withdraw(&self, piece: &Piece) -> bool {
+        if !self.claim(piece) || !self.report(piece) {
+            return false;
+        }
+        self.count_down();
+        true
+    }
+
     fn count_down(&self) {
         // AcqRel: the last report acquires every earlier channel's release,
         // so the waiter (through the mutex) sees every piece's bytes.
@@ -399,6 +416,11 @@ impl Completion {
             self.done_ns.store(ns, Ordering::Release);
             *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
             self.cv.notify_all();
+            // After `done` is set: `InFlight::notify` sets the descriptor
+            // before it reads `done`, so one of the two sees the other.
+            if let Some(fd) = &*self.notify.lock().unwrap_or_else(|p| p.into_inner()) {
+                crate::sys::event::Event::post_raw(fd.as_raw_fd());
+            }
         }
     }
 
@@ -1184,17 +1206,49 @@ impl InFlight<'_> {
     /// share CPUs with other busy threads: a channel not scheduled yet then
     /// holds up nothing.
     pub(crate) fn help(&self) {
-        for (p, _) in self
-            .pieces
+        while self.help_one() {}
+    }
+
+    /// [`InFlight::help`] one piece at a time: runs the last piece no
+    /// channel has taken yet; whether there was one. A caller that must
+    /// also watch something else checks it between pieces.
+    pub(crate) fn help_one(&self) -> bool {
+        self.pieces
             .iter()
             .zip(&self.claimable)
             .rev()
             .filter(|(_, c)| **c)
-        {
             // SAFETY: the batch's contract covers every piece's ranges
             // until it ends, which is not before this handle is dropped.
-            unsafe { self.done.run_claimed(self.op, p) };
-        }
+            .any(|(p, _)| unsafe { self.done.run_claimed(self.op, p) })
+    }
+
+    /// Cuts the batch short: the pieces no channel has started are taken
+    /// back and never run (their folios stay not done, and are not in
+    /// [`BatchOutcome::failed`]), so the batch ends when the pieces in
+    /// progress do. Returns how many were taken back. Only pieces of
+    /// channels that claim pieces can be.
+    pub(crate) fn cancel_unstarted(&self) -> usize {
+        self.pieces
+            .iter()
+            .zip(&self.claimable)
+            .filter(|(p, c)| **c && self.done.withdraw(p))
+            .count()
+    }
+
+    /// Posts `event` when the batch ends, for a caller that waits on it
+    /// beside other descriptors; whether the batch has ended already (then
+    /// it may not be posted).
+    pub(crate) fn notify(&self, event: &crate::sys::event::Event) -> std::io::Result<bool> {
+        let dup = event.try_clone()?;
+        *self.done.notify.lock().unwrap_or_else(|p| p.into_inner()) = Some(dup);
+        Ok(self.done.is_done())
+    }
+
+    /// [`InFlight::wait`] that keeps the handle, to ask
+    /// [`InFlight::folio_done`] afterwards.
+    pub(crate) fn wait_in_place(&mut self) -> BatchOutcome {
+        self.wait_inner()
     }
 
     /// Waits for the batch, and whenever its channels finish no piece for
@@ -1238,6 +1292,24 @@ mod tests {
     /// Set while [`held_copy`] keeps its worker; set to false to let go.
     static HOLD: AtomicBool = AtomicBool::new(false);
     static HELD: AtomicBool = AtomicBool::new(false);
+    /// Taken by each test that holds a worker with [`held_copy`].
+    static HOLDING: Mutex<()> = Mutex::new(());
+
+    /// Holds `pool`'s one channel with a copy of `src` into `dst` until
+    /// [`HOLD`] is cleared.
+    fn hold<'p>(pool: &'p ChannelPool, dst: &mut [u8], src: &[u8]) -> InFlight<'p> {
+        HELD.store(false, Ordering::SeqCst);
+        HOLD.store(true, Ordering::SeqCst);
+        // SAFETY: the caller keeps both buffers until the handle is waited
+        // for.
+        let other =
+            unsafe { pool.submit_copy(&[dst.as_mut_ptr()], &[src.as_ptr()], src.len(), held_copy) }
+                .unwrap();
+        while !HELD.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        other
+    }
 
     /// A copy that holds its thread until [`HOLD`] is cleared, as a copy
     /// from a page relocation has out waits for relocation.
@@ -1266,26 +1338,14 @@ mod tests {
             eprintln!("SKIP: no helper thread could be started here");
             return;
         }
+        let _one = HOLDING.lock().unwrap_or_else(|p| p.into_inner());
         // One channel, held by another batch's copy: the helper's batch
         // (big enough for the workers) is queued behind it.
         let pool = ChannelPool::cpu(1).unwrap();
         let len = 2 * crate::params::CHANNEL_MIN_BATCH_BYTES;
         let (a_src, mut a_dst) = (vec![1u8; PAGE_BYTES], vec![0u8; PAGE_BYTES]);
         let (src, mut dst) = (vec![7u8; len], vec![0u8; len]);
-        HOLD.store(true, Ordering::SeqCst);
-        // SAFETY: both vectors outlive the handle, waited for below.
-        let other = unsafe {
-            pool.submit_copy(
-                &[a_dst.as_mut_ptr()],
-                &[a_src.as_ptr()],
-                PAGE_BYTES,
-                held_copy,
-            )
-        }
-        .unwrap();
-        while !HELD.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let other = hold(&pool, &mut a_dst, &a_src);
         let (d, s) = (dst.as_mut_ptr() as usize, src.as_ptr() as usize);
         let (tx, rx) = std::sync::mpsc::channel();
         let ran = std::thread::scope(|scope| {
@@ -1312,6 +1372,44 @@ mod tests {
             "the helper waited for the held channel"
         );
         assert!(dst == src && a_dst == a_src);
+    }
+
+    #[test]
+    fn a_batch_cut_short_gives_back_its_unstarted_pieces_and_posts_its_end() {
+        use std::os::fd::AsRawFd;
+        let _one = HOLDING.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = ChannelPool::cpu(1).unwrap();
+        let (a_src, mut a_dst) = (vec![1u8; PAGE_BYTES], vec![0u8; PAGE_BYTES]);
+        let other = hold(&pool, &mut a_dst, &a_src);
+        // Queued behind the held copy: no piece of it can have started.
+        let folio = 64 << 10;
+        let src = vec![7u8; 4 * folio];
+        let mut dst = vec![0u8; 4 * folio];
+        let dsts: Vec<*mut u8> = (0..4).map(|i| dst[i * folio..].as_mut_ptr()).collect();
+        let srcs: Vec<*const u8> = (0..4).map(|i| src[i * folio..].as_ptr()).collect();
+        let ended = crate::sys::event::Event::new().unwrap();
+        // SAFETY: both vectors outlive the handle, waited for below.
+        let mut cut = unsafe { pool.submit_copy(&dsts, &srcs, folio, plain_copy) }.unwrap();
+        assert_eq!(cut.notify(&ended).ok(), Some(false));
+        assert!(cut.cancel_unstarted() > 0);
+        // Ends without the held channel, which never runs a piece of it.
+        let out = cut.wait_in_place();
+        assert!(out.failed.is_empty());
+        assert!((0..4).all(|i| !cut.folio_done(i)));
+        let mut p = libc::pollfd {
+            fd: ended.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        let posted = unsafe { libc::poll(&mut p, 1, 0) };
+        assert_eq!(posted, 1, "the end was not posted");
+        assert_eq!(cut.cancel_unstarted(), 0);
+        drop(cut);
+        HOLD.store(false, Ordering::SeqCst);
+        other.wait();
+        assert!(dst.iter().all(|&b| b == 0), "a withdrawn piece ran");
+        assert_eq!(a_dst, a_src);
     }
 
     const PAGE_BYTES: usize = 4096;

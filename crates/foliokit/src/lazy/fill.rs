@@ -324,6 +324,10 @@ pub(super) fn start(
     } else {
         None
     };
+    let ended = crate::sys::event::Event::new().map_err(|source| LazyError::Sys {
+        what: "making an eventfd",
+        source,
+    })?;
     let zero = Map::new(unit_max, libc::PROT_READ).map_err(|source| LazyError::Sys {
         what: "mapping the zero source",
         source,
@@ -349,6 +353,7 @@ pub(super) fn start(
         faults: VecDeque::new(),
         in_batch: false,
         serve_during: opts.serve_during_batches,
+        ended,
         staging,
         slots,
         zero,
@@ -437,6 +442,9 @@ struct Filler {
     in_batch: bool,
     /// Serve faults outside a batch while it is in flight.
     serve_during: bool,
+    /// Posted when a background batch ends: the fill thread waits for it
+    /// and for the userfaultfd at once.
+    ended: crate::sys::event::Event,
     staging: Option<Map>,
     slots: usize,
     zero: Map,
@@ -1021,6 +1029,9 @@ impl Filler {
         let want = self.ctl.pages() * self.page;
         let t = Instant::now();
         let mut take: Vec<usize> = Vec::new();
+        // Where each taken block sits in the order: a block the batch
+        // gives back is taken again from there.
+        let mut at: Vec<usize> = Vec::new();
         let mut bytes = 0;
         let mut moving = 0;
         while bytes < want && self.cursor < self.order.len() {
@@ -1036,6 +1047,7 @@ impl Filler {
                 moving += 1;
             }
             take.push(b);
+            at.push(self.cursor);
             bytes += self.blocks[b].len;
             self.cursor += 1;
         }
@@ -1046,7 +1058,13 @@ impl Filler {
             return;
         }
         let movers: Vec<usize> = take.iter().copied().filter(|&b| self.movable(b)).collect();
+        // Per mover: copied into its slot, its source faulted, or given
+        // back unstarted (a message cut the batch short).
+        let mut copied = vec![false; movers.len()];
         let mut failed = vec![false; movers.len()];
+        // How long the batch ran on after this thread stopped waiting for
+        // it (cut short, or ended).
+        let mut tail = None;
         if !movers.is_empty() {
             let dsts: Vec<*mut u8> = (0..movers.len()).map(|k| self.slot(k) as *mut u8).collect();
             let srcs: Vec<*const u8> = movers
@@ -1065,17 +1083,45 @@ impl Filler {
             let r = unsafe { pool.submit_copy_mc(&dsts, &srcs, self.folio, self.mc) };
             match r {
                 Ok(mut batch) => {
-                    // While the channels copy, faults on folios outside
-                    // the batch are served on this thread: a vCPU then
-                    // waits for its own folio, not for the batch. Faults
-                    // inside it wait for the batch, which installs them.
+                    // Serving during batches: while the channels copy,
+                    // faults on folios outside the batch are served on
+                    // this thread (a vCPU then waits for its own folio, not
+                    // for the batch); faults inside it wait for the batch,
+                    // which installs them.
                     let outcome = loop {
                         if let Some(o) = batch.try_wait() {
                             break o;
                         }
                         if !self.serve_during {
-                            batch.help();
-                            break batch.wait();
+                            // This thread sleeps until the batch ends or a
+                            // message comes. A message cuts the batch
+                            // short: the pieces no channel has started go
+                            // back, so a fault waits for the pieces in
+                            // progress, not for the whole batch.
+                            self.ended.reset();
+                            let mut cut = false;
+                            // Err: no descriptor to spare for the event;
+                            // then it waits for the whole batch, as it
+                            // does when the batch ended already.
+                            if let Ok(false) = batch.notify(&self.ended) {
+                                loop {
+                                    if self.uffd.poll_or(&self.ended) {
+                                        cut = true;
+                                        break;
+                                    }
+                                    self.ended.reset();
+                                    if batch.try_wait().is_some() {
+                                        break;
+                                    }
+                                }
+                            }
+                            if cut {
+                                batch.cancel_unstarted();
+                            }
+                            let t = Instant::now();
+                            let o = batch.wait_in_place();
+                            tail = Some(t.elapsed());
+                            break o;
                         }
                         if self.uffd.poll_for(crate::params::LAZY_BATCH_POLL) {
                             self.in_batch = true;
@@ -1097,6 +1143,9 @@ impl Filler {
                             failed[j] = true;
                         }
                     }
+                    for (k, c) in copied.iter_mut().enumerate() {
+                        *c = batch.folio_done(k);
+                    }
                 }
                 Err(e) => {
                     self.notes.push(format!("copy channels: {e}"));
@@ -1106,9 +1155,15 @@ impl Filler {
         }
         let mut n = 0;
         for (k, &b) in movers.iter().enumerate() {
+            if !copied[k] && !failed[k] {
+                // Given back unstarted: taken again by the next batch.
+                let i = take.iter().position(|&x| x == b).expect("taken");
+                self.cursor = self.cursor.min(at[i]);
+                continue;
+            }
             // An event read meanwhile may have made it unmovable (a
             // discard): then it is copied page by page instead.
-            let staged = (!failed[k]).then(|| self.slot(k));
+            let staged = copied[k].then(|| self.slot(k));
             let staged = staged.filter(|_| self.movable(b));
             n += if let Some(s) = staged {
                 let got = self.move_in(b, s);
@@ -1127,7 +1182,10 @@ impl Filler {
         let took = t.elapsed();
         self.batches += 1;
         self.longest = self.longest.max(took);
-        self.ctl.observe(took);
+        // What a fault read during the batch waited for: the tail of a
+        // batch it cut short (the pieces in progress). Serving faults
+        // during batches, or without an event to wait on, the whole batch.
+        self.ctl.observe(tail.unwrap_or(took));
     }
 
     /// Unregisters everything (where it is now), reads what is left, and

@@ -137,17 +137,19 @@ pub struct Segment {
 /// How to fill.
 #[derive(Debug, Clone)]
 pub struct LazyOptions {
-    /// The longest a faulting thread may wait behind a background batch;
-    /// the batch size is chosen to keep each batch within half of it (the
-    /// rest is headroom for bandwidth that swings, and for the faulting
-    /// thread's own folio).
+    /// The longest a faulting thread may wait behind a background batch.
+    /// A fault read while a batch is in flight cuts it short (the pieces
+    /// no channel has started go back), so it waits for the pieces in
+    /// progress, at most a few MiB; the batch size is then kept so that
+    /// this wait stays within half the budget (the rest is headroom for
+    /// bandwidth that swings, and for the faulting thread's own folio).
     pub latency_budget: Duration,
-    /// Copy channels for the background batches. They share CPUs with the
-    /// guest's running vCPUs: the fill thread takes the pieces of a batch
-    /// no channel has started, so a channel waiting for a CPU holds up
-    /// nothing it has not begun, but a channel preempted mid-piece does;
-    /// on a host with no CPU to spare, fewer channels bound the wait
-    /// better.
+    /// Copy channels for the background batches: the background fill's
+    /// parallelism (the fill thread itself only serves faults, and sleeps
+    /// meanwhile). They share CPUs with the guest's running vCPUs: a
+    /// channel preempted mid-piece holds up a fault that cut its batch
+    /// short; on a host with no CPU to spare, fewer channels bound the
+    /// wait better.
     pub channels: usize,
     /// The folio size of THP-eligible anonymous ranges (filled a folio at
     /// a time); base pages elsewhere, the huge page size on hugetlb.
@@ -168,8 +170,9 @@ pub struct LazyOptions {
     /// flight (on the fill thread, one folio at a time): a faulting thread
     /// then waits for its own folio only, at the cost of a copy competing
     /// with the channels for CPUs; worth it with CPUs to spare beyond the
-    /// channels. Off (the default): faults wait for the batch to end (at
-    /// most the latency budget) and every copy runs on the channels.
+    /// channels. Off (the default): a fault cuts the batch short and
+    /// waits for its pieces in progress, and every copy runs on the
+    /// channels.
     /// `foliokit bench restore --serve-faults-during-batches` measures it;
     /// on the 2-vCPU dev machine off gave the lower first-touch p99 and
     /// the shorter time to all resident.

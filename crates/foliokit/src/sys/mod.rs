@@ -3,6 +3,7 @@
 //! gates; and the page size and CPU affinity every layer asks about.
 
 pub(crate) mod atfork;
+pub(crate) mod event;
 mod host;
 pub mod numa;
 pub mod pagemap;

@@ -403,6 +403,19 @@ impl Uffd {
         unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) > 0 }
     }
 
+    /// Waits until a message is there or `other` is readable; whether a
+    /// message is.
+    pub(crate) fn poll_or(&self, other: &impl AsRawFd) -> bool {
+        let mut p = [self.fd.as_raw_fd(), other.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // SAFETY: two valid pollfds for the duration of the call.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), 2, -1) };
+        n > 0 && p[0].revents & libc::POLLIN != 0
+    }
+
     /// Every message waiting now (never blocks). Reading an event is what
     /// lets the thread that caused it continue.
     pub fn read_all(&self) -> io::Result<Vec<Msg>> {
