@@ -108,7 +108,7 @@ pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_
 /// may wait behind a background batch (for the pieces in progress of the
 /// batch it cut short). At the ~5 GB/s one channel's mc copy into fresh
 /// memory reaches on the dev machine, a piece of up to
-/// [`CHANNEL_PIECE_BYTES`] takes about 0.8 ms.
+/// `CHANNEL_PIECE_BYTES` (4 MiB) takes about 0.8 ms.
 pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// The share of the latency budget a fault may wait behind a background
