@@ -119,6 +119,13 @@ pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_m
 /// and for the faulting thread's own folio, copied after the batch.
 pub const LAZY_BATCH_SHARE_OF_BUDGET: f64 = 0.5;
 
+/// The share of the latency budget a lazy fill's background batch runs
+/// before a fault may cut it short: without it, faults coming one after
+/// the other (a vCPU touching page after page) cut every batch before a
+/// channel began it, and the background fill stopped. The rest of the
+/// budget covers the pieces in progress and the faulting folio's copy.
+pub const LAZY_BATCH_LEAST_SHARE_OF_BUDGET: f64 = 0.25;
+
 /// Copy channels of a lazy fill's background batches by default.
 pub const LAZY_CHANNELS: usize = 2;
 

@@ -354,6 +354,9 @@ pub(super) fn start(
         in_batch: false,
         serve_during: opts.serve_during_batches,
         ended,
+        least_run: opts
+            .latency_budget
+            .mul_f64(crate::params::LAZY_BATCH_LEAST_SHARE_OF_BUDGET),
         staging,
         slots,
         zero,
@@ -445,6 +448,8 @@ struct Filler {
     /// Posted when a background batch ends: the fill thread waits for it
     /// and for the userfaultfd at once.
     ended: crate::sys::event::Event,
+    /// How long a batch runs before a message may cut it short.
+    least_run: Duration,
     staging: Option<Map>,
     slots: usize,
     zero: Map,
@@ -1106,6 +1111,12 @@ impl Filler {
                             if let Ok(false) = batch.notify(&self.ended) {
                                 loop {
                                     if self.uffd.poll_or(&self.ended) {
+                                        // The batch first runs its share:
+                                        // else faults coming one after the
+                                        // other would cut every batch
+                                        // before a channel began it.
+                                        let left = self.least_run.saturating_sub(t.elapsed());
+                                        self.ended.wait_for(left);
                                         cut = true;
                                         break;
                                     }

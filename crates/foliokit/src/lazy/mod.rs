@@ -138,11 +138,13 @@ pub struct Segment {
 #[derive(Debug, Clone)]
 pub struct LazyOptions {
     /// The longest a faulting thread may wait behind a background batch.
-    /// A fault read while a batch is in flight cuts it short (the pieces
-    /// no channel has started go back), so it waits for the pieces in
-    /// progress, at most a few MiB; the batch size is then kept so that
-    /// this wait stays within half the budget (the rest is headroom for
-    /// bandwidth that swings, and for the faulting thread's own folio).
+    /// A fault read while a batch is in flight cuts it short once the
+    /// batch has run a quarter of the budget (so a stream of faults never
+    /// stops the background fill): the pieces no channel has started go
+    /// back, and the fault waits for the pieces in progress, at most a few
+    /// MiB. The batch size is kept so that this wait stays within half the
+    /// budget (the rest is headroom for bandwidth that swings, and for the
+    /// faulting thread's own folio).
     pub latency_budget: Duration,
     /// Copy channels for the background batches: the background fill's
     /// parallelism (the fill thread itself only serves faults, and sleeps

@@ -36,6 +36,24 @@ impl Event {
         unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
     }
 
+    /// Waits up to `d` for a wake-up (without taking it).
+    pub(crate) fn wait_for(&self, d: std::time::Duration) {
+        if d.is_zero() {
+            return;
+        }
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: one valid pollfd and a valid timespec for the call.
+        unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+    }
+
     /// Takes every posted wake-up (never blocks).
     pub(crate) fn reset(&self) {
         let mut n = 0u64;
