@@ -38,20 +38,9 @@ impl Event {
 
     /// Waits up to `d` for a wake-up (without taking it).
     pub(crate) fn wait_for(&self, d: std::time::Duration) {
-        if d.is_zero() {
-            return;
+        if !d.is_zero() {
+            super::poll::readable([self.fd.as_raw_fd()], Some(d));
         }
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ts = libc::timespec {
-            tv_sec: d.as_secs() as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: one valid pollfd and a valid timespec for the call.
-        unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
     }
 
     /// Takes every posted wake-up (never blocks).

@@ -7,6 +7,7 @@ pub(crate) mod event;
 mod host;
 pub mod numa;
 pub mod pagemap;
+pub(crate) mod poll;
 pub mod smaps;
 pub mod uffd;
 

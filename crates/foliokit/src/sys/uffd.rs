@@ -10,6 +10,9 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::time::Duration;
+
+use super::poll::readable;
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
@@ -377,43 +380,23 @@ impl Uffd {
     /// Waits up to `timeout_ms` (-1: forever) for a message; `true` if one
     /// is there.
     pub fn poll(&self, timeout_ms: i32) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+        let d = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
+        let [m] = readable([self.fd.as_raw_fd()], d);
+        m
     }
 
     /// Waits up to `d` for a message (finer than [`Uffd::poll`]); `true`
     /// if one is there.
-    pub fn poll_for(&self, d: std::time::Duration) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ts = libc::timespec {
-            tv_sec: d.as_secs() as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: one valid pollfd and a valid timespec for the call; no
-        // signal mask change.
-        unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) > 0 }
+    pub fn poll_for(&self, d: Duration) -> bool {
+        let [m] = readable([self.fd.as_raw_fd()], Some(d));
+        m
     }
 
     /// Waits until a message is there or `other` is readable; whether a
     /// message is.
     pub(crate) fn poll_or(&self, other: &impl AsRawFd) -> bool {
-        let mut p = [self.fd.as_raw_fd(), other.as_raw_fd()].map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        // SAFETY: two valid pollfds for the duration of the call.
-        let n = unsafe { libc::poll(p.as_mut_ptr(), 2, -1) };
-        n > 0 && p[0].revents & libc::POLLIN != 0
+        let [m, _] = readable([self.fd.as_raw_fd(), other.as_raw_fd()], None);
+        m
     }
 
     /// Every message waiting now (never blocks). Reading an event is what
