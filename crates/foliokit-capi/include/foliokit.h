@@ -291,7 +291,8 @@ struct fk_lazy_report {
     uint64_t faults;
     uint64_t whole_folios;  /* folios moved in whole (huge pages kept huge) */
     uint64_t batches;       /* background batches */
-    double longest_batch_us; /* the longest a fault could wait behind one */
+    double longest_batch_us; /* the longest background batch (a fault
+                                cuts a batch short: it waits less) */
     double secs;            /* from fk_lazy_start to the end of the fill */
     uint64_t poisoned;      /* 1: bad pages hold poison markers (a touch gets
                                SIGBUS, BUS_MCEERR_AR with CONFIG_MEMORY_FAILURE);

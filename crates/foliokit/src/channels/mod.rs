@@ -1381,6 +1381,15 @@ mod tests {
         let pool = ChannelPool::cpu(1).unwrap();
         let (a_src, mut a_dst) = (vec![1u8; PAGE_BYTES], vec![0u8; PAGE_BYTES]);
         let other = hold(&pool, &mut a_dst, &a_src);
+        // Lets the held copy go however this test ends (before `other` is
+        // dropped, which waits for it): a failed check fails, never hangs.
+        struct Release;
+        impl Drop for Release {
+            fn drop(&mut self) {
+                HOLD.store(false, Ordering::SeqCst);
+            }
+        }
+        let release = Release;
         // Queued behind the held copy: no piece of it can have started.
         let folio = 64 << 10;
         let src = vec![7u8; 4 * folio];
@@ -1406,7 +1415,7 @@ mod tests {
         assert_eq!(posted, 1, "the end was not posted");
         assert_eq!(cut.cancel_unstarted(), 0);
         drop(cut);
-        HOLD.store(false, Ordering::SeqCst);
+        drop(release);
         other.wait();
         assert!(dst.iter().all(|&b| b == 0), "a withdrawn piece ran");
         assert_eq!(a_dst, a_src);

@@ -1070,6 +1070,9 @@ impl Filler {
         // How long the batch ran on after this thread stopped waiting for
         // it (cut short, or ended).
         let mut tail = None;
+        // A message cut the batch short: what it gave back, non-movers
+        // included, waits for the next batch.
+        let mut cut_short = false;
         if !movers.is_empty() {
             let dsts: Vec<*mut u8> = (0..movers.len()).map(|k| self.slot(k) as *mut u8).collect();
             let srcs: Vec<*const u8> = movers
@@ -1104,30 +1107,39 @@ impl Filler {
                             // back, so a fault waits for the pieces in
                             // progress, not for the whole batch.
                             self.ended.reset();
-                            let mut cut = false;
-                            // Err: no descriptor to spare for the event;
-                            // then it waits for the whole batch, as it
-                            // does when the batch ended already.
-                            if let Ok(false) = batch.notify(&self.ended) {
-                                loop {
+                            match batch.notify(&self.ended) {
+                                Ok(false) => loop {
                                     if self.uffd.poll_or(&self.ended) {
                                         // The batch first runs its share:
                                         // else faults coming one after the
                                         // other would cut every batch
                                         // before a channel began it.
-                                        let left = self.least_run.saturating_sub(t.elapsed());
-                                        self.ended.wait_for(left);
-                                        cut = true;
+                                        let until = t + self.least_run;
+                                        loop {
+                                            let now = Instant::now();
+                                            if now >= until || batch.try_wait().is_some() {
+                                                break;
+                                            }
+                                            self.ended.wait_for(until - now);
+                                            // A late post of the batch before
+                                            // may have woken it: look again.
+                                            self.ended.reset();
+                                        }
+                                        cut_short = batch.cancel_unstarted() > 0;
                                         break;
                                     }
                                     self.ended.reset();
                                     if batch.try_wait().is_some() {
                                         break;
                                     }
-                                }
-                            }
-                            if cut {
-                                batch.cancel_unstarted();
+                                },
+                                Ok(true) => {}
+                                // No descriptor to spare for the event: as
+                                // before it, this thread runs what no
+                                // channel started (the shared channels may
+                                // all be busy with a copy that faulted on
+                                // this very fill), then waits for the rest.
+                                Err(_) => batch.help(),
                             }
                             let t = Instant::now();
                             let o = batch.wait_in_place();
@@ -1164,6 +1176,7 @@ impl Filler {
                 }
             }
         }
+        let post = Instant::now();
         let mut n = 0;
         for (k, &b) in movers.iter().enumerate() {
             if !copied[k] && !failed[k] {
@@ -1186,7 +1199,14 @@ impl Filler {
                 got
             };
         }
-        for &b in take.iter().filter(|b| !movers.contains(b)) {
+        for (i, &b) in take.iter().enumerate() {
+            if movers.contains(&b) {
+                continue;
+            }
+            if cut_short {
+                self.cursor = self.cursor.min(at[i]);
+                continue;
+            }
             n += self.fill_block(b, None);
         }
         self.shared.filled.fetch_add(n as u64, Ordering::Relaxed);
@@ -1194,9 +1214,10 @@ impl Filler {
         self.batches += 1;
         self.longest = self.longest.max(took);
         // What a fault read during the batch waited for: the tail of a
-        // batch it cut short (the pieces in progress). Serving faults
-        // during batches, or without an event to wait on, the whole batch.
-        self.ctl.observe(tail.unwrap_or(took));
+        // batch it cut short (the pieces in progress), then the moves and
+        // what this thread filled itself. Serving faults during batches,
+        // the whole batch.
+        self.ctl.observe(tail.map_or(took, |w| w + post.elapsed()));
     }
 
     /// Unregisters everything (where it is now), reads what is left, and

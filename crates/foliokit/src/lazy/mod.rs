@@ -6,11 +6,12 @@
 //! fill thread then serves every fault from the source — the whole folio
 //! around it where the range is THP-eligible anonymous memory — and fills
 //! the rest in the background in batches copied by the copy channels with
-//! machine-check-safe copies. Between two batches the fill thread serves
-//! the faults that arrived meanwhile, so a faulting thread waits at most
-//! one batch plus its own folio; the batch size is chosen from the
-//! measured batch time so that one batch stays within the latency budget
-//! (seed 001's batch size vs first-folio latency trade-off, applied to a
+//! machine-check-safe copies. A fault read while a batch is in flight cuts
+//! the batch short once it has run a share of the latency budget: the
+//! pieces no channel has started go back, and the fill thread serves the
+//! fault when the pieces in progress end. The batch size is chosen from
+//! that measured wait so that it stays within the latency budget (seed
+//! 001's batch size vs first-folio latency trade-off, applied to a
 //! restore). When every page is in, the ranges are unregistered: plain
 //! memory again.
 //!
@@ -141,14 +142,17 @@ pub struct LazyOptions {
     /// A fault read while a batch is in flight cuts it short once the
     /// batch has run a quarter of the budget (so a stream of faults never
     /// stops the background fill): the pieces no channel has started go
-    /// back, and the fault waits for the pieces in progress, at most a few
-    /// MiB. The batch size is kept so that this wait stays within half the
-    /// budget (the rest is headroom for bandwidth that swings, and for the
-    /// faulting thread's own folio).
+    /// back, and the fault waits for the pieces in progress (at most a few
+    /// MiB), the moves of what they copied and what the fill thread copies
+    /// itself (memory that cannot be moved in whole). The batch size is
+    /// kept so that this wait stays within half the budget (the rest is
+    /// headroom for bandwidth that swings, and for the faulting thread's
+    /// own folio).
     pub latency_budget: Duration,
     /// Copy channels for the background batches: the background fill's
-    /// parallelism (the fill thread itself only serves faults, and sleeps
-    /// meanwhile). They share CPUs with the guest's running vCPUs: a
+    /// parallelism (the fill thread sleeps while they copy; it serves
+    /// faults, moves what they copied in, and copies memory that cannot be
+    /// moved in whole itself). They share CPUs with the guest's running vCPUs: a
     /// channel preempted mid-piece holds up a fault that cut its batch
     /// short; on a host with no CPU to spare, fewer channels bound the
     /// wait better.
@@ -264,8 +268,8 @@ pub struct LazyReport {
     pub whole_folios: u64,
     /// Background batches.
     pub batches: u64,
-    /// The longest background batch, in microseconds: how long a fault
-    /// could wait behind one.
+    /// The longest background batch, in microseconds, from its start to
+    /// its last folio in (a fault waits for less: it cuts a batch short).
     pub longest_batch_us: f64,
     /// Seconds from [`fill_lazily`] until the fill ended.
     pub secs: f64,

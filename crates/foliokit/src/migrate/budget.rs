@@ -31,7 +31,9 @@ impl BatchController {
         self.pages
     }
 
-    /// Feeds back the first-folio latency of the batch just done.
+    /// Feeds back the latency the budget bounds, measured on the batch
+    /// just done (relocation: its first folio; a lazy fill: what a fault
+    /// read during it waited for).
     pub fn observe(&mut self, first_folio: Duration) {
         if first_folio > self.budget {
             self.pages = (self.pages / 2).max(self.min);
