@@ -112,11 +112,12 @@ pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_
 pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// The share of the latency budget a fault may wait behind a background
-/// batch (its controller halves the batch when a cut batch's pieces in
-/// progress took longer, doubles it when they took under half; a batch no
-/// fault cut short counts as no wait): the rest is headroom for bandwidth
-/// that swings by a third from one moment to the next on shared machines,
-/// and for the faulting thread's own folio, copied after the batch.
+/// batch (its controller halves the batch when that wait took longer,
+/// doubles it when it took under half; the wait is what follows the cut,
+/// or the end, of a batch: the pieces in progress, the moves, and what the
+/// fill thread copies itself): the rest is headroom for bandwidth that
+/// swings by a third from one moment to the next on shared machines, and
+/// for the faulting thread's own folio, copied after the batch.
 pub const LAZY_BATCH_SHARE_OF_BUDGET: f64 = 0.5;
 
 /// The share of the latency budget a lazy fill's background batch runs

@@ -1206,21 +1206,17 @@ impl InFlight<'_> {
     /// share CPUs with other busy threads: a channel not scheduled yet then
     /// holds up nothing.
     pub(crate) fn help(&self) {
-        while self.help_one() {}
-    }
-
-    /// [`InFlight::help`] one piece at a time: runs the last piece no
-    /// channel has taken yet; whether there was one. A caller that must
-    /// also watch something else checks it between pieces.
-    pub(crate) fn help_one(&self) -> bool {
-        self.pieces
+        for (p, _) in self
+            .pieces
             .iter()
             .zip(&self.claimable)
             .rev()
             .filter(|(_, c)| **c)
+        {
             // SAFETY: the batch's contract covers every piece's ranges
             // until it ends, which is not before this handle is dropped.
-            .any(|(p, _)| unsafe { self.done.run_claimed(self.op, p) })
+            unsafe { self.done.run_claimed(self.op, p) };
+        }
     }
 
     /// Cuts the batch short: the pieces no channel has started are taken
@@ -1405,14 +1401,8 @@ mod tests {
         let out = cut.wait_in_place();
         assert!(out.failed.is_empty());
         assert!((0..4).all(|i| !cut.folio_done(i)));
-        let mut p = libc::pollfd {
-            fd: ended.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the call.
-        let posted = unsafe { libc::poll(&mut p, 1, 0) };
-        assert_eq!(posted, 1, "the end was not posted");
+        let [posted] = crate::sys::poll::readable([ended.as_raw_fd()], Some(Duration::ZERO));
+        assert!(posted, "the end was not posted");
         assert_eq!(cut.cancel_unstarted(), 0);
         drop(cut);
         drop(release);

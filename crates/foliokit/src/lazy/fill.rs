@@ -16,7 +16,7 @@ use super::{
     Shared, Source,
 };
 use crate::batch::page_size;
-use crate::channels::ChannelPool;
+use crate::channels::{BatchOutcome, ChannelPool, InFlight};
 use crate::copy::CopyStrategy;
 use crate::mc::{FaultKind, McCopyFn, McError};
 use crate::migrate::BatchController;
@@ -1034,9 +1034,10 @@ impl Filler {
         let want = self.ctl.pages() * self.page;
         let t = Instant::now();
         let mut take: Vec<usize> = Vec::new();
-        // Where each taken block sits in the order: a block the batch
-        // gives back is taken again from there.
-        let mut at: Vec<usize> = Vec::new();
+        // Blocks the batch gives back are taken again from here: the ones
+        // before them in the order are all done, so the next batch skips
+        // them.
+        let start = self.cursor;
         let mut bytes = 0;
         let mut moving = 0;
         while bytes < want && self.cursor < self.order.len() {
@@ -1052,7 +1053,6 @@ impl Filler {
                 moving += 1;
             }
             take.push(b);
-            at.push(self.cursor);
             bytes += self.blocks[b].len;
             self.cursor += 1;
         }
@@ -1101,49 +1101,9 @@ impl Filler {
                             break o;
                         }
                         if !self.serve_during {
-                            // This thread sleeps until the batch ends or a
-                            // message comes. A message cuts the batch
-                            // short: the pieces no channel has started go
-                            // back, so a fault waits for the pieces in
-                            // progress, not for the whole batch.
-                            self.ended.reset();
-                            match batch.notify(&self.ended) {
-                                Ok(false) => loop {
-                                    if self.uffd.poll_or(&self.ended) {
-                                        // The batch first runs its share:
-                                        // else faults coming one after the
-                                        // other would cut every batch
-                                        // before a channel began it.
-                                        let until = t + self.least_run;
-                                        loop {
-                                            let now = Instant::now();
-                                            if now >= until || batch.try_wait().is_some() {
-                                                break;
-                                            }
-                                            self.ended.wait_for(until - now);
-                                            // A late post of the batch before
-                                            // may have woken it: look again.
-                                            self.ended.reset();
-                                        }
-                                        cut_short = batch.cancel_unstarted() > 0;
-                                        break;
-                                    }
-                                    self.ended.reset();
-                                    if batch.try_wait().is_some() {
-                                        break;
-                                    }
-                                },
-                                Ok(true) => {}
-                                // No descriptor to spare for the event: as
-                                // before it, this thread runs what no
-                                // channel started (the shared channels may
-                                // all be busy with a copy that faulted on
-                                // this very fill), then waits for the rest.
-                                Err(_) => batch.help(),
-                            }
-                            let t = Instant::now();
-                            let o = batch.wait_in_place();
-                            tail = Some(t.elapsed());
+                            let (o, cut, wait) = self.await_batch(&mut batch, t);
+                            cut_short = cut;
+                            tail = Some(wait);
                             break o;
                         }
                         if self.uffd.poll_for(crate::params::LAZY_BATCH_POLL) {
@@ -1181,8 +1141,7 @@ impl Filler {
         for (k, &b) in movers.iter().enumerate() {
             if !copied[k] && !failed[k] {
                 // Given back unstarted: taken again by the next batch.
-                let i = take.iter().position(|&x| x == b).expect("taken");
-                self.cursor = self.cursor.min(at[i]);
+                self.cursor = start;
                 continue;
             }
             // An event read meanwhile may have made it unmovable (a
@@ -1199,12 +1158,9 @@ impl Filler {
                 got
             };
         }
-        for (i, &b) in take.iter().enumerate() {
-            if movers.contains(&b) {
-                continue;
-            }
+        for &b in take.iter().filter(|b| !movers.contains(b)) {
             if cut_short {
-                self.cursor = self.cursor.min(at[i]);
+                self.cursor = start;
                 continue;
             }
             n += self.fill_block(b, None);
@@ -1218,6 +1174,54 @@ impl Filler {
         // what this thread filled itself. Serving faults during batches,
         // the whole batch.
         self.ctl.observe(tail.map_or(took, |w| w + post.elapsed()));
+    }
+
+    /// Waits for background `batch`, begun at `begun`, sleeping until it
+    /// ends or a message comes. A message cuts the batch short once it has
+    /// run its least share of the budget (else faults coming one after the
+    /// other would cut every batch before a channel began it): the pieces
+    /// no channel has started go back, so a fault waits for the pieces in
+    /// progress, not for the whole batch. Returns the outcome, whether
+    /// pieces went back, and how long it waited after it stopped sleeping.
+    fn await_batch(
+        &self,
+        batch: &mut InFlight<'_>,
+        begun: Instant,
+    ) -> (BatchOutcome, bool, Duration) {
+        self.ended.reset();
+        let mut cut = false;
+        match batch.notify(&self.ended) {
+            Ok(false) => loop {
+                if self.uffd.poll_or(&self.ended) {
+                    let until = begun + self.least_run;
+                    loop {
+                        let now = Instant::now();
+                        if now >= until || batch.try_wait().is_some() {
+                            break;
+                        }
+                        self.ended.wait_for(until - now);
+                        // A late post of the batch before may have woken
+                        // it: look again.
+                        self.ended.reset();
+                    }
+                    cut = batch.cancel_unstarted() > 0;
+                    break;
+                }
+                self.ended.reset();
+                if batch.try_wait().is_some() {
+                    break;
+                }
+            },
+            Ok(true) => {}
+            // No descriptor to spare for the event: as before it, this
+            // thread runs what no channel started (the shared channels may
+            // all be busy with a copy that faulted on this very fill), then
+            // waits for the rest.
+            Err(_) => batch.help(),
+        }
+        let stopped = Instant::now();
+        let o = batch.wait_in_place();
+        (o, cut, stopped.elapsed())
     }
 
     /// Unregisters everything (where it is now), reads what is left, and

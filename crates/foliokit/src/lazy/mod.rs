@@ -152,10 +152,10 @@ pub struct LazyOptions {
     /// Copy channels for the background batches: the background fill's
     /// parallelism (the fill thread sleeps while they copy; it serves
     /// faults, moves what they copied in, and copies memory that cannot be
-    /// moved in whole itself). They share CPUs with the guest's running vCPUs: a
-    /// channel preempted mid-piece holds up a fault that cut its batch
-    /// short; on a host with no CPU to spare, fewer channels bound the
-    /// wait better.
+    /// moved in whole itself). They share CPUs with the guest's running
+    /// vCPUs: a channel preempted mid-piece holds up a fault that cut its
+    /// batch short; on a host with no CPU to spare, fewer channels bound
+    /// the wait better.
     pub channels: usize,
     /// The folio size of THP-eligible anonymous ranges (filled a folio at
     /// a time); base pages elsewhere, the huge page size on hugetlb.
