@@ -105,10 +105,10 @@ pub const CHANNEL_STALL: std::time::Duration = std::time::Duration::from_millis(
 pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The default latency budget of a lazy fill: how long a faulting thread
-/// may wait behind a background batch (for the pieces in progress of the
-/// batch it cut short). At the ~5 GB/s one channel's mc copy into fresh
-/// memory reaches on the dev machine, a piece of up to
-/// `CHANNEL_PIECE_BYTES` (4 MiB) takes about 0.8 ms.
+/// may wait behind a background batch (its least run, then the folios in
+/// progress of the batch it cut short, one per channel). At the ~5–10 GB/s
+/// one channel's mc copy into fresh memory reaches on the dev machine, a
+/// 2 MiB folio takes 0.2–0.4 ms.
 pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// The share of the latency budget a fault may wait behind a background
@@ -124,8 +124,15 @@ pub const LAZY_BATCH_SHARE_OF_BUDGET: f64 = 0.5;
 /// before a fault may cut it short: without it, faults coming one after
 /// the other (a vCPU touching page after page) cut every batch before a
 /// channel began it, and the background fill stopped. The rest of the
-/// budget covers the pieces in progress and the faulting folio's copy.
-pub const LAZY_BATCH_LEAST_SHARE_OF_BUDGET: f64 = 0.25;
+/// budget covers the folios in progress and the moves; the faulting
+/// folio's own copy comes after. Against a vCPU that faults as soon as it
+/// is woken, this share is the background's share of the time: on the dev
+/// machine (2 vCPUs, `foliokit bench restore -s 4G`, passes the host did
+/// not slow) a quarter gave a
+/// first-touch p99 of 1.3 ms and all-resident 1.46x the eager restore,
+/// half gave 1.7–1.8 ms and 1.29x, 0.65 gave 2.1–2.3 ms and no faster
+/// fill.
+pub const LAZY_BATCH_LEAST_SHARE_OF_BUDGET: f64 = 0.5;
 
 /// Copy channels of a lazy fill's background batches by default.
 pub const LAZY_CHANNELS: usize = 2;

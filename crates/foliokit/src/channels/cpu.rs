@@ -84,14 +84,15 @@ impl CpuChannel {
     }
 }
 
-/// The worker's part: runs the pieces of `w` it claims, drains, reports.
+/// The worker's part: runs the pieces of `w` it claims, drains, reports;
+/// withdraws those not started yet once the batch is cut short.
 fn run(w: Work) {
     for p in &w.pieces {
-        // Offered pieces may be other channels' too: `run_claimed` runs
-        // only those this worker takes.
+        // Offered pieces may be other channels' too, of channels that
+        // claim pieces: this worker runs or withdraws only those free.
         // SAFETY: the submitter guarantees the piece's ranges stay valid
         // and unaliased until it is reported done.
-        unsafe { w.done.run_claimed(w.op, p) };
+        unsafe { w.done.start_or_withdraw(w.op, p) };
     }
 }
 

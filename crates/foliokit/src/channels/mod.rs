@@ -80,7 +80,7 @@ pub use cpu::{ChannelCpus, CpuChannel};
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -280,7 +280,19 @@ pub struct Completion {
     /// duplicate of the caller's, so that posting it after the caller saw
     /// the batch end and closed its own never writes to a reused number.
     notify: Mutex<Option<OwnedFd>>,
+    /// Asked by a channel before it starts each piece
+    /// (`ChannelPool::submit_copy_mc_cut_when`): `true` cuts the batch
+    /// short there. Set before any channel is given the batch.
+    cut_when: OnceLock<CutWhen>,
+    /// Set once `cut_when` answered `true`: every later start is withdrawn.
+    cut: AtomicBool,
+    /// Pieces taken back unstarted, by anyone.
+    withdrawn: AtomicUsize,
 }
+
+/// A test a channel runs before it starts a piece of a batch (see
+/// `ChannelPool::submit_copy_mc_cut_when`).
+type CutWhen = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// A piece a channel could not finish (a hardware engine's page fault or
 /// error status). The first `copied` bytes of it are done; the folios it
@@ -319,6 +331,9 @@ impl Completion {
             done: Mutex::new(pieces == 0),
             cv: Condvar::new(),
             notify: Mutex::new(None),
+            cut_when: OnceLock::new(),
+            cut: AtomicBool::new(false),
+            withdrawn: AtomicUsize::new(0),
         }
     }
 
@@ -404,8 +419,46 @@ impl Completion {
         if !self.claim(piece) || !self.report(piece) {
             return false;
         }
+        self.withdrawn.fetch_add(1, Ordering::Relaxed);
         self.count_down();
         true
+    }
+
+    /// Whether the batch is to be cut short: its `cut_when` test said so,
+    /// now or before.
+    fn cut_due(&self) -> bool {
+        if self.cut.load(Ordering::Relaxed) {
+            return true;
+        }
+        let due = self.cut_when.get().is_some_and(|f| f());
+        if due {
+            self.cut.store(true, Ordering::Relaxed);
+        }
+        due
+    }
+
+    /// A channel worker's turn at `piece`: withdrawn if the batch is being
+    /// cut short and nobody took it yet, else [`Completion::run_claimed`].
+    /// The test runs only for pieces still free, so a worker passing the
+    /// pieces others took pays nothing for it.
+    ///
+    /// # Safety
+    /// As [`Completion::run_claimed`].
+    unsafe fn start_or_withdraw(&self, op: Op, piece: &Piece) -> bool {
+        let free = piece.batch == self.id
+            && self
+                .claimed
+                .get(piece.seq)
+                .is_some_and(|f| !f.load(Ordering::Relaxed));
+        if !free {
+            return false;
+        }
+        if self.cut_due() {
+            self.withdraw(piece);
+            return false;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.run_claimed(op, piece) }
     }
 
     fn count_down(&self) {
@@ -778,7 +831,7 @@ impl ChannelPool {
     ) -> Result<InFlight<'_>, ChannelError> {
         let folio = copy_pairs(dsts, srcs)?;
         // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
-        unsafe { self.start(dsts.len(), folio_size, Op::Copy(copy), folio) }
+        unsafe { self.start(dsts.len(), folio_size, Op::Copy(copy), folio, None) }
     }
 
     /// Starts copying folio `i` from `srcs[i]` to `dsts[i]` for every `i`
@@ -800,7 +853,35 @@ impl ChannelPool {
     ) -> Result<InFlight<'_>, ChannelError> {
         let folio = copy_pairs(dsts, srcs)?;
         // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
-        unsafe { self.start(dsts.len(), folio_size, Op::CopyMc(copy), folio) }
+        unsafe { self.start(dsts.len(), folio_size, Op::CopyMc(copy), folio, None) }
+    }
+
+    /// [`ChannelPool::submit_copy_mc`] for a caller that sleeps while the
+    /// batch runs but must not wait for all of it once something needs it
+    /// (a fault to serve): before starting each piece a CPU channel asks
+    /// `due`, and once it answers `true` that piece and every later
+    /// unstarted one are taken back as by [`InFlight::cancel_unstarted`].
+    /// The channels then stop at their next piece and free their CPUs,
+    /// even where the caller has no CPU to run on and cut the batch
+    /// itself. `due` is in place before any channel starts: a caller
+    /// preempted by the very channels it woke is covered from the first
+    /// piece. It runs on the channels' threads, once per piece, so it must
+    /// be cheap and must not block.
+    ///
+    /// # Safety
+    /// As [`ChannelPool::submit_copy_mc`].
+    pub(crate) unsafe fn submit_copy_mc_cut_when(
+        &self,
+        dsts: &[*mut u8],
+        srcs: &[*const u8],
+        folio_size: usize,
+        copy: crate::mc::McCopyFn,
+        due: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Result<InFlight<'_>, ChannelError> {
+        let folio = copy_pairs(dsts, srcs)?;
+        let due: CutWhen = Box::new(due);
+        // SAFETY: forwarded contract; `copy_pairs` checked the lengths.
+        unsafe { self.start(dsts.len(), folio_size, Op::CopyMc(copy), folio, Some(due)) }
     }
 
     /// Starts zeroing folio `i` at `dsts[i]` for every `i`; see
@@ -816,7 +897,15 @@ impl ChannelPool {
         clear: ClearFn,
     ) -> Result<InFlight<'_>, ChannelError> {
         // SAFETY: forwarded contract; clears never read `src`.
-        unsafe { self.start(dsts.len(), folio_size, Op::Clear(clear), clear_pairs(dsts)) }
+        unsafe {
+            self.start(
+                dsts.len(),
+                folio_size,
+                Op::Clear(clear),
+                clear_pairs(dsts),
+                None,
+            )
+        }
     }
 
     /// Runs a batch to the end: pieces a channel failed are finished on the
@@ -866,7 +955,7 @@ impl ChannelPool {
             });
         }
         // SAFETY: forwarded contract; the batch is waited for below.
-        let batch = unsafe { self.start(n, folio_size, op, folio) }?;
+        let batch = unsafe { self.start(n, folio_size, op, folio, None) }?;
         Ok(batch.finish())
     }
 
@@ -882,6 +971,7 @@ impl ChannelPool {
         folio_size: usize,
         op: Op,
         folio: impl Fn(usize) -> (*mut u8, *const u8),
+        cut_when: Option<CutWhen>,
     ) -> Result<InFlight<'_>, ChannelError> {
         if folio_size == 0 {
             return Err(ChannelError::ZeroFolio);
@@ -913,7 +1003,14 @@ impl ChannelPool {
             // Channels that claim pieces are offered the others' shares too,
             // after their own (from the far end), so one whose CPU is busy
             // elsewhere holds the batch up by one piece at most.
-            let most = (crate::params::CHANNEL_PIECE_BYTES / folio_size).max(1);
+            // A batch that can be cut short is cut between pieces: there,
+            // each folio is a piece, so a cut waits for one folio per
+            // channel at most.
+            let most = if cut_when.is_some() {
+                1
+            } else {
+                (crate::params::CHANNEL_PIECE_BYTES / folio_size).max(1)
+            };
             let mut pieces = Vec::new();
             for c in 0..ch {
                 let (lo, hi) = (c * n / ch, (c + 1) * n / ch);
@@ -993,6 +1090,10 @@ impl ChannelPool {
             }
             done
         };
+        if let Some(due) = cut_when {
+            // Fresh, so unset: `set` cannot fail.
+            let _ = done.cut_when.set(due);
+        }
         let claims: Vec<bool> = self.channels.iter().map(|c| c.claims_pieces()).collect();
         // Pieces whose own channel claims before it runs: a helper whose
         // batch stalls may run them itself (see `InFlight::unstall`).
@@ -1232,6 +1333,13 @@ impl InFlight<'_> {
             .count()
     }
 
+    /// Whether pieces were taken back, by [`InFlight::cancel_unstarted`]
+    /// or by channels whose cut test said so
+    /// (`ChannelPool::submit_copy_mc_cut_when`).
+    pub(crate) fn was_cut(&self) -> bool {
+        self.done.withdrawn.load(Ordering::Relaxed) > 0
+    }
+
     /// Posts `event` when the batch ends, for a caller that waits on it
     /// beside other descriptors; whether the batch has ended already (then
     /// it may not be posted).
@@ -1409,6 +1517,55 @@ mod tests {
         other.wait();
         assert!(dst.iter().all(|&b| b == 0), "a withdrawn piece ran");
         assert_eq!(a_dst, a_src);
+    }
+
+    /// Set by [`cutting_copy`]: the cut test of the batch below reads it.
+    static CUT: AtomicBool = AtomicBool::new(false);
+
+    /// An mc copy (it returns the bytes it did not copy: none) that makes
+    /// the cut test answer yes.
+    ///
+    /// # Safety
+    /// As any copy.
+    unsafe fn cutting_copy(dst: *mut u8, src: *const u8, len: usize) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        CUT.store(true, Ordering::SeqCst);
+        0
+    }
+
+    #[test]
+    fn a_channel_whose_cut_test_says_so_stops_at_the_next_folio() {
+        let _one = HOLDING.lock().unwrap_or_else(|p| p.into_inner());
+        CUT.store(false, Ordering::SeqCst);
+        // One channel: it runs the first folio's piece, whose copy makes
+        // the test answer yes, and must start no other. Adjacent folios,
+        // which an uncut batch would merge into one piece.
+        let pool = ChannelPool::cpu(1).unwrap();
+        let folio = 64 << 10;
+        let src = vec![7u8; 4 * folio];
+        let mut dst = vec![0u8; 4 * folio];
+        let dsts: Vec<*mut u8> = (0..4).map(|i| dst[i * folio..].as_mut_ptr()).collect();
+        let srcs: Vec<*const u8> = (0..4).map(|i| src[i * folio..].as_ptr()).collect();
+        let due = || CUT.load(Ordering::SeqCst);
+        // SAFETY: both vectors outlive the handle, waited for below; the
+        // sources are plain memory (nothing can fault).
+        let mut b = unsafe { pool.submit_copy_mc_cut_when(&dsts, &srcs, folio, cutting_copy, due) }
+            .unwrap();
+        let out = b.wait_in_place();
+        assert!(out.failed.is_empty());
+        assert!(b.was_cut());
+        assert!(b.folio_done(0));
+        assert!(
+            (1..4).all(|i| !b.folio_done(i)),
+            "a piece ran after the cut"
+        );
+        drop(b);
+        assert!(dst[..folio].iter().all(|&x| x == 7));
+        assert!(
+            dst[folio..].iter().all(|&x| x == 0),
+            "a withdrawn piece ran"
+        );
     }
 
     const PAGE_BYTES: usize = 4096;

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -324,6 +325,7 @@ pub(super) fn start(
     } else {
         None
     };
+    let watch = uffd.try_clone_fd().ok().map(Arc::new);
     let ended = crate::sys::event::Event::new().map_err(|source| LazyError::Sys {
         what: "making an eventfd",
         source,
@@ -354,6 +356,7 @@ pub(super) fn start(
         in_batch: false,
         serve_during: opts.serve_during_batches,
         ended,
+        watch,
         least_run: opts
             .latency_budget
             .mul_f64(crate::params::LAZY_BATCH_LEAST_SHARE_OF_BUDGET),
@@ -450,6 +453,9 @@ struct Filler {
     ended: crate::sys::event::Event,
     /// How long a batch runs before a message may cut it short.
     least_run: Duration,
+    /// The userfaultfd again, for the channels to poll between pieces
+    /// (`None` where no descriptor was left for it).
+    watch: Option<Arc<OwnedFd>>,
     staging: Option<Map>,
     slots: usize,
     zero: Map,
@@ -1083,12 +1089,30 @@ impl Filler {
                 })
                 .collect();
             let pool = self.pool.clone();
+            // The channels cut the batch short themselves when a message
+            // waits and the least run is over: submitting wakes them, and
+            // where they take every CPU this thread may not run again
+            // until they stop.
+            let due = self.watch.clone().filter(|_| !self.serve_during).map(|fd| {
+                let from = t + self.least_run;
+                move || {
+                    Instant::now() >= from
+                        && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
+                }
+            });
             // SAFETY: the slots are distinct folios of our private staging
             // mapping, touched by nobody else until the batch ends (faults
             // served meanwhile use the fault slot); the sources are mapped
             // (checked at start) and only read, and a source page that
             // faults ends its piece short (mc copy).
-            let r = unsafe { pool.submit_copy_mc(&dsts, &srcs, self.folio, self.mc) };
+            let r = unsafe {
+                match due {
+                    Some(due) => {
+                        pool.submit_copy_mc_cut_when(&dsts, &srcs, self.folio, self.mc, due)
+                    }
+                    None => pool.submit_copy_mc(&dsts, &srcs, self.folio, self.mc),
+                }
+            };
             match r {
                 Ok(mut batch) => {
                     // Serving during batches: while the channels copy,
@@ -1189,7 +1213,6 @@ impl Filler {
         begun: Instant,
     ) -> (BatchOutcome, bool, Duration) {
         self.ended.reset();
-        let mut cut = false;
         match batch.notify(&self.ended) {
             Ok(false) => loop {
                 if self.uffd.poll_or(&self.ended) {
@@ -1204,7 +1227,7 @@ impl Filler {
                         // it: look again.
                         self.ended.reset();
                     }
-                    cut = batch.cancel_unstarted() > 0;
+                    batch.cancel_unstarted();
                     break;
                 }
                 self.ended.reset();
@@ -1221,7 +1244,7 @@ impl Filler {
         }
         let stopped = Instant::now();
         let o = batch.wait_in_place();
-        (o, cut, stopped.elapsed())
+        (o, batch.was_cut(), stopped.elapsed())
     }
 
     /// Unregisters everything (where it is now), reads what is left, and

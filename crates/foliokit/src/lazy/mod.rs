@@ -6,10 +6,11 @@
 //! fill thread then serves every fault from the source — the whole folio
 //! around it where the range is THP-eligible anonymous memory — and fills
 //! the rest in the background in batches copied by the copy channels with
-//! machine-check-safe copies. A fault read while a batch is in flight cuts
-//! the batch short once it has run a share of the latency budget: the
-//! pieces no channel has started go back, and the fill thread serves the
-//! fault when the pieces in progress end. The batch size is chosen from
+//! machine-check-safe copies. A fault that comes while a batch is in
+//! flight cuts the batch short once it has run a share of the latency
+//! budget: the channels look for a waiting message before each folio and
+//! stop there, the folios no channel has started go back, and the fill
+//! thread serves the fault when the folios in progress end. The batch size is chosen from
 //! that measured wait so that it stays within the latency budget (seed
 //! 001's batch size vs first-folio latency trade-off, applied to a
 //! restore). When every page is in, the ranges are unregistered: plain
@@ -139,15 +140,16 @@ pub struct Segment {
 #[derive(Debug, Clone)]
 pub struct LazyOptions {
     /// The longest a faulting thread may wait behind a background batch.
-    /// A fault read while a batch is in flight cuts it short once the
-    /// batch has run a quarter of the budget (so a stream of faults never
-    /// stops the background fill): the pieces no channel has started go
-    /// back, and the fault waits for the pieces in progress (at most a few
-    /// MiB), the moves of what they copied and what the fill thread copies
-    /// itself (memory that cannot be moved in whole). The batch size is
-    /// kept so that this wait stays within half the budget (the rest is
-    /// headroom for bandwidth that swings, and for the faulting thread's
-    /// own folio).
+    /// A fault that comes while a batch is in flight cuts it short once
+    /// the batch has run half the budget (so a stream of faults never
+    /// stops the background fill): each channel looks for a waiting
+    /// message before it starts a folio and stops there (so the fault is
+    /// read even where the channels hold every CPU), the folios no channel
+    /// has started go back, and the fault waits for the folios in progress
+    /// (one per channel), the moves of what they copied and what the fill
+    /// thread copies itself (memory that cannot be moved in whole). The
+    /// batch size is kept so that this wait stays within half the budget;
+    /// then the faulting thread's own folio is copied.
     pub latency_budget: Duration,
     /// Copy channels for the background batches: the background fill's
     /// parallelism (the fill thread sleeps while they copy; it serves
@@ -177,7 +179,7 @@ pub struct LazyOptions {
     /// then waits for its own folio only, at the cost of a copy competing
     /// with the channels for CPUs; worth it with CPUs to spare beyond the
     /// channels. Off (the default): a fault cuts the batch short and
-    /// waits for its pieces in progress, and every copy runs on the
+    /// waits for its folios in progress, and every copy runs on the
     /// channels.
     /// `foliokit bench restore --serve-faults-during-batches` measures it;
     /// on the 2-vCPU dev machine off gave the lower first-touch p99 and

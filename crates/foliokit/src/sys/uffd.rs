@@ -392,6 +392,12 @@ impl Uffd {
         m
     }
 
+    /// A second descriptor of the same userfaultfd, for another thread to
+    /// poll (never to read: messages are the owner's).
+    pub(crate) fn try_clone_fd(&self) -> io::Result<OwnedFd> {
+        self.fd.try_clone()
+    }
+
     /// Waits until a message is there or `other` is readable; whether a
     /// message is.
     pub(crate) fn poll_or(&self, other: &impl AsRawFd) -> bool {
