@@ -75,6 +75,7 @@ impl TableRow for RestoreRow {
             "start_ms",
             "touch_p50_us",
             "touch_p99_us",
+            "touch_p99_pooled_us",
             "resident_ms",
             "gbps",
             "of_limit",
@@ -113,6 +114,8 @@ impl TableRow for RestoreRow {
             format!("{}", self.start_secs.median * 1e3),
             self.touch_p50_us.map_or(String::new(), |x| x.to_string()),
             self.touch_p99_us.map_or(String::new(), |x| x.to_string()),
+            self.touch_p99_pooled_us
+                .map_or(String::new(), |x| x.to_string()),
             format!("{}", self.resident_secs.median * 1e3),
             format!("{}", self.gbps.median),
             format!("{}", self.share),
