@@ -544,11 +544,11 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         let touches = lat.len();
         // A pass's percentile, then the median of those over passes.
         let per_pass = |p: f64| {
-            let mut each: Vec<f64> = s
+            let each: Vec<f64> = s
                 .iter()
                 .filter_map(|x| percentile(&mut x.lat.clone(), p))
                 .collect();
-            percentile(&mut each, 0.5)
+            Stats::of(&each).map(|st| st.median)
         };
         let g = Stats::of(&s.iter().map(gb).collect::<Vec<_>>());
         let stats = |f: &dyn Fn(&Sample) -> f64| Stats::of(&s.iter().map(f).collect::<Vec<_>>());
