@@ -43,6 +43,13 @@ pub const POPULATE_CHUNK: usize = 2 << 20;
 /// the batch by at most one piece, instead of by its whole share.
 pub const CHANNEL_PIECE_BYTES: usize = 4 << 20;
 
+/// The pieces of a batch that can be cut short
+/// (`ChannelPool::submit_copy_mc_cut_when`) are merged up to this many
+/// bytes only: a cut waits for the piece each channel is running, so this
+/// bounds it (one 2 MiB folio, 0.2–0.4 ms per channel into fresh memory on
+/// the dev machine) while small folios still go in pieces worth a wake-up.
+pub const CHANNEL_CUT_PIECE_BYTES: usize = 2 << 20;
+
 /// A blocking batch on a pool of CPU channels smaller than this runs on the
 /// calling thread: waking the workers costs more than they save. Measured
 /// on a 2-vCPU AMD EPYC guest, 4 KiB folios, 2 channels over 1: 0.29x
@@ -106,18 +113,19 @@ pub const RELOCATE_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_
 
 /// The default latency budget of a lazy fill: how long a faulting thread
 /// may wait behind a background batch (its least run, then the folios in
-/// progress of the batch it cut short, one per channel). At the ~5–10 GB/s
+/// progress of the batch it cut short, one per channel, and the moves of
+/// what was copied). At the ~5–10 GB/s
 /// one channel's mc copy into fresh memory reaches on the dev machine, a
 /// 2 MiB folio takes 0.2–0.4 ms.
 pub const LAZY_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// The share of the latency budget a fault may wait behind a background
-/// batch (its controller halves the batch when that wait took longer,
-/// doubles it when it took under half; the wait is what follows the cut,
-/// or the end, of a batch: the pieces in progress, the moves, and what the
-/// fill thread copies itself): the rest is headroom for bandwidth that
-/// swings by a third from one moment to the next on shared machines, and
-/// for the faulting thread's own folio, copied after the batch.
+/// The share of the latency budget a fault may wait after the cut (or the
+/// end) of a background batch: the folios in progress, the moves, and what
+/// the fill thread copies itself. Its controller halves the batch when
+/// that wait took longer, doubles it when it took under half. The rest of
+/// the budget is the batch's least run
+/// ([`LAZY_BATCH_LEAST_SHARE_OF_BUDGET`]); the faulting thread's own folio
+/// is copied after both.
 pub const LAZY_BATCH_SHARE_OF_BUDGET: f64 = 0.5;
 
 /// The share of the latency budget a lazy fill's background batch runs
@@ -127,8 +135,8 @@ pub const LAZY_BATCH_SHARE_OF_BUDGET: f64 = 0.5;
 /// budget covers the folios in progress and the moves; the faulting
 /// folio's own copy comes after. Against a vCPU that faults as soon as it
 /// is woken, this share is the background's share of the time: on the dev
-/// machine (2 vCPUs, `foliokit bench restore -s 4G`, passes the host did
-/// not slow) a quarter gave a
+/// machine (2 vCPUs, `foliokit bench restore -s 4G`, the p99 of passes
+/// the host did not slow) a quarter gave a
 /// first-touch p99 of 1.3 ms and all-resident 1.46x the eager restore,
 /// half gave 1.7–1.8 ms and 1.29x, 0.65 gave 2.1–2.3 ms and no faster
 /// fill.

@@ -97,8 +97,10 @@ fn run(w: Work) {
 }
 
 // SAFETY: the worker runs each piece only after claiming it, with the
-// batch's op, on the piece's own ranges, drains, then reports it; a
-// refused submit hands the work back unrun.
+// batch's op, on the piece's own ranges, drains, then reports it; a piece
+// it withdraws (a batch cut short) is claimed first, so nobody runs it,
+// and counted down without finishing its folios; a refused submit hands
+// the work back unrun.
 unsafe impl Channel for CpuChannel {
     fn name(&self) -> &str {
         &self.name

@@ -286,6 +286,8 @@ pub struct Completion {
     cut_when: OnceLock<CutWhen>,
     /// Set once `cut_when` answered `true`: every later start is withdrawn.
     cut: AtomicBool,
+    /// When `cut_when` first answered `true`, from the start (0: never).
+    cut_ns: AtomicU64,
     /// Pieces taken back unstarted, by anyone.
     withdrawn: AtomicUsize,
 }
@@ -333,6 +335,7 @@ impl Completion {
             notify: Mutex::new(None),
             cut_when: OnceLock::new(),
             cut: AtomicBool::new(false),
+            cut_ns: AtomicU64::new(0),
             withdrawn: AtomicUsize::new(0),
         }
     }
@@ -432,6 +435,10 @@ impl Completion {
         }
         let due = self.cut_when.get().is_some_and(|f| f());
         if due {
+            let ns = self.start.elapsed().as_nanos().max(1) as u64;
+            let _ = self
+                .cut_ns
+                .compare_exchange(0, ns, Ordering::Relaxed, Ordering::Relaxed);
             self.cut.store(true, Ordering::Relaxed);
         }
         due
@@ -858,15 +865,17 @@ impl ChannelPool {
 
     /// [`ChannelPool::submit_copy_mc`] for a caller that sleeps while the
     /// batch runs but must not wait for all of it once something needs it
-    /// (a fault to serve): before starting each piece a CPU channel asks
-    /// `due`, and once it answers `true` that piece and every later
-    /// unstarted one are taken back as by [`InFlight::cancel_unstarted`].
-    /// The channels then stop at their next piece and free their CPUs,
-    /// even where the caller has no CPU to run on and cut the batch
-    /// itself. `due` is in place before any channel starts: a caller
-    /// preempted by the very channels it woke is covered from the first
-    /// piece. It runs on the channels' threads, once per piece, so it must
-    /// be cheap and must not block.
+    /// (a fault to serve, a fork waiting for the caller to park): before
+    /// starting each piece a CPU channel asks `due`, and once it answers
+    /// `true` that piece and every later unstarted one are taken back as
+    /// by [`InFlight::cancel_unstarted`]. The channels then stop at their
+    /// next piece and free their CPUs, even where the caller has no CPU to
+    /// run on and cut the batch itself. `due` is in place before any
+    /// channel starts: a caller preempted by the very channels it woke is
+    /// covered from the first piece. Pieces are merged only up to
+    /// [`crate::params::CHANNEL_CUT_PIECE_BYTES`], which bounds what a cut
+    /// waits for. `due` runs on the channels' threads, once per piece, so
+    /// it must be cheap and must not block.
     ///
     /// # Safety
     /// As [`ChannelPool::submit_copy_mc`].
@@ -1003,14 +1012,14 @@ impl ChannelPool {
             // Channels that claim pieces are offered the others' shares too,
             // after their own (from the far end), so one whose CPU is busy
             // elsewhere holds the batch up by one piece at most.
-            // A batch that can be cut short is cut between pieces: there,
-            // each folio is a piece, so a cut waits for one folio per
-            // channel at most.
-            let most = if cut_when.is_some() {
-                1
+            // A batch that can be cut short is cut between pieces: its
+            // pieces are smaller, so a cut waits for less.
+            let bytes = if cut_when.is_some() {
+                crate::params::CHANNEL_CUT_PIECE_BYTES
             } else {
-                (crate::params::CHANNEL_PIECE_BYTES / folio_size).max(1)
+                crate::params::CHANNEL_PIECE_BYTES
             };
+            let most = (bytes / folio_size).max(1);
             let mut pieces = Vec::new();
             for c in 0..ch {
                 let (lo, hi) = (c * n / ch, (c + 1) * n / ch);
@@ -1340,6 +1349,15 @@ impl InFlight<'_> {
         self.done.withdrawn.load(Ordering::Relaxed) > 0
     }
 
+    /// When a channel's cut test first answered `true`, if it did: what
+    /// waited on the cut waited from then, however late its caller woke.
+    pub(crate) fn cut_by_channels_at(&self) -> Option<Instant> {
+        match self.done.cut_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(self.done.start + Duration::from_nanos(ns)),
+        }
+    }
+
     /// Posts `event` when the batch ends, for a caller that waits on it
     /// beside other descriptors; whether the batch has ended already (then
     /// it may not be posted).
@@ -1566,6 +1584,74 @@ mod tests {
             dst[folio..].iter().all(|&x| x == 0),
             "a withdrawn piece ran"
         );
+    }
+
+    /// Pieces [`counting_copy`] ran; the cut test of the batch below
+    /// answers yes from [`CUT_AFTER`] of them on.
+    static RAN: AtomicUsize = AtomicUsize::new(0);
+    static CUT_AFTER: AtomicUsize = AtomicUsize::new(0);
+
+    /// An mc copy that counts its runs.
+    ///
+    /// # Safety
+    /// As any copy.
+    unsafe fn counting_copy(dst: *mut u8, src: *const u8, len: usize) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        RAN.fetch_add(1, Ordering::SeqCst);
+        0
+    }
+
+    #[test]
+    fn a_folio_is_done_exactly_when_copied_however_channels_and_caller_cut() {
+        let _one = HOLDING.lock().unwrap_or_else(|p| p.into_inner());
+        // Two channels cut by their test after k pieces while the caller
+        // cuts too, at some point: whatever interleaving results, a folio
+        // reported done holds every byte, and one not done holds none (a
+        // withdrawn piece never ran, a started one finished).
+        let pool = ChannelPool::cpu(2).unwrap();
+        let (folio, n) = (crate::params::CHANNEL_CUT_PIECE_BYTES, 12);
+        let src: Vec<u8> = (0..n * folio).map(|i| (i % 251) as u8 + 1).collect();
+        let mut dst = vec![0u8; n * folio];
+        for k in 0..n {
+            RAN.store(0, Ordering::SeqCst);
+            CUT_AFTER.store(k, Ordering::SeqCst);
+            dst.fill(0);
+            let dsts: Vec<*mut u8> = (0..n).map(|i| dst[i * folio..].as_mut_ptr()).collect();
+            let srcs: Vec<*const u8> = (0..n).map(|i| src[i * folio..].as_ptr()).collect();
+            let due = || RAN.load(Ordering::SeqCst) >= CUT_AFTER.load(Ordering::SeqCst);
+            // SAFETY: both vectors outlive the handle, waited for below;
+            // plain memory, nothing can fault.
+            let mut b =
+                unsafe { pool.submit_copy_mc_cut_when(&dsts, &srcs, folio, counting_copy, due) }
+                    .unwrap();
+            if k % 2 == 1 {
+                while RAN.load(Ordering::SeqCst) < k / 2 && b.try_wait().is_none() {
+                    std::hint::spin_loop();
+                }
+                b.cancel_unstarted();
+            }
+            let out = b.wait_in_place();
+            assert!(out.failed.is_empty());
+            let done: Vec<bool> = (0..n).map(|i| b.folio_done(i)).collect();
+            // One piece per folio at this size: each ran piece is a folio.
+            assert_eq!(
+                done.iter().filter(|&&d| d).count(),
+                RAN.load(Ordering::SeqCst)
+            );
+            drop(b);
+            for (i, d) in done.iter().enumerate() {
+                let (got, want) = (&dst[i * folio..][..folio], &src[i * folio..][..folio]);
+                if *d {
+                    assert!(got == want, "k={k}: folio {i} done but not copied");
+                } else {
+                    assert!(
+                        got.iter().all(|&x| x == 0),
+                        "k={k}: folio {i} copied but not done"
+                    );
+                }
+            }
+        }
     }
 
     const PAGE_BYTES: usize = 4096;

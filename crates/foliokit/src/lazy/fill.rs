@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::child::{fill_child, Piece};
@@ -454,7 +454,8 @@ struct Filler {
     /// How long a batch runs before a message may cut it short.
     least_run: Duration,
     /// The userfaultfd again, for the channels to poll between pieces
-    /// (`None` where no descriptor was left for it).
+    /// (`None` where no descriptor was left for it). The only strong
+    /// reference: batches hold weak ones.
     watch: Option<Arc<OwnedFd>>,
     staging: Option<Map>,
     slots: usize,
@@ -1092,27 +1093,29 @@ impl Filler {
             // The channels cut the batch short themselves when a message
             // waits and the least run is over: submitting wakes them, and
             // where they take every CPU this thread may not run again
-            // until they stop.
-            let due = self.watch.clone().filter(|_| !self.serve_during).map(|fd| {
-                let from = t + self.least_run;
-                move || {
-                    Instant::now() >= from
-                        && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
-                }
-            });
+            // until they stop. Serving faults during the batch, messages
+            // do not cut it. A fork cuts it at once: the forking thread
+            // waits for this one to park, which it does between batches.
+            // Weak: a batch queued behind other work on a shared channel
+            // must not keep the userfaultfd open after the fill ends.
+            let watch = match &self.watch {
+                Some(fd) if !self.serve_during => Arc::downgrade(fd),
+                _ => Weak::new(),
+            };
+            let from = t + self.least_run;
+            let due = move || {
+                super::park::fork_waits()
+                    || watch.upgrade().is_some_and(|fd| {
+                        Instant::now() >= from
+                            && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
+                    })
+            };
             // SAFETY: the slots are distinct folios of our private staging
             // mapping, touched by nobody else until the batch ends (faults
             // served meanwhile use the fault slot); the sources are mapped
             // (checked at start) and only read, and a source page that
             // faults ends its piece short (mc copy).
-            let r = unsafe {
-                match due {
-                    Some(due) => {
-                        pool.submit_copy_mc_cut_when(&dsts, &srcs, self.folio, self.mc, due)
-                    }
-                    None => pool.submit_copy_mc(&dsts, &srcs, self.folio, self.mc),
-                }
-            };
+            let r = unsafe { pool.submit_copy_mc_cut_when(&dsts, &srcs, self.folio, self.mc, due) };
             match r {
                 Ok(mut batch) => {
                     // Serving during batches: while the channels copy,
@@ -1194,9 +1197,9 @@ impl Filler {
         self.batches += 1;
         self.longest = self.longest.max(took);
         // What a fault read during the batch waited for: the tail of a
-        // batch it cut short (the pieces in progress), then the moves and
-        // what this thread filled itself. Serving faults during batches,
-        // the whole batch.
+        // batch it cut short (the folios in progress, from when the cut
+        // began), then the moves and what this thread filled itself.
+        // Serving faults during batches, the whole batch.
         self.ctl.observe(tail.map_or(took, |w| w + post.elapsed()));
     }
 
@@ -1205,8 +1208,11 @@ impl Filler {
     /// run its least share of the budget (else faults coming one after the
     /// other would cut every batch before a channel began it): the pieces
     /// no channel has started go back, so a fault waits for the pieces in
-    /// progress, not for the whole batch. Returns the outcome, whether
-    /// pieces went back, and how long it waited after it stopped sleeping.
+    /// progress, not for the whole batch. The channels usually make that
+    /// cut themselves (the batch's cut test) before this thread runs;
+    /// this one covers a batch whose channels are all mid-piece. Returns
+    /// the outcome, whether pieces went back, and how long it waited
+    /// after the cut began (or it stopped sleeping).
     fn await_batch(
         &self,
         batch: &mut InFlight<'_>,
@@ -1242,7 +1248,10 @@ impl Filler {
             // waits for the rest.
             Err(_) => batch.help(),
         }
-        let stopped = Instant::now();
+        // A cut the channels made began before this thread woke to it.
+        let stopped = batch
+            .cut_by_channels_at()
+            .map_or(Instant::now(), |at| at.min(Instant::now()));
         let o = batch.wait_in_place();
         (o, batch.was_cut(), stopped.elapsed())
     }

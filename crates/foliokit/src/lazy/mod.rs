@@ -77,7 +77,10 @@
 //!   for the event to be read, so the fill thread must read it without
 //!   allocating: a `pthread_atfork` prepare handler (it runs before glibc
 //!   takes those locks) parks every fill thread in a loop that only reads
-//!   messages, until fork() returns. The kernel hands out every waiting
+//!   messages, until fork() returns. A fill thread parks between batches:
+//!   the channels cut the batch in flight short as soon as a fork waits,
+//!   so the fork waits for a folio per channel, not for the batch. The
+//!   kernel hands out every waiting
 //!   fault before the fork's event, so the room for them is mapped with
 //!   mmap and grown with mremap, which take none of the allocator's
 //!   locks; should even that fail, a fault is dropped and its thread

@@ -25,6 +25,13 @@ impl Gated for FillThreads {
     const GATE: &'static ForkGate = &FILL_THREADS;
 }
 
+/// Whether a fork waits for the fill threads to park: a fill's background
+/// batch is cut short then, so its thread reaches the park within a folio
+/// per channel instead of after the whole batch.
+pub(super) fn fork_waits() -> bool {
+    FILL_THREADS.fork_waits()
+}
+
 /// Held by a fill thread for as long as it runs
 /// ([`Inside::fork_pending`], [`Inside::park`]).
 pub(crate) type Active = Inside<FillThreads>;

@@ -42,6 +42,13 @@ impl ForkGate {
             install: Once::new(),
         }
     }
+
+    /// Whether a fork waits at this gate now: for a thread that works for
+    /// one inside it (a copy channel running its batch) and can make it
+    /// reach [`Inside::park`] sooner.
+    pub(crate) fn fork_waits(&self) -> bool {
+        self.forking.load(SeqCst) != 0
+    }
 }
 
 /// Names a gate: `GATE` is the `static` it counts in.
@@ -98,7 +105,7 @@ impl<G: Gated> Inside<G> {
 
     /// Whether a fork waits for this thread to leave or park.
     pub(crate) fn fork_pending(&self) -> bool {
-        G::GATE.forking.load(SeqCst) != 0
+        G::GATE.fork_waits()
     }
 
     /// Parks: `read` (which must not allocate) runs until no fork is in
