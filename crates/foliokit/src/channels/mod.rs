@@ -284,9 +284,8 @@ pub struct Completion {
     /// (`ChannelPool::submit_copy_mc_cut_when`): `true` cuts the batch
     /// short there. Set before any channel is given the batch.
     cut_when: OnceLock<CutWhen>,
-    /// Set once `cut_when` answered `true`: every later start is withdrawn.
-    cut: AtomicBool,
-    /// When `cut_when` first answered `true`, from the start (0: never).
+    /// When `cut_when` first answered `true`, from the start (0: never):
+    /// from then on every start is withdrawn.
     cut_ns: AtomicU64,
     /// Pieces taken back unstarted, by anyone.
     withdrawn: AtomicUsize,
@@ -334,7 +333,6 @@ impl Completion {
             cv: Condvar::new(),
             notify: Mutex::new(None),
             cut_when: OnceLock::new(),
-            cut: AtomicBool::new(false),
             cut_ns: AtomicU64::new(0),
             withdrawn: AtomicUsize::new(0),
         }
@@ -346,11 +344,18 @@ impl Completion {
     /// after claiming it, which is what lets several channels be offered
     /// the same piece.
     pub fn claim(&self, piece: &Piece) -> bool {
+        // The load first: a channel passing pieces others took writes
+        // nothing.
+        self.unclaimed(piece) && !self.claimed[piece.seq].swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether `piece` is of this batch and nobody has claimed it yet.
+    fn unclaimed(&self, piece: &Piece) -> bool {
         piece.batch == self.id
             && self
                 .claimed
                 .get(piece.seq)
-                .is_some_and(|f| !f.load(Ordering::Relaxed) && !f.swap(true, Ordering::AcqRel))
+                .is_some_and(|f| !f.load(Ordering::Relaxed))
     }
 
     /// Called by a channel after a piece's bytes are visible (drained);
@@ -430,7 +435,7 @@ impl Completion {
     /// Whether the batch is to be cut short: its `cut_when` test said so,
     /// now or before.
     fn cut_due(&self) -> bool {
-        if self.cut.load(Ordering::Relaxed) {
+        if self.cut_ns.load(Ordering::Relaxed) != 0 {
             return true;
         }
         let due = self.cut_when.get().is_some_and(|f| f());
@@ -439,7 +444,6 @@ impl Completion {
             let _ = self
                 .cut_ns
                 .compare_exchange(0, ns, Ordering::Relaxed, Ordering::Relaxed);
-            self.cut.store(true, Ordering::Relaxed);
         }
         due
     }
@@ -452,12 +456,7 @@ impl Completion {
     /// # Safety
     /// As [`Completion::run_claimed`].
     unsafe fn start_or_withdraw(&self, op: Op, piece: &Piece) -> bool {
-        let free = piece.batch == self.id
-            && self
-                .claimed
-                .get(piece.seq)
-                .is_some_and(|f| !f.load(Ordering::Relaxed));
-        if !free {
+        if !self.unclaimed(piece) {
             return false;
         }
         if self.cut_due() {

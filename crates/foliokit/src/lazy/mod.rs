@@ -10,10 +10,10 @@
 //! flight cuts the batch short once it has run a share of the latency
 //! budget: the channels look for a waiting message before each folio and
 //! stop there, the folios no channel has started go back, and the fill
-//! thread serves the fault when the folios in progress end. The batch size is chosen from
-//! that measured wait so that it stays within the latency budget (seed
-//! 001's batch size vs first-folio latency trade-off, applied to a
-//! restore). When every page is in, the ranges are unregistered: plain
+//! thread serves the fault when the folios in progress end. The batch
+//! size is chosen from that measured wait so that it stays within the
+//! latency budget (seed 001's batch size vs first-folio latency
+//! trade-off, applied to a restore). When every page is in, the ranges are unregistered: plain
 //! memory again.
 //!
 //! # How a page gets in
@@ -80,11 +80,11 @@
 //!   messages, until fork() returns. A fill thread parks between batches:
 //!   the channels cut the batch in flight short as soon as a fork waits,
 //!   so the fork waits for a folio per channel, not for the batch. The
-//!   kernel hands out every waiting
-//!   fault before the fork's event, so the room for them is mapped with
-//!   mmap and grown with mremap, which take none of the allocator's
-//!   locks; should even that fail, a fault is dropped and its thread
-//!   woken after the fork to fault again (an event is never dropped).
+//!   kernel hands out every waiting fault before the fork's event, so the
+//!   room for them is mapped with mmap and grown with mremap, which take
+//!   none of the allocator's locks; should even that fail, a fault is
+//!   dropped and its thread woken after the fork to fault again (an event
+//!   is never dropped).
 //!   Wipe-on-fork ranges are left empty in the child (it must see zeros).
 //!
 //! What a page being out means for code that cannot wait (the kernel does
