@@ -784,6 +784,88 @@ fn shared_memory_is_refused_unless_the_caller_opts_in() {
     );
 }
 
+/// A shared memfd of `len` bytes mapped once, ours alone; returns the
+/// mapping and the descriptor (kept open, for `fallocate`).
+fn shared_memfd(len: usize) -> (*mut u8, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a fresh memfd, sized and mapped here; the descriptor is
+    // handed to an OwnedFd at once.
+    unsafe {
+        let fd = libc::memfd_create(c"guest".as_ptr(), 0);
+        assert!(fd >= 0);
+        let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        (p as *mut u8, fd)
+    }
+}
+
+#[test]
+fn a_filled_page_emptied_without_an_event_reads_zeros_and_never_spins() {
+    in_child(
+        "a_filled_page_emptied_without_an_event_reads_zeros_and_never_spins",
+        LIMIT,
+        || {
+            let len = 2usize << 20;
+            let (data, file) = data_file("hole", len, 12);
+            let (ram, memfd) = shared_memfd(len);
+            let o = LazyOptions {
+                allow_shared_memory: true,
+                start_cancelled: true,
+                ..LazyOptions::default()
+            };
+            // SAFETY: our own untouched mapping, mapped once; the hole
+            // punched below is the point of the test.
+            let Some(h) = (unsafe { start_fill(ram as usize, len, &file, &o) }) else {
+                return;
+            };
+            assert_eq!(read_host(ram, PAGE as usize), data[..PAGE as usize]);
+            // A hole punched through the descriptor (as a vhost-user
+            // backend or the VMM's balloon might) zaps the page with no
+            // userfaultfd event: the fill still takes its folio for done.
+            // SAFETY: a hole in our own memfd.
+            let rc = unsafe {
+                libc::fallocate(
+                    memfd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    0,
+                    PAGE as libc::off_t,
+                )
+            };
+            assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+            // The kernel gives a hole zeros; the fill must too, not wake the
+            // thread to fault again and again until the fill ends (the fill
+            // is paused here, so that was for ever).
+            let (tx, rx) = std::sync::mpsc::channel();
+            let at = ram as usize;
+            std::thread::spawn(move || {
+                let _ = tx.send(read_host(at as *const u8, PAGE as usize));
+            });
+            let got = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("a touch of the emptied page did not return");
+            assert_eq!(got, vec![0; PAGE as usize]);
+            let r = h.wait();
+            assert!(r.bad.is_empty(), "{:?}", r.bad);
+            assert_eq!(read_host(ram, PAGE as usize), vec![0; PAGE as usize]);
+            assert_eq!(
+                read_host(ram.wrapping_add(PAGE as usize), len - PAGE as usize),
+                data[PAGE as usize..]
+            );
+            // SAFETY: unmapping our own mapping, no longer used.
+            unsafe { libc::munmap(ram.cast(), len) };
+        },
+    );
+}
+
 /// Reads `len` bytes at a host address (memory the test owns).
 fn read_host(at: *const u8, len: usize) -> Vec<u8> {
     // SAFETY: `at` is mapped for `len` bytes (the caller's mapping);

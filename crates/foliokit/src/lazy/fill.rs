@@ -677,17 +677,24 @@ impl Filler {
             return self.zeros_outside(at);
         };
         let seg = self.blocks[b].seg as usize;
-        if !self.state[b] {
+        let was_done = self.state[b];
+        if !was_done {
             let n = self.fill_block(b, None);
             self.shared.faulted.fetch_add(n as u64, Ordering::Relaxed);
         }
         let unit = self.segs[seg].unit;
         let p = orig / unit * unit;
         let i = self.page_index(seg, p);
-        if self.removed.get(i) {
+        if self.removed.get(i) || was_done && !self.bad_bits.get(i) {
             // Discarded: the guest expects zeros there, also where the
             // snapshot's page was bad (the discard dropped its marker; a
             // touch of a marker raises SIGBUS and never gets here).
+            // Filled before this fault: usually still there (the fault
+            // raced its install, and the kernel answers EEXIST), else
+            // emptied by what raises no event (a hole punched in shared
+            // memory): zeros, as the kernel gives there. Only waking would
+            // send the thread to fault again until the fill ends. Never
+            // over a bad unit: zeros would replace its marker.
             self.install_zeros(p, unit);
         }
         let now = self.remaps.now(p);
