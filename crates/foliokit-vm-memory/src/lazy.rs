@@ -165,10 +165,18 @@ pub fn restore_lazy<'m, B: Bitmap>(
     };
     let mut fill = opts.fill.clone();
     fill.first = opts.first.iter().filter_map(|&a| host_of(a)).collect();
+    // Each bad range as the eager restore reads it: its part in each
+    // region (host addresses are contiguous only within one).
     fill.skip = plan
         .bad_at_save
         .iter()
-        .filter_map(|b| host_of(b.addr).map(|h| (h, b.len as usize)))
+        .flat_map(|b| {
+            let end = b.addr.0.saturating_add(b.len);
+            map.iter().filter_map(move |&(h, g, l)| {
+                let (lo, hi) = (b.addr.0.max(g), end.min(g + l as u64));
+                (lo < hi).then(|| (h + (lo - g) as usize, (hi - lo) as usize))
+            })
+        })
         .collect();
     // SAFETY: the segments are guest RAM regions borrowed for 'm (the
     // handle cannot outlive `mem`, and dropping it waits for the fill),

@@ -363,8 +363,11 @@ fn read_layout(img: &Image<'_>) -> Result<Layout> {
     Ok(layout)
 }
 
-/// Reads the trailer; `None` if it is missing or unreadable.
-fn read_trailer(img: &Image<'_>, at: u64) -> Result<Option<Vec<BadRange>>> {
+/// Reads the trailer of `layout`'s image; `None` if it is missing or
+/// unreadable. A range outside the guest memory the layout lists is
+/// refused (a damaged or hostile file), as one whose end wraps.
+fn read_trailer(img: &Image<'_>, layout: &Layout) -> Result<Option<Vec<BadRange>>> {
+    let at = layout.data_end;
     let mut head = [0u8; 16];
     if !img.read(at, &mut head)? || &head[..8] != TRAILER_MAGIC {
         return Ok(None);
@@ -385,6 +388,18 @@ fn read_trailer(img: &Image<'_>, at: u64) -> Result<Option<Vec<BadRange>>> {
             u64_at(&body, 3 * i + 2),
         );
         let kind = kind_from(k).ok_or_else(|| bad_format(format!("bad range kind {k}")))?;
+        let inside = a.checked_add(l).is_some_and(|end| {
+            layout.regions.iter().any(|&(g, n, _)| a >= g && a < g + n)
+                && layout
+                    .regions
+                    .iter()
+                    .any(|&(g, n, _)| end > g && end <= g + n)
+        });
+        if !inside {
+            return Err(bad_format(format!(
+                "bad range {a:#x} + {l:#x} is not inside the snapshot's guest memory"
+            )));
+        }
         out.push(BadRange {
             addr: GuestAddress(a),
             len: l,
@@ -423,7 +438,7 @@ fn restore_image<B: Bitmap>(
             targets.push((p, o));
         }
     }
-    let trailer = read_trailer(img, layout.data_end)?;
+    let trailer = read_trailer(img, &layout)?;
     let trailer_missing = trailer.is_none();
     let bad_at_save = trailer.unwrap_or_default();
     let host_page = foliokit::batch::page_size();
@@ -551,7 +566,7 @@ pub(crate) fn lazy_plan(file: &File) -> Result<LazyPlan> {
         known_end: size,
         file: Some(file),
     };
-    let trailer = read_trailer(&img, layout.data_end)?;
+    let trailer = read_trailer(&img, &layout)?;
     Ok(LazyPlan {
         regions: layout.regions,
         trailer_missing: trailer.is_none(),

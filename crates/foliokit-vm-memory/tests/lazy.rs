@@ -866,6 +866,96 @@ fn a_filled_page_emptied_without_an_event_reads_zeros_and_never_spins() {
     );
 }
 
+#[test]
+fn a_folio_split_across_mappings_keeps_its_snapshot_bytes() {
+    in_child(
+        "a_folio_split_across_mappings_keeps_its_snapshot_bytes",
+        LIMIT,
+        || {
+            let len = 8usize << 20;
+            let folio = 2usize << 20;
+            let (data, file) = data_file("split", len, 21);
+            let mut r = foliokit::mem::Region::unpopulated(len, folio).unwrap();
+            let base = r.as_mut_ptr();
+            // Before the fill: the first folio's range is two mappings (a
+            // VMM leaving part of guest RAM out of core dumps).
+            // SAFETY: advice on our own untouched mapping.
+            let rc = unsafe { libc::madvise(base.cast(), folio / 2, libc::MADV_DONTDUMP) };
+            assert_eq!(rc, 0);
+            let o = LazyOptions {
+                start_cancelled: true,
+                ..LazyOptions::default()
+            };
+            // SAFETY: a fresh region of ours, untouched until the fill ends
+            // but by the touches, mprotect and mlock below.
+            let Some(h) = (unsafe { start_fill(base as usize, len, &file, &o) }) else {
+                return;
+            };
+            // During it: one page of the second folio write-protected, and
+            // pages of the third locked (which faults them in).
+            // SAFETY: our own mapping, inside it.
+            unsafe {
+                assert_eq!(
+                    libc::mprotect(
+                        base.add(folio + folio / 2).cast(),
+                        PAGE as usize,
+                        libc::PROT_READ
+                    ),
+                    0
+                );
+                assert_eq!(
+                    libc::mlock(base.add(2 * folio + folio / 2).cast(), 16 * PAGE as usize),
+                    0
+                );
+            }
+            // A run over two mappings is refused whole by the kernel, which
+            // the fill took for "unmapped": these read zeros.
+            for at in [
+                0,
+                folio / 2,
+                folio + PAGE as usize,
+                2 * folio + PAGE as usize,
+            ] {
+                let got = read_host(base.wrapping_add(at), PAGE as usize);
+                assert!(got == data[at..at + PAGE as usize], "touch at {at:#x}");
+            }
+            let rep = h.wait();
+            assert_eq!(rep.progress.skipped_pages, 0, "{:?}", rep.notes);
+            assert!(r.as_slice() == &data[..], "wrong bytes after the fill");
+        },
+    );
+}
+
+#[test]
+fn a_skip_range_past_the_address_space_is_clipped_to_the_segments() {
+    in_child(
+        "a_skip_range_past_the_address_space_is_clipped_to_the_segments",
+        LIMIT,
+        || {
+            let len = 4usize << 20;
+            let (data, file) = data_file("skipend", len, 44);
+            let mut r = foliokit::mem::Region::unpopulated(len, 2 << 20).unwrap();
+            let base = r.as_mut_ptr() as usize;
+            let page = PAGE as usize;
+            // Walked page by page, this one wrapped around and never ended.
+            let o = LazyOptions {
+                skip: vec![(base + len - page, usize::MAX), (0, base + page)],
+                ..LazyOptions::default()
+            };
+            // SAFETY: a fresh region of ours, untouched until the fill ends.
+            let Some(h) = (unsafe { start_fill(base, len, &file, &o) }) else {
+                return;
+            };
+            let rep = h.wait();
+            assert_eq!(rep.progress.skipped_pages, 2);
+            let mut want = data;
+            want[..page].fill(0);
+            want[len - page..].fill(0);
+            assert!(r.as_slice() == &want[..], "wrong bytes after the fill");
+        },
+    );
+}
+
 /// Reads `len` bytes at a host address (memory the test owns).
 fn read_host(at: *const u8, len: usize) -> Vec<u8> {
     // SAFETY: `at` is mapped for `len` bytes (the caller's mapping);

@@ -391,6 +391,30 @@ fn restore_refuses_a_foreign_layout_or_a_damaged_header_untouched() {
         restore_from_bytes(&other, &[]),
         Err(Error::Format(_))
     ));
+    // A trailer's bad range that runs past the guest address space (a
+    // damaged or hostile file): refused, not summed into a wrapped end.
+    let n = image.len();
+    assert_eq!(
+        &image[n - 16..n - 8],
+        b"FKVMBAD\0",
+        "an empty trailer ends the image"
+    );
+    let mut bad = image.clone();
+    bad[n - 8..].copy_from_slice(&1u64.to_le_bytes());
+    for v in [A + 4096, u64::MAX - 4096, 2] {
+        bad.extend_from_slice(&v.to_le_bytes());
+    }
+    let fresh = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[
+        (GuestAddress(A), A_LEN as usize),
+        (GuestAddress(B), B_LEN as usize),
+    ])
+    .unwrap();
+    let e = restore_from_bytes(&fresh, &bad).unwrap_err();
+    assert!(matches!(e, Error::Format(_)), "{e}");
+    assert!(
+        read(&fresh, A, A_LEN).iter().all(|&b| b == 0),
+        "wrote before refusing"
+    );
 }
 
 #[test]

@@ -508,33 +508,53 @@ impl Filler {
         }
     }
 
-    /// Marks the original range `[start, end)` never to be filled (counted
-    /// as skipped where it was still to fill).
+    /// Marks the range `[start, end)` never to be filled (counted as
+    /// skipped where it was still to fill): original addresses, or with
+    /// `now_addresses` where its pages are now (an event's). Any range:
+    /// only its part inside the segments is walked.
     fn discard(&mut self, start: usize, end: usize, now_addresses: bool) {
         let page = self.page;
-        let mut a = start / page * page;
-        while a < end {
-            let orig = if now_addresses {
-                self.remaps.original(a)
-            } else {
-                a
-            };
-            if let Some(seg) = self.seg_of(orig) {
-                let i = self.page_index(seg, orig);
-                let b = self.block_of(orig).expect("inside a segment");
-                if !self.removed.get(i) {
-                    self.removed.set(i);
-                    if !self.state[b] {
-                        self.shared.skipped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                let blk = self.blocks[b];
-                let first = self.page_index(seg, blk.start);
-                if !self.state[b] && self.removed.all(first, blk.len / page) {
-                    self.mark_done(b);
-                }
+        if now_addresses && !self.remaps.is_empty() {
+            // Moved pages: each current address maps back on its own.
+            let mut a = start / page * page;
+            while a < end {
+                self.discard_page(self.remaps.original(a));
+                let Some(next) = a.checked_add(page) else {
+                    break;
+                };
+                a = next;
             }
-            a += page;
+            return;
+        }
+        let spans: Vec<(usize, usize)> = self
+            .segs
+            .iter()
+            .map(|s| (start.max(s.addr) / page * page, end.min(s.addr + s.len)))
+            .filter(|(lo, hi)| lo < hi)
+            .collect();
+        for (lo, hi) in spans {
+            for a in (lo..hi).step_by(page) {
+                self.discard_page(a);
+            }
+        }
+    }
+
+    /// [`Filler::discard`] of the page at original address `orig`.
+    fn discard_page(&mut self, orig: usize) {
+        let page = self.page;
+        let Some(seg) = self.seg_of(orig) else { return };
+        let i = self.page_index(seg, orig);
+        let b = self.block_of(orig).expect("inside a segment");
+        if !self.removed.get(i) {
+            self.removed.set(i);
+            if !self.state[b] {
+                self.shared.skipped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let blk = self.blocks[b];
+        let first = self.page_index(seg, blk.start);
+        if !self.state[b] && self.removed.all(first, blk.len / page) {
+            self.mark_done(b);
         }
     }
 
@@ -912,6 +932,9 @@ impl Filler {
         let end = blk.start + blk.len;
         let mut at = blk.start;
         let mut installed = 0;
+        // Unit by unit from here: a run was refused whole.
+        let mut single = false;
+        let mut noted = false;
         while at < end {
             let i = self.page_index(seg, at);
             if self.removed.any(i, upages) || self.bad_bits.any(i, upages) {
@@ -919,7 +942,7 @@ impl Filler {
                 continue;
             }
             let mut run_end = at + unit;
-            if self.remaps.is_empty() {
+            if self.remaps.is_empty() && !single {
                 while run_end < end {
                     let j = self.page_index(seg, run_end);
                     if self.removed.any(j, upages) || self.bad_bits.any(j, upages) {
@@ -957,10 +980,27 @@ impl Filler {
                     }
                     self.drain();
                 }
-                libc::ENOENT | libc::EINVAL | libc::ESRCH => {
-                    // Nothing of ours is mapped there any more.
+                // A run over two mappings (mprotect, mlock or madvise split
+                // the folio's range) is refused whole: the kernel fills
+                // within one. Only a unit refused alone is not ours.
+                libc::ENOENT | libc::EINVAL if run_end - at > unit => single = true,
+                libc::ENOENT | libc::EINVAL => {
+                    // Nothing of ours is mapped there any more (its
+                    // neighbours may still be).
+                    if !std::mem::replace(&mut noted, true) {
+                        self.notes.push(format!(
+                            "{:#x}: the mapping went away during the fill ({})",
+                            self.remaps.now(at),
+                            p.error
+                        ));
+                    }
+                    self.discard(at, at + unit, false);
+                    at += unit;
+                }
+                libc::ESRCH => {
+                    // The process has no address space any more.
                     self.notes.push(format!(
-                        "{:#x}..{end:#x}: the mapping went away during the fill ({})",
+                        "{:#x}..{end:#x}: the address space went away during the fill ({})",
                         self.remaps.now(at),
                         p.error
                     ));
