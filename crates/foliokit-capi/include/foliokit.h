@@ -321,7 +321,9 @@ struct fk_lazy;
  * never filled and reads zeros; a forked child sees the file's bytes. The
  * ranges must stay mapped until fk_lazy_wait and hold no futex, robust
  * list or other memory the kernel cannot wait on.
- * Errors (nothing registered): -EINVAL bad ranges or options, -ENOSYS no
+ * Errors (nothing registered): -EINVAL bad ranges or options (also a
+ * range past the end of the file, or a file that cannot be mapped),
+ * -EBADF fd is not open, -EACCES fd is not open for reading, -ENOSYS no
  * userfaultfd, -EPERM only a user-mode-only userfaultfd, or no fork
  * events, without privilege (needs /dev/userfaultfd or CAP_SYS_PTRACE),
  * -EOPNOTSUPP kernel lacks an event or feature, -EBUSY a range is
@@ -339,7 +341,9 @@ int fk_lazy_cancel(const struct fk_lazy *h);
 
 /* Fills the rest, unregisters the ranges (plain memory again), writes the
  * report (out may be NULL) and up to n_bad bad ranges, and frees h.
- * Returns the number of bad ranges (may exceed n_bad), or -errno. */
+ * Returns the number of bad ranges (may exceed n_bad), or -EINVAL (h
+ * NULL, bad NULL with n_bad > 0, or an out->size this library cannot
+ * write), in which case nothing was done and h is still live. */
 int fk_lazy_wait(struct fk_lazy *h, struct fk_lazy_report *out, struct fk_lazy_bad *bad,
                  size_t n_bad);
 

@@ -24,14 +24,17 @@ pub(crate) unsafe fn strategy<S: Strategy + Default>(name: *const c_char) -> Res
 }
 
 /// The start of each `folio_size` folio of `[p, p + len)`: -EINVAL for a
-/// NULL `p` or a `len` that is not a whole number of folios (alignment and
+/// NULL `p`, a `folio_size` that is not a whole number of pages, or a
+/// `len` that is not a whole number of folios (checked before the list is
+/// made: a byte-sized folio would make one entry per byte; alignment and
 /// overlap are the library's to check).
 pub(crate) fn folios(
     p: *const c_void,
     len: usize,
     folio_size: usize,
 ) -> Result<Vec<*mut u8>, c_int> {
-    if folio_size == 0 || len % folio_size != 0 || p.is_null() {
+    let page = fk::batch::page_size();
+    if folio_size == 0 || folio_size % page != 0 || len % folio_size != 0 || p.is_null() {
         return Err(-libc::EINVAL);
     }
     Ok(fk::batch::folio_starts(

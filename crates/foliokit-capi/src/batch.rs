@@ -88,3 +88,42 @@ pub unsafe extern "C" fn fk_clear_folios(
     // SAFETY: the caller's contract.
     unsafe { folio_batch([dst.cast_const()], len, folio_size, strategy_name, run) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folio size that is not whole pages is refused before the folio
+    /// list is made: over 4 GiB, a byte-sized folio made a list of 4 G
+    /// pointers, and the allocation aborted the process.
+    #[test]
+    fn a_byte_sized_folio_is_refused_before_anything_is_listed() {
+        let len = 4usize << 30;
+        // SAFETY: address space only (no access, no reserve), unmapped
+        // below; the calls refuse before reading it.
+        let (a, b) = unsafe {
+            let map = || {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            (map(), map())
+        };
+        assert!(a != libc::MAP_FAILED && b != libc::MAP_FAILED);
+        // SAFETY: refused on its arguments, before either range is used.
+        let copy = unsafe { fk_copy_folios(a, b, len, 1, std::ptr::null(), 0) };
+        // SAFETY: as above.
+        let clear = unsafe { fk_clear_folios(a, len, 1, std::ptr::null(), 0) };
+        // SAFETY: our own mappings, unused.
+        unsafe {
+            libc::munmap(a, len);
+            libc::munmap(b, len);
+        }
+        assert_eq!((copy, clear), (-libc::EINVAL, -libc::EINVAL));
+    }
+}

@@ -61,6 +61,8 @@ pub extern "C" fn fk_strerror(code: c_int) -> *const c_char {
         libc::EPERM => c"relocation refused for this memory or this process, or a lazy fill needs privilege (/dev/userfaultfd, CAP_SYS_PTRACE)",
         libc::ENOSYS => c"no userfaultfd in this kernel or process",
         libc::ENOMEM => c"out of memory",
+        libc::EBADF => c"bad file descriptor",
+        libc::EACCES => c"file not open for reading",
         libc::ENOTRECOVERABLE => c"internal error in foliokit",
         libc::EALREADY => c"foliokit was already initialised (fk_init must come first)",
         libc::EBUSY => c"another SIGBUS handler replaced foliokit's; install yours before fk_init",

@@ -158,7 +158,20 @@ fn map_source(list: &[FkLazyRange], fd: c_int) -> Result<Source, c_int> {
     let file = unsafe { BorrowedFd::borrow_raw(fd) }
         .try_clone_to_owned()
         .map_err(|e| os_code(&e, libc::EBADF))?;
-    Source::map_file(&std::fs::File::from(file), len).map_err(|e| os_code(&e, libc::EIO))
+    let file = std::fs::File::from(file);
+    let meta = file.metadata().map_err(|e| os_code(&e, libc::EBADF))?;
+    // A regular file must hold every range now: one past its end is a
+    // wrong file or wrong offsets, refused here rather than poisoned on
+    // first touch. (A device has no size to check.)
+    if meta.file_type().is_file() && meta.len() < end {
+        return Err(-libc::EINVAL);
+    }
+    Source::map_file(&file, len).map_err(|e| match e.raw_os_error() {
+        // Empty (no errno), or a file that cannot be mapped (a pipe, a
+        // socket): the caller's ranges or descriptor are wrong.
+        None | Some(libc::ENODEV) => -libc::EINVAL,
+        Some(n) => -n,
+    })
 }
 
 /// # Safety
@@ -324,6 +337,36 @@ mod tests {
         // SAFETY: NULL ranges: refused before anything is read.
         let rc = unsafe { fk_lazy_start(std::ptr::null(), 1, 0, std::ptr::null(), &mut h2) };
         assert_eq!(rc, -libc::EINVAL);
+        // A range past the end of the file (it used to start, and the
+        // first touch there died of SIGBUS), an empty one, a descriptor
+        // that is not open, one that cannot be mapped.
+        let mut other = fk::mem::Region::unpopulated(2 * len, 4096).unwrap();
+        let past = FkLazyRange {
+            addr: other.as_mut_ptr() as usize,
+            len: 2 * len,
+            offset: 0,
+        };
+        let empty = FkLazyRange { len: 0, ..past };
+        let mut fds = [0; 2];
+        // SAFETY: room for the two descriptors; closed below.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let [rd, wr] = fds;
+        for (r, fd, want) in [
+            (past, file.as_raw_fd(), -libc::EINVAL),
+            (empty, file.as_raw_fd(), -libc::EINVAL),
+            (past, 1 << 20, -libc::EBADF),
+            (past, rd, -libc::EINVAL),
+        ] {
+            // SAFETY: our untouched region; refused before registering.
+            let rc = unsafe { fk_lazy_start(&r, 1, fd, &opts, &mut h2) };
+            assert_eq!(rc, want, "{r:?} from fd {fd}");
+            assert_ne!(crate::error::msg(rc), "unknown error");
+        }
+        // SAFETY: closing our own pipe.
+        unsafe {
+            libc::close(rd);
+            libc::close(wr);
+        }
         // SAFETY: a live handle.
         assert_eq!(unsafe { fk_lazy_cancel(h) }, 0);
         // A touch is served while the background fill is cancelled.

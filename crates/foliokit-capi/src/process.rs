@@ -176,5 +176,25 @@ mod tests {
         // SAFETY: valid pointers.
         let rc = unsafe { fk_migrate_process(here, &range, 1, node, &opts, std::ptr::null_mut()) };
         assert_eq!(rc, -libc::EINVAL, "unknown flags");
+        // A range over most of the address space: only its mapped pages
+        // are looked at (a list of all of them, 2^35 entries, aborted the
+        // process).
+        let dry = FkProcessOpts {
+            size: size_of::<FkProcessOpts>(),
+            flags: FK_PROCESS_DRY_RUN,
+            ..FkProcessOpts::default()
+        };
+        let huge = FkRange {
+            start: 4096,
+            end: 0x7fff_ffff_f000,
+        };
+        let mut out = FkProcessResult {
+            size: size_of::<FkProcessResult>(),
+            ..FkProcessResult::default()
+        };
+        // SAFETY: valid pointers; a dry run moves nothing.
+        let rc = unsafe { fk_migrate_process(here, &huge, 1, node, &dry, &mut out) };
+        assert_eq!(rc, 0);
+        assert!(out.already >= 16, "{out:?}");
     }
 }

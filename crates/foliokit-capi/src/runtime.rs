@@ -87,7 +87,9 @@ pub unsafe extern "C" fn fk_profile_status(buf: *mut c_char, len: usize) -> c_in
 pub extern "C" fn fk_start_channels(n: c_uint) -> c_int {
     guard(|| match fk::channels::start_shared(n as usize) {
         Ok(_) => Ok(0),
-        Err(fk::channels::ChannelError::Zero) => Err(-libc::EINVAL),
+        Err(fk::channels::ChannelError::Zero | fk::channels::ChannelError::TooMany { .. }) => {
+            Err(-libc::EINVAL)
+        }
         Err(_) => Err(INTERNAL),
     })
 }
@@ -113,6 +115,12 @@ mod tests {
         let got = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
         assert_eq!(got, &full.note[..4]);
         assert!(buf[5..].iter().all(|&b| b == 0x55), "wrote past len");
+    }
+
+    #[test]
+    fn a_channel_count_no_pool_can_have_is_refused() {
+        let rc = fk_start_channels(c_uint::MAX);
+        assert_eq!(rc, -libc::EINVAL);
     }
 
     #[test]

@@ -58,6 +58,12 @@ pub const CHANNEL_CUT_PIECE_BYTES: usize = 2 << 20;
 /// still halves its latency.
 pub const CHANNEL_MIN_BATCH_BYTES: usize = 1 << 20;
 
+/// Most copy channels a pool may have (each is a thread): far more than
+/// any machine's memory channels or cores can use, and low enough that a
+/// huge `channels` argument is refused instead of spawning threads until
+/// the process runs out of memory.
+pub const MAX_CHANNELS: usize = 1024;
+
 /// Most helper threads ([`crate::mem::populate`], the kernel migration
 /// path) a process keeps: more channels than this are served by these.
 /// Their work is syscalls that fault or move pages, which scale to a

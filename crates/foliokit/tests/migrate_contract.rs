@@ -9,7 +9,9 @@
 //!    the range, and only meets EBUSY while relocation holds a batch; the
 //!    report counts those batches;
 //! 4. folio sizes after a migration equal those before: 4K, 64K mTHP,
-//!    2M THP, and a THP with one page pinned (io_uring fixed buffer).
+//!    2M THP, and a THP with one page pinned (io_uring fixed buffer);
+//! 5. a batch size too large to multiply out (`usize::MAX` pages) is a
+//!    batch as large as the range, not a wrapped length.
 //!
 //! Each runs in its own process ([`common::in_child`]): a hang is that test's
 //! failure, not a stuck run.
@@ -30,11 +32,28 @@ on_both_paths!(signal_handler_stores => relocate_signal_handler_stores, kernel_s
 on_both_paths!(threads_exit_in_range => relocate_threads_exit_in_range, kernel_threads_exit_in_range);
 on_both_paths!(application_uffd => relocate_application_uffd, kernel_application_uffd);
 on_both_paths!(folio_census => relocate_folio_census, kernel_folio_census);
+on_both_paths!(huge_batch_pages => relocate_huge_batch_pages, kernel_huge_batch_pages);
 
 scenario_test!(auto_folio_census => folio_census(Path::Auto));
 
 // ---------------------------------------------------------------------------
 // Shared pieces
+
+/// Promise 5, with 2 MiB and 4 KiB folios: the relocation path multiplied
+/// `batch_pages(usize::MAX)` by the page size, and the wrapped length made
+/// an empty batch forever (2 MiB) or an allocation the size of the address
+/// space (4 KiB).
+fn huge_batch_pages(path: Path) {
+    for folio in [THP, PAGE] {
+        let mut r = Region::new(4 * MIB, folio).unwrap();
+        let p = pattern(r.len(), 31);
+        r.as_mut_slice().copy_from_slice(&p);
+        let o = opts(path).folio_size(folio).batch_pages(usize::MAX);
+        let rep = call(r.as_mut_ptr() as usize, r.len(), &o).expect("migrate");
+        check_path(&rep, path);
+        assert!(r.as_slice() == &p[..], "folio {folio}: bytes changed");
+    }
+}
 
 /// The target: the last node (another one than the pages are on, where
 /// there are several).

@@ -100,6 +100,14 @@ pub enum ChannelError {
     /// pieces on the calling thread, so pool calls do not return it.
     #[error("copy channel '{0}' has stopped")]
     Stopped(String),
+    /// A pool was asked for more channels (threads) than a pool may have.
+    #[error("{asked} copy channels asked for; at most {most}")]
+    TooMany {
+        /// Channels asked for.
+        asked: usize,
+        /// The most a pool may have.
+        most: usize,
+    },
     /// A batch's folio size was 0.
     #[error("a batch's folio size must not be zero")]
     ZeroFolio,
@@ -734,6 +742,12 @@ impl ChannelPool {
     pub fn cpu(n: usize) -> Result<Self, ChannelError> {
         if n == 0 {
             return Err(ChannelError::Zero);
+        }
+        if n > crate::params::MAX_CHANNELS {
+            return Err(ChannelError::TooMany {
+                asked: n,
+                most: crate::params::MAX_CHANNELS,
+            });
         }
         Ok(ChannelPool {
             channels: (0..n)

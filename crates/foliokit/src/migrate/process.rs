@@ -362,6 +362,10 @@ pub fn migrate_process(
         budget_us: o.budget.as_secs_f64() * 1e6,
         ..ProcessReport::default()
     };
+    // Where the target has memory: a given range's pages are looked up
+    // only there (a range may span unmapped space, up to the whole
+    // address space: a list of every page of it would not fit in memory).
+    let mut mapped: Option<Vec<(usize, usize)>> = None;
     let list = match ranges {
         Ranges::Given(v) => {
             for &(start, end) in v {
@@ -376,6 +380,12 @@ pub fn migrate_process(
                     return Err(ProcessError::BadRange { start, end, why });
                 }
             }
+            mapped = Some(
+                read_maps(target)?
+                    .iter()
+                    .map(|m| (m.start, m.end))
+                    .collect(),
+            );
             v.clone()
         }
         Ranges::AllAnon { stack } => {
@@ -399,7 +409,14 @@ pub fn migrate_process(
             return Err(gone(report));
         }
         let tr = Instant::now();
-        let pages: Vec<usize> = (start..end).step_by(page).collect();
+        let pages: Vec<usize> = match &mapped {
+            Some(maps) => maps
+                .iter()
+                .filter(|&&(s, e)| s < end && e > start)
+                .flat_map(|&(s, e)| (s.max(start)..e.min(end)).step_by(page))
+                .collect(),
+            None => (start..end).step_by(page).collect(),
+        };
         let huge_kib_before =
             crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
         let before = match query(target, &pages) {

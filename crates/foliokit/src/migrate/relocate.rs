@@ -221,8 +221,13 @@ fn relocate_here(
         let end = v.end.min(addr + len);
         let mut at = v.start.max(addr);
         while at < end {
-            let want = ctl.as_ref().map_or(o.batch_pages, BatchController::pages) * page;
-            // Batches end on folio boundaries so THPs move whole.
+            let want = ctl
+                .as_ref()
+                .map_or(o.batch_pages, BatchController::pages)
+                .saturating_mul(page)
+                .min(end - at);
+            // Batches end on folio boundaries so THPs move whole (`end` is
+            // below the top of the address space, so this cannot wrap).
             let stop = (at + want.max(page)).next_multiple_of(folio).min(end);
             if stopped.is_some() {
                 leftovers.extend(populated(at, stop - at, page)?);
