@@ -171,8 +171,11 @@ struct fk_migrate_result {
  * kernel path, and must not be used on memory vmspliced into a pipe or
  * holding priority-inheritance or robust futexes (the kernel fails those
  * futex calls with EFAULT while a page is out), nor while a debugger or
- * /proc/<pid>/mem reads it (see foliokit::migrate::migrate for the whole
- * contract). FK_PATH_AUTO relocates where the checkable part of that
+ * /proc/<pid>/mem reads it, nor while the application mremaps ranges
+ * across mapping edges (EFAULT, or on 6.17+ a half-done move). Pass whole
+ * allocations (mmap regions, large buffers), not the malloc heap: what
+ * foliokit's own threads use is refused only where it can be recognised
+ * (see foliokit::migrate::migrate for the whole contract). FK_PATH_AUTO relocates where the checkable part of that
  * holds, else takes the kernel path; the caller vouches for the rest.
  * opts (NULL: all defaults) and out may be NULL. Errors: -EINVAL
  * (misaligned/empty, unknown path, a struct's size too small), -E2BIG

@@ -367,6 +367,59 @@ pub(crate) fn spawn_shielded(
     spawn_masked(Role::Channel { cpu: None }.mask(), name, f)
 }
 
+/// The stacks of foliokit's own threads while they run (this process's:
+/// a forked child has none of them). Relocation refuses a range holding
+/// one: a channel or fill thread touching a page of its stack that is out
+/// would wait for the very copy it was to run.
+static STACKS: crate::pidlock::PidLock<Vec<(usize, usize)>> = crate::pidlock::PidLock::new();
+
+/// This thread's stack, `[lo, hi)`, while it runs.
+struct OwnStack(Option<(usize, usize)>);
+
+impl OwnStack {
+    fn register() -> OwnStack {
+        let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+        let (mut lo, mut size) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: glibc fills `attr` for this thread (checked), then reads
+        // its stack from it; the attr is destroyed after.
+        let got = unsafe {
+            libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) == 0 && {
+                let ok = libc::pthread_attr_getstack(attr.as_ptr(), &mut lo, &mut size) == 0;
+                libc::pthread_attr_destroy(attr.as_mut_ptr());
+                ok
+            }
+        };
+        let range = got.then(|| (lo as usize, lo as usize + size));
+        if let Some(r) = range {
+            STACKS.lock().get_or_insert_with(Vec::new).push(r);
+        }
+        OwnStack(range)
+    }
+}
+
+impl Drop for OwnStack {
+    fn drop(&mut self) {
+        if let Some(r) = self.0 {
+            let mut g = STACKS.lock();
+            let v = g.get_or_insert_with(Vec::new);
+            if let Some(i) = v.iter().position(|&x| x == r) {
+                v.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// Whether `[addr, addr + len)` holds part of a running foliokit thread's
+/// stack.
+pub(crate) fn own_stack_within(addr: usize, len: usize) -> bool {
+    let end = addr.saturating_add(len);
+    STACKS
+        .lock()
+        .get_or_insert_with(Vec::new)
+        .iter()
+        .any(|&(lo, hi)| lo < end && hi > addr)
+}
+
 /// Spawns `f` on a thread named `name` that runs with `mask` from the
 /// start: this thread blocks every signal around the spawn (the new thread
 /// inherits that, and this thread's own mask is put back after), and the
@@ -385,6 +438,7 @@ fn spawn_masked(
     let made = std::thread::Builder::new().name(name).spawn(move || {
         // SAFETY: `mask` is a whole sigset_t of our own.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut()) };
+        let _stack = OwnStack::register();
         f()
     });
     if masked {

@@ -11,7 +11,12 @@
 //! 4. folio sizes after a migration equal those before: 4K, 64K mTHP,
 //!    2M THP, and a THP with one page pinned (io_uring fixed buffer);
 //! 5. a batch size too large to multiply out (`usize::MAX` pages) is a
-//!    batch as large as the range, not a wrapped length.
+//!    batch as large as the range, not a wrapped length;
+//! 6. a program moving every private anonymous mapping of its own (a
+//!    tiering agent) with `Auto` never hangs: what foliokit's threads use
+//!    themselves (their stacks, the shared channels, a loaded object's
+//!    `.bss` with the allocator's state) is refused and left to the kernel
+//!    path.
 //!
 //! Each runs in its own process ([`common::in_child`]): a hang is that test's
 //! failure, not a stuck run.
@@ -35,9 +40,50 @@ on_both_paths!(folio_census => relocate_folio_census, kernel_folio_census);
 on_both_paths!(huge_batch_pages => relocate_huge_batch_pages, kernel_huge_batch_pages);
 
 scenario_test!(auto_folio_census => folio_census(Path::Auto));
+scenario_test!(auto_moves_every_own_mapping_without_hanging => every_own_mapping());
 
 // ---------------------------------------------------------------------------
 // Shared pieces
+
+/// This process's private anonymous read-write mappings, from
+/// /proc/self/maps.
+fn own_anon_mappings() -> Vec<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (a, b) = f.first()?.split_once('-')?;
+            let anon = f.get(1)?.starts_with("rw") && f[1].ends_with('p') && f.get(4) == Some(&"0");
+            (anon && f.len() == 5).then(|| {
+                (
+                    usize::from_str_radix(a, 16).unwrap(),
+                    usize::from_str_radix(b, 16).unwrap(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Promise 6. With 2 channels started, `Auto` over every mapping, twice:
+/// before, the `.bss` after the C library (malloc's main arena) or the
+/// page holding the shared pool went out, and the helper or a channel
+/// waited on itself for ever.
+fn every_own_mapping() {
+    foliokit::channels::start_shared(2).unwrap();
+    let mut r = Region::new(4 * MIB, PAGE).unwrap();
+    let p = pattern(r.len(), 13);
+    r.as_mut_slice().copy_from_slice(&p);
+    let o = opts(Path::Auto);
+    for _ in 0..2 {
+        for (s, e) in own_anon_mappings() {
+            if let Err(err) = call(s, e - s, &o) {
+                // Gone meanwhile (a thread's stack), or not movable at all.
+                say(&format!("NOTE: {s:#x}..{e:#x}: {err}"));
+            }
+        }
+    }
+    assert!(r.as_slice() == &p[..], "bytes changed");
+}
 
 /// Promise 5, with 2 MiB and 4 KiB folios: the relocation path multiplied
 /// `batch_pages(usize::MAX)` by the page size, and the wrapped length made

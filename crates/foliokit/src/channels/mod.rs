@@ -625,6 +625,30 @@ fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
     f(POOLS.lock().get_or_insert_with(Vec::new))
 }
 
+/// Whether `[addr, addr + len)` holds a shared pool's own memory (the
+/// pool, its list of channels, each channel): relocating it would leave
+/// the channels waiting on a page only their own copy puts back.
+pub(crate) fn shared_pools_within(addr: usize, len: usize) -> bool {
+    let end = addr.saturating_add(len);
+    let inside = |p: usize, n: usize| p < end && p.saturating_add(n.max(1)) > addr;
+    with_pools(|pools| {
+        pools.iter().any(|(_, pool)| {
+            inside(
+                Arc::as_ptr(pool) as usize,
+                std::mem::size_of::<ChannelPool>(),
+            ) || inside(
+                pool.channels.as_ptr() as usize,
+                std::mem::size_of_val(pool.channels.as_slice()),
+            ) || pool.channels.iter().any(|c| {
+                inside(
+                    std::ptr::addr_of!(**c).cast::<u8>() as usize,
+                    std::mem::size_of_val(&**c),
+                )
+            })
+        })
+    })
+}
+
 /// The process-wide CPU pool with `n` channels, created on first use and
 /// kept: callers that copy or migrate repeatedly reuse the same workers
 /// instead of spawning threads per call. Batches from several threads may

@@ -464,7 +464,12 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 /// ordinary way: read, write, `read(2)`/`recv(2)` into it, futex waits
 /// (glibc's and Rust's default mutexes and condition variables),
 /// `process_vm_readv(2)`, `madvise(DONTNEED/FREE)`, `munmap`, `mremap`, `mprotect`, `mlock`,
-/// `fork`. A thread touching a page of the batch in flight waits until the
+/// `fork`. (One exception for `mremap`: while a batch is registered it is
+/// a mapping of its own, so a move whose source crosses its edge fails
+/// with EFAULT, and on Linux 6.17+ a move of several mappings that meets
+/// it after others returns EFAULT with those others already moved. An
+/// application that moves ranges across mapping edges meanwhile must use
+/// the kernel path.) A thread touching a page of the batch in flight waits until the
 /// page is back (at most one batch); zaps and unmaps are honoured (a zapped
 /// page reads zero, nothing is mapped where the application unmapped); a
 /// child forked mid-batch sees the parent's data. Pages pinned for DMA
@@ -534,10 +539,13 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 ///   THP whose PMD was split but whose pages are all still mapped, in
 ///   order, is taken for base pages and split.
 ///
-/// Relocation also refuses a range holding the helper thread's stack or
-/// free heap space its allocator could hand out (the thread putting pages
-/// back must not touch one while it is out); pass ranges that are whole
-/// allocations (mmap regions, large buffers), not the malloc heap.
+/// Relocation also refuses ([`Refusal::OwnMemory`]) a range holding what
+/// its own threads touch while pages are out: the stack of the helper or
+/// of any of foliokit's threads, the shared channel pools, free heap space
+/// the allocator could hand out, or a loaded object's `.bss` (the C
+/// library's state, malloc's main arena among it). Other heap memory is
+/// not recognised: pass ranges that are whole allocations (mmap regions,
+/// large buffers), not the malloc heap or its arenas.
 ///
 /// # Safety
 /// The range must be memory of this process. Relocation cannot see page

@@ -15,6 +15,10 @@ pub struct Vma {
     pub inode: u64,
     /// Two-letter VmFlags (`rd wr mr … hg`).
     pub flags: Vec<String>,
+    /// Anonymous memory right after a loaded object's writable file
+    /// mapping: its `.bss` (a C library's own state, the allocator's
+    /// arenas among it; Rust statics).
+    pub object_bss: bool,
 }
 
 impl Vma {
@@ -68,13 +72,20 @@ fn parse(text: &str) -> Vec<Vma> {
         let _offset = f.next();
         let _dev = f.next();
         let inode = f.next().and_then(|i| i.parse().ok()).unwrap_or(0);
+        let path = f.collect::<Vec<_>>().join(" ");
+        let object_bss = inode == 0
+            && path.is_empty()
+            && out
+                .last()
+                .is_some_and(|p: &Vma| p.end == start && p.inode != 0 && p.perms.starts_with("rw"));
         out.push(Vma {
             start,
             end,
             perms,
-            path: f.collect::<Vec<_>>().join(" "),
+            path,
             inode,
             flags: Vec::new(),
+            object_bss,
         });
     }
     out
@@ -162,15 +173,22 @@ pub fn refusal(v: &Vma) -> Option<Refusal> {
         .map(|&(flag, meaning)| Refusal::Flag { flag, meaning })
 }
 
-/// Whether the thread running relocation (a helper, see `relocate`) would
-/// itself touch the range while a batch is out: its stack, or heap space
-/// its allocator hands out (probed with allocations of a few sizes). It
-/// would then wait on its own userfaultfd.
+/// Whether the thread running relocation (a helper, see `relocate`) or
+/// the channels it waits for would themselves touch the range while a
+/// batch is out: a stack of foliokit's threads, the shared channel pools,
+/// or heap space the allocator hands out (probed with allocations of a
+/// few sizes). They would then wait on the relocation's userfaultfd.
 fn own_memory(addr: usize, len: usize) -> Option<&'static str> {
     let inside = |p: usize| p >= addr && p < addr + len;
     let local = 0u8;
     if inside(std::ptr::addr_of!(local) as usize) {
         return Some("the relocating thread's stack");
+    }
+    if crate::worker::own_stack_within(addr, len) {
+        return Some("the stack of one of foliokit's own threads");
+    }
+    if crate::channels::shared_pools_within(addr, len) {
+        return Some("foliokit's shared copy channels");
     }
     let probes: [Vec<u8>; 3] = [vec![0; 64], vec![0; 4096], vec![0; 64 << 10]];
     probes
@@ -190,6 +208,18 @@ pub fn relocatable(addr: usize, len: usize) -> Result<Vec<Vma>, MigrateError> {
     }
     let vmas = covering(addr, len)?;
     for v in &vmas {
+        if v.object_bss {
+            // Any thread, foliokit's among them, may touch it at any time
+            // (malloc's state, locks, Rust statics): one waiting there for
+            // the relocation's own threads would never be woken.
+            return Err(MigrateError::Refused {
+                addr: v.start.max(addr),
+                why: Refusal::OwnMemory {
+                    what:
+                        "a loaded object's .bss (the C library's state, the allocator's among it)",
+                },
+            });
+        }
         if let Some(why) = refusal(v) {
             return Err(MigrateError::Refused {
                 addr: v.start.max(addr),
