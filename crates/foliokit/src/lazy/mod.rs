@@ -27,7 +27,10 @@
 //!   make huge again, by copying them a second time.)
 //! - Otherwise (shared memory, hugetlb, older kernels, a folio partly
 //!   discarded, a source page that faults): `UFFDIO_COPY` from the source
-//!   mapping, a hugetlb page or a base page at a time.
+//!   mapping, a hugetlb page or a base page at a time. The kernel fills
+//!   within one mapping only: a folio whose range `mprotect`, `mlock` or
+//!   `madvise` split into two is filled unit by unit, and only a unit
+//!   refused on its own (`-ENOENT`) is taken for unmapped.
 //!
 //! # Why no byte is lost, resurrected or exposed
 //!
@@ -51,7 +54,10 @@
 //!   expects after `MADV_DONTNEED`; after the fill ends such pages fault
 //!   in as zeros normally. The same holds for unmapped pages (UNMAP: never
 //!   filled; the kernel refuses to fill where nothing of ours is mapped)
-//!   and for ranges the caller asks to skip.
+//!   and for ranges the caller asks to skip. A page a fault finds empty
+//!   after its folio was filled (emptied by what raises no event, such as
+//!   a hole punched in shared memory) gets zeros, as the kernel gives
+//!   there; one that still holds its page gets `-EEXIST` and a wake.
 //! - A faulting thread is woken by the fill that installs its page (or,
 //!   for a page already there, by `UFFDIO_WAKE`), once, and retries its
 //!   access, which then finds the page.
