@@ -733,23 +733,7 @@ fn shared_memory_is_refused_unless_the_caller_opts_in() {
             let len = 2usize << 20;
             let (data, file) = data_file("shared", len, 9);
             // A memfd mapped shared: guest RAM a vhost-user backend shares.
-            // SAFETY: a fresh memfd, sized and mapped here, ours alone.
-            let ram = unsafe {
-                let fd = libc::memfd_create(c"guest".as_ptr(), 0);
-                assert!(fd >= 0);
-                assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0);
-                let p = libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                );
-                libc::close(fd);
-                assert_ne!(p, libc::MAP_FAILED);
-                p as *mut u8
-            };
+            let (ram, _memfd) = shared_memfd(len);
             let seg = Segment {
                 addr: ram as usize,
                 len,
