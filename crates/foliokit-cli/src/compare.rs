@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 use crate::args::Format;
 use crate::plots::{self, Frame, Point, Series};
 use crate::report::escape;
+
+/// The widest cell the comparison table prints, in characters.
+const MAX_CELL: usize = 120;
 use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
@@ -319,6 +322,15 @@ fn text(runs: &[Run], all: &[Matched], diffs: &[String]) -> String {
             line.push(change_word(*c).into());
         }
         table.push(line);
+    }
+    // A cell longer than a screen (a row name from a hand-edited report)
+    // is cut: widths past 65535 are more than `format!` can pad.
+    for l in table.iter_mut() {
+        for v in l.iter_mut() {
+            if v.chars().count() > MAX_CELL {
+                *v = v.chars().take(MAX_CELL - 1).chain(['…']).collect();
+            }
+        }
     }
     let width: Vec<usize> = (0..table[0].len())
         .map(|i| {

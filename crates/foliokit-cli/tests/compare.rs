@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{foliokit, json, refused, Scratch};
+use common::{foliokit, json, refused, run_ok, Scratch};
 use serde_json::{json, Value};
 
 fn stats(mean: f64, sd: f64, runs: u64) -> Value {
@@ -93,6 +93,19 @@ fn compare_calls_changes_only_beyond_the_spread() {
     assert!(
         diffs.contains("kernel: 6.1.0 | 6.12.0"),
         "kernel difference not reported: {diffs}"
+    );
+
+    // A row name longer than `format!` can pad (65535) is cut in the
+    // table; it used to panic there.
+    let long = "x".repeat(70_000);
+    let c = lab("6.12.0", vec![copy_row(&long, 10.0, 0.1, 5)], vec![]);
+    let pc = dir.join("long.json");
+    std::fs::write(&pc, c.to_string()).unwrap();
+    let out = run_ok(foliokit().arg("compare").args([&pa, &pc]));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("xxx…"),
+        "the long name is not cut: {table:.300}"
     );
 
     // Bad input is one clear line, not a panic.

@@ -353,6 +353,11 @@ fn read_layout(img: &Image<'_>) -> Result<Layout> {
             )
         })
         .collect();
+    if let Some(&(g, n, _)) = stored.iter().find(|r| r.0.checked_add(r.1).is_none()) {
+        return Err(bad_format(format!(
+            "region {g:#x} + {n:#x} runs past the guest address space"
+        )));
+    }
     let ranges: Vec<(u64, u64)> = stored.iter().map(|r| (r.0, r.1)).collect();
     let layout = Layout::new(page, &ranges).ok_or_else(|| bad_format("region table overflows"))?;
     if layout.regions != stored {

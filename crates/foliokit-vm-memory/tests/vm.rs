@@ -12,8 +12,9 @@ use common::{pattern, temp_file, temp_path};
 use foliokit::mem::resident_pages;
 use foliokit::migrate::{MigrateOptions, Path};
 use foliokit_vm_memory::{
-    migrate_range, prefault, prefault_range, restore_from_bytes, restore_from_file, restore_raw,
-    snapshot, snapshot_to_file, BadRange, Error, FaultKind, SnapshotReport,
+    migrate_range, prefault, prefault_range, restore_from_bytes, restore_from_file,
+    restore_lazy_from_path, restore_raw, snapshot, snapshot_to_file, BadRange, Error, FaultKind,
+    LazyRestoreOptions, SnapshotReport,
 };
 use vm_memory::bitmap::{AtomicBitmap, Bitmap};
 use vm_memory::{
@@ -413,6 +414,36 @@ fn restore_refuses_a_foreign_layout_or_a_damaged_header_untouched() {
     assert!(matches!(e, Error::Format(_)), "{e}");
     assert!(
         read(&fresh, A, A_LEN).iter().all(|&b| b == 0),
+        "wrote before refusing"
+    );
+}
+
+#[test]
+fn a_region_that_runs_past_the_address_space_is_refused_by_both_restores() {
+    // One region whose guest end wraps (it passes the file-offset check),
+    // and a trailer naming a range in it: the lazy restore read that
+    // trailer, summing the wrapped end (a panic with overflow checks).
+    let (g, len) = (u64::MAX - 4095, 8192u64);
+    let mut img = b"FKVMSNAP".to_vec();
+    for x in [1u64, 4096, 1, g, len, 4096] {
+        img.extend_from_slice(&x.to_le_bytes());
+    }
+    img.resize(4096 + len as usize, 0x5a);
+    img.extend_from_slice(b"FKVMBAD\0");
+    for x in [1u64, g, 16, 1] {
+        img.extend_from_slice(&x.to_le_bytes());
+    }
+    let mem =
+        GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(GuestAddress(A), A_LEN as usize)]).unwrap();
+    let e = restore_from_bytes(&mem, &img).unwrap_err();
+    assert!(matches!(e, Error::Format(_)), "{e}");
+    let path = temp_path("wrapping-region");
+    std::fs::write(&path, &img).unwrap();
+    let lazy = restore_lazy_from_path(&mem, &path, &LazyRestoreOptions::default());
+    let _ = std::fs::remove_file(&path);
+    assert!(matches!(lazy, Err(Error::Format(_))), "{:?}", lazy.err());
+    assert!(
+        read(&mem, A, A_LEN).iter().all(|&b| b == 0),
         "wrote before refusing"
     );
 }
