@@ -362,6 +362,7 @@ pub(super) fn start(
             .mul_f64(crate::params::LAZY_BATCH_LEAST_SHARE_OF_BUDGET),
         staging,
         slots,
+        fault_slot_ready: false,
         zero,
         scratch: vec![0u8; unit_max],
         folio,
@@ -459,6 +460,9 @@ struct Filler {
     watch: Option<Arc<OwnedFd>>,
     staging: Option<Map>,
     slots: usize,
+    /// The fault slot has its huge page already (see
+    /// [`Filler::ready_fault_slot`]).
+    fault_slot_ready: bool,
     zero: Map,
     scratch: Vec<u8>,
     folio: usize,
@@ -812,6 +816,33 @@ impl Filler {
         }
     }
 
+    /// Faults the fault slot's huge page in now, while the channels copy a
+    /// batch, so that serving the next fault does not: the first write
+    /// into an empty slot makes the kernel zero the whole folio, and the
+    /// channels splitting a fault's folio would wait for that one zeroing
+    /// before they copy. On the dev machine the first-touch p99 fell by
+    /// 0.1–0.2 ms (`foliokit bench restore -s 4G`, four A/B pairs); the
+    /// zeroing itself is only moved, so the fill takes as long. Best
+    /// effort: where the kernel lacks `MADV_POPULATE_WRITE` (5.14) the
+    /// copy faults it in as before.
+    fn ready_fault_slot(&mut self) {
+        if self.fault_slot_ready || self.staging.is_none() {
+            return;
+        }
+        let s = self.slot(self.slots);
+        // SAFETY: advice on the fault slot, a folio of our private staging
+        // mapping that nobody uses while a batch is in flight (faults then
+        // copy on this thread, not now).
+        let rc = unsafe {
+            libc::madvise(
+                s as *mut libc::c_void,
+                self.folio,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        self.fault_slot_ready = rc == 0;
+    }
+
     /// Whether block `b` can go in whole with `UFFDIO_MOVE`.
     fn movable(&self, b: usize) -> bool {
         let blk = self.blocks[b];
@@ -906,6 +937,9 @@ impl Filler {
     fn move_in(&mut self, b: usize, slot: usize) -> usize {
         let blk = self.blocks[b];
         let dst = self.remaps.now(blk.start);
+        if slot == self.slot(self.slots) {
+            self.fault_slot_ready = false;
+        }
         match self.uffd.move_pages(dst, slot, blk.len) {
             Ok(_) => {
                 self.whole += 1;
@@ -1165,6 +1199,7 @@ impl Filler {
             let r = unsafe { pool.submit_copy_mc_cut_when(&dsts, &srcs, self.folio, self.mc, due) };
             match r {
                 Ok(mut batch) => {
+                    self.ready_fault_slot();
                     // Serving during batches: while the channels copy,
                     // faults on folios outside the batch are served on
                     // this thread (a vCPU then waits for its own folio, not
