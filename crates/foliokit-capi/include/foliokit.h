@@ -175,8 +175,9 @@ struct fk_migrate_result {
  * across mapping edges (EFAULT, or on 6.17+ a half-done move). Pass whole
  * allocations (mmap regions, large buffers), not the malloc heap: what
  * foliokit's own threads use is refused only where it can be recognised
- * (see foliokit::migrate::migrate for the whole contract). FK_PATH_AUTO relocates where the checkable part of that
- * holds, else takes the kernel path; the caller vouches for the rest.
+ * (see foliokit::migrate::migrate for the whole contract). FK_PATH_AUTO
+ * relocates where the checkable part of that holds, else takes the
+ * kernel path; the caller vouches for the rest.
  * opts (NULL: all defaults) and out may be NULL. Errors: -EINVAL
  * (misaligned/empty, unknown path, a struct's size too small), -E2BIG
  * (a struct has fields set this library does not know), -EFAULT
@@ -212,7 +213,8 @@ struct fk_process_result {
                                out: bytes the library filled */
     size_t moved;           /* present pages now on the node */
     size_t already;         /* present pages that were on it before */
-    size_t not_present;     /* never touched, swapped or unmapped pages */
+    size_t not_present;     /* mapped but never touched or swapped (space
+                               not mapped is not counted) */
     size_t failed;          /* pages that stayed elsewhere (pinned, shared
                                with other processes, node full) */
     double secs;            /* wall time */
@@ -387,7 +389,7 @@ int fk_profile_status(char *buf, size_t len);
  * A second call with the same `n` does nothing; another `n` starts
  * another copy pool (and more helpers if `n` is larger). If a thread
  * cannot start, its share of each call runs on the calling thread.
- * Errors: -EINVAL (n == 0). */
+ * Errors: -EINVAL (n == 0, or more than 1024). */
 int fk_start_channels(unsigned n);
 
 /* A static, human-readable name for a code returned above. */

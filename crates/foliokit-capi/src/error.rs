@@ -62,7 +62,7 @@ pub extern "C" fn fk_strerror(code: c_int) -> *const c_char {
         libc::ENOSYS => c"no userfaultfd in this kernel or process",
         libc::ENOMEM => c"out of memory",
         libc::EBADF => c"bad file descriptor",
-        libc::EACCES => c"file not open for reading",
+        libc::EACCES => c"permission denied (for fk_lazy_start: fd not open for reading)",
         libc::ENOTRECOVERABLE => c"internal error in foliokit",
         libc::EALREADY => c"foliokit was already initialised (fk_init must come first)",
         libc::EBUSY => c"another SIGBUS handler replaced foliokit's; install yours before fk_init",

@@ -110,6 +110,7 @@ fn lazy_err(e: &LazyError) -> c_int {
         E::BadSegment { .. } | E::SourceTooShort { .. } => -libc::EINVAL,
         E::Copy(_) => -libc::EOPNOTSUPP,
         E::Sys { source, .. } => os_code(source, libc::EIO),
+        E::Channel(fk::channels::ChannelError::TooMany { .. }) => -libc::EINVAL,
         _ => INTERNAL,
     }
 }

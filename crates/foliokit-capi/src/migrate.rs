@@ -68,6 +68,7 @@ fn migrate_err(e: MigrateError) -> c_int {
         MigrateError::Refused { .. } => -libc::EPERM,
         MigrateError::Sys { source, .. } => os_code(&source, libc::EIO),
         MigrateError::Strategy(s) => strategy_err(&s),
+        MigrateError::Channel(fk::channels::ChannelError::TooMany { .. }) => -libc::EINVAL,
         _ => INTERNAL,
     }
 }

@@ -196,5 +196,44 @@ mod tests {
         let rc = unsafe { fk_migrate_process(here, &huge, 1, node, &dry, &mut out) };
         assert_eq!(rc, 0);
         assert!(out.already >= 16, "{out:?}");
+        // For real, over a range whose first half is unmapped and whose
+        // last page holds data: each page judged by its own status (the
+        // walk indexed the statuses as if every page were mapped).
+        let p = 4096usize;
+        // SAFETY: a fresh private mapping of ours; its first half is
+        // unmapped again, its last page written; unmapped at the end.
+        let gap = unsafe {
+            let a = libc::mmap(
+                std::ptr::null_mut(),
+                4 * p,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(a, libc::MAP_FAILED);
+            libc::munmap(a, 2 * p);
+            *(a as *mut u8).add(3 * p) = 9;
+            a as usize
+        };
+        let holed = FkRange {
+            start: gap,
+            end: gap + 4 * p,
+        };
+        let mut out = FkProcessResult {
+            size: size_of::<FkProcessResult>(),
+            ..FkProcessResult::default()
+        };
+        // SAFETY: valid pointers; the range is this process's own.
+        let rc = unsafe { fk_migrate_process(here, &holed, 1, node, std::ptr::null(), &mut out) };
+        // SAFETY: the mapped half of our mapping, read then unmapped.
+        let kept = unsafe {
+            let v = *((gap + 3 * p) as *const u8);
+            libc::munmap((gap + 2 * p) as *mut libc::c_void, 2 * p);
+            v
+        };
+        assert_eq!(rc, 0);
+        assert_eq!((out.moved + out.already, out.failed), (1, 0), "{out:?}");
+        assert_eq!(kept, 9);
     }
 }

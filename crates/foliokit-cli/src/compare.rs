@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use crate::args::Format;
 use crate::plots::{self, Frame, Point, Series};
 use crate::report::escape;
+use crate::CliError;
 
 /// The widest cell the comparison table prints, in characters.
 const MAX_CELL: usize = 120;
-use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
 pub struct CompareArgs {

@@ -41,6 +41,11 @@ on_both_paths!(huge_batch_pages => relocate_huge_batch_pages, kernel_huge_batch_
 
 scenario_test!(auto_folio_census => folio_census(Path::Auto));
 scenario_test!(auto_moves_every_own_mapping_without_hanging => every_own_mapping());
+scenario_test!(memory_beside_a_file_mapping_still_relocates => {
+    if relocation_available() {
+        beside_a_file_mapping()
+    }
+});
 
 // ---------------------------------------------------------------------------
 // Shared pieces
@@ -62,6 +67,54 @@ fn own_anon_mappings() -> Vec<(usize, usize)> {
             })
         })
         .collect()
+}
+
+/// Promise 6's other side: an anonymous mapping placed right after a
+/// writable file mapping (a memfd: guest RAM a VMM shares) is no object's
+/// `.bss`, and relocates (a rule by adjacency refused it).
+fn beside_a_file_mapping() {
+    let len = MIB;
+    // SAFETY: a fresh anonymous mapping, then a memfd mapped right below
+    // it where that room is free (MAP_FIXED_NOREPLACE); both ours,
+    // unmapped at the end.
+    let (anon, file) = unsafe {
+        let a = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(a, libc::MAP_FAILED);
+        let fd = libc::memfd_create(c"beside".as_ptr(), 0);
+        assert!(fd >= 0 && libc::ftruncate(fd, len as libc::off_t) == 0);
+        let f = libc::mmap(
+            (a as usize - len) as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+            fd,
+            0,
+        );
+        libc::close(fd);
+        (a as usize, f)
+    };
+    if file == libc::MAP_FAILED || file as usize + len != anon {
+        skip("no room for a file mapping right below the buffer");
+        return;
+    }
+    let p = pattern(len, 17);
+    // SAFETY: our anonymous mapping, `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), anon as *mut u8, len) };
+    let rep = call(anon, len, &opts(Path::Relocate)).expect("relocate beside a memfd");
+    check_path(&rep, Path::Relocate);
+    // SAFETY: as above; then both are unmapped, no longer used.
+    unsafe {
+        assert!(std::slice::from_raw_parts(anon as *const u8, len) == &p[..]);
+        libc::munmap(file, len);
+        libc::munmap(anon as *mut libc::c_void, len);
+    }
 }
 
 /// Promise 6. With 2 channels started, `Auto` over every mapping, twice:

@@ -709,7 +709,7 @@ impl Filler {
         let unit = self.segs[seg].unit;
         let p = orig / unit * unit;
         let i = self.page_index(seg, p);
-        if self.removed.get(i) || was_done && !self.bad_bits.get(i) {
+        if self.removed.get(i) || was_done && (!self.bad_bits.get(i) || !self.poison) {
             // Discarded: the guest expects zeros there, also where the
             // snapshot's page was bad (the discard dropped its marker; a
             // touch of a marker raises SIGBUS and never gets here).
@@ -718,7 +718,8 @@ impl Filler {
             // emptied by what raises no event (a hole punched in shared
             // memory): zeros, as the kernel gives there. Only waking would
             // send the thread to fault again until the fill ends. Never
-            // over a bad unit: zeros would replace its marker.
+            // over a bad unit's poison marker, which zeros would replace
+            // (without UFFDIO_POISON its marker is zeros anyway).
             self.install_zeros(p, unit);
         }
         let now = self.remaps.now(p);

@@ -541,9 +541,10 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 ///
 /// Relocation also refuses ([`Refusal::OwnMemory`]) a range holding what
 /// its own threads touch while pages are out: the stack of the helper or
-/// of any of foliokit's threads, the shared channel pools, free heap space
-/// the allocator could hand out, or a loaded object's `.bss` (the C
-/// library's state, malloc's main arena among it). Other heap memory is
+/// of any of foliokit's threads, the shared channel pools (the pool and
+/// its channels, not every allocation they make), free heap space the
+/// allocator could hand out, or a loaded object's `.data` or `.bss` (the
+/// C library's state, malloc's main arena among it). Other heap memory is
 /// not recognised: pass ranges that are whole allocations (mmap regions,
 /// large buffers), not the malloc heap or its arenas.
 ///

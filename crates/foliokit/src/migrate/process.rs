@@ -192,13 +192,15 @@ pub struct RangeReport {
     pub start: usize,
     /// Its end (exclusive).
     pub end: usize,
-    /// Base pages in the range.
+    /// Base pages of the range the target had mapped when the call began
+    /// (unmapped space is not looked at).
     pub pages: usize,
     /// Present pages that were elsewhere and are now on the node.
     pub moved: usize,
     /// Present pages already on the node before the call.
     pub already: usize,
-    /// Pages not present (never touched, swapped, or not mapped).
+    /// Mapped pages not present (never touched, swapped, or unmapped
+    /// during the call).
     pub not_present: usize,
     /// Moved pages by the node they came from (a page the first query
     /// could not locate but that arrived counts in `moved` only).
@@ -497,8 +499,7 @@ pub fn migrate_process(
         // for it first); elsewhere it failed, with the call's errno where
         // one was reported, else 0 (moved back or freed meanwhile).
         let errno: std::collections::HashMap<usize, i32> = failed.into_iter().collect();
-        for (&p, &s) in pages.iter().zip(&after) {
-            let b = before[(p - start) / page];
+        for ((&p, &s), &b) in pages.iter().zip(&after).zip(&before) {
             if b == node as i32 {
                 continue;
             }

@@ -183,7 +183,10 @@ fn relocate_here(
     o: &MigrateOptions,
 ) -> Result<MigrateReport, MigrateError> {
     let page = page_size();
-    // Every precondition is checked before anything is touched.
+    // Every precondition is checked before anything is touched; the pool
+    // first, so that the check sees its memory and its threads' stacks
+    // (a new thread may get the cached stack of one that exited).
+    let pool = crate::channels::shared(o.channels)?;
     let vmas = vma::relocatable(addr, len)?;
     let uffd = open_uffd(addr, o)?;
     let folio = o.folio_size.max(page);
@@ -192,7 +195,6 @@ fn relocate_here(
             .on_channels(o.channels),
     );
     let copy_fn = copy.function()?;
-    let pool = crate::channels::shared(o.channels)?;
     let probe = Probe::new(&uffd, page).map_err(|e| MigrateError::Refused {
         addr,
         why: Refusal::NoUffd(e),

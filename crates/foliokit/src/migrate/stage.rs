@@ -186,7 +186,6 @@ impl<'u> Probe<'u> {
             path: String::new(),
             inode: 0,
             flags: Vec::new(),
-            object_bss: false,
         };
         let area = Stage::parking(0, 2 * page, &v, uffd)?;
         let zeros = vec![0u8; page];

@@ -15,10 +15,6 @@ pub struct Vma {
     pub inode: u64,
     /// Two-letter VmFlags (`rd wr mr … hg`).
     pub flags: Vec<String>,
-    /// Anonymous memory right after a loaded object's writable file
-    /// mapping: its `.bss` (a C library's own state, the allocator's
-    /// arenas among it; Rust statics).
-    pub object_bss: bool,
 }
 
 impl Vma {
@@ -72,20 +68,13 @@ fn parse(text: &str) -> Vec<Vma> {
         let _offset = f.next();
         let _dev = f.next();
         let inode = f.next().and_then(|i| i.parse().ok()).unwrap_or(0);
-        let path = f.collect::<Vec<_>>().join(" ");
-        let object_bss = inode == 0
-            && path.is_empty()
-            && out
-                .last()
-                .is_some_and(|p: &Vma| p.end == start && p.inode != 0 && p.perms.starts_with("rw"));
         out.push(Vma {
             start,
             end,
             perms,
-            path,
+            path: f.collect::<Vec<_>>().join(" "),
             inode,
             flags: Vec::new(),
-            object_bss,
         });
     }
     out
@@ -190,11 +179,53 @@ fn own_memory(addr: usize, len: usize) -> Option<&'static str> {
     if crate::channels::shared_pools_within(addr, len) {
         return Some("foliokit's shared copy channels");
     }
+    if object_data()
+        .iter()
+        .any(|&(lo, hi)| lo < addr.saturating_add(len) && hi > addr)
+    {
+        // Any thread, foliokit's among them, may touch it at any time
+        // (malloc's main arena, the loader's and stdio's locks, statics).
+        return Some(
+            "a loaded object's data or .bss (the C library's state, the allocator's among it)",
+        );
+    }
     let probes: [Vec<u8>; 3] = [vec![0; 64], vec![0; 4096], vec![0; 64 << 10]];
     probes
         .iter()
         .any(|v| inside(v.as_ptr() as usize))
         .then_some("heap space the calling thread's allocator hands out")
+}
+
+/// The writable segments (`.data`, `.bss`) of every object loaded in this
+/// process, `[lo, hi)`, from the program headers the loader keeps. Their
+/// anonymous part (the `.bss` past the file) is indistinguishable from
+/// any other anonymous mapping in /proc/self/maps.
+fn object_data() -> Vec<(usize, usize)> {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        out: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader passes a valid `info` whose `dlpi_phdr` holds
+        // `dlpi_phnum` headers, for the duration of the call; `out` is the
+        // Vec given to `dl_iterate_phdr` below, used by this call alone.
+        unsafe {
+            let (info, out) = (&*info, &mut *out.cast::<Vec<(usize, usize)>>());
+            for i in 0..usize::from(info.dlpi_phnum) {
+                let ph = &*info.dlpi_phdr.add(i);
+                if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_W != 0 {
+                    let lo = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+                    out.push((lo, lo.saturating_add(ph.p_memsz as usize)));
+                }
+            }
+        }
+        0
+    }
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    // SAFETY: `each` only reads what the loader hands it and pushes to
+    // `out`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut out as *mut Vec<(usize, usize)>).cast()) };
+    out
 }
 
 /// Checks that every mapping of the range can be relocated with its
@@ -208,18 +239,6 @@ pub fn relocatable(addr: usize, len: usize) -> Result<Vec<Vma>, MigrateError> {
     }
     let vmas = covering(addr, len)?;
     for v in &vmas {
-        if v.object_bss {
-            // Any thread, foliokit's among them, may touch it at any time
-            // (malloc's state, locks, Rust statics): one waiting there for
-            // the relocation's own threads would never be woken.
-            return Err(MigrateError::Refused {
-                addr: v.start.max(addr),
-                why: Refusal::OwnMemory {
-                    what:
-                        "a loaded object's .bss (the C library's state, the allocator's among it)",
-                },
-            });
-        }
         if let Some(why) = refusal(v) {
             return Err(MigrateError::Refused {
                 addr: v.start.max(addr),
