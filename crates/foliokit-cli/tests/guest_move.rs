@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{foliokit, json, refused, say, skip};
+use common::{foliokit, refused, say, skip};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -104,11 +104,30 @@ fn move_counts_what_it_finds_and_refuses_bad_input_in_one_line() {
     let t = Target::start(1 << 20);
     let node = foliokit::mem::system::numa_nodes()[0].to_string();
     let range = format!("{:x}-{:x}", t.start, t.start + t.len);
-    let v = json(
-        t.move_to(&node)
-            .args(["--range", &range])
-            .args(["--format", "json"]),
+    // Exit 3 (some pages stayed elsewhere) is an outcome too: the target
+    // keeps writing half of its pages, and a page written while the
+    // kernel migrates it can fail the move (seen in the TCG guests). The
+    // counts must add up either way.
+    let out = t
+        .move_to(&node)
+        .args(["--range", &range])
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let code = out.status.code();
+    assert!(
+        matches!(code, Some(0 | 3)),
+        "move failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
     );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    if code == Some(3) {
+        say(&format!(
+            "NOTE: some pages stayed elsewhere: {}",
+            v["ranges"][0]["failed"]
+        ));
+    }
     let r = &v["ranges"][0];
     let total = r["moved"].as_u64().unwrap()
         + r["already"].as_u64().unwrap()

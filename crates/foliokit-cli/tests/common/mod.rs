@@ -18,7 +18,8 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("run foliokit");
     assert!(
         out.status.success(),
-        "{cmd:?} failed: {}",
+        "{cmd:?} failed ({}): {}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     out
