@@ -409,15 +409,9 @@ impl Drop for OwnStack {
     }
 }
 
-/// Whether `[addr, addr + len)` holds part of a running foliokit thread's
-/// stack.
-pub(crate) fn own_stack_within(addr: usize, len: usize) -> bool {
-    let end = addr.saturating_add(len);
-    STACKS
-        .lock()
-        .get_or_insert_with(Vec::new)
-        .iter()
-        .any(|&(lo, hi)| lo < end && hi > addr)
+/// The stacks of foliokit's running threads, `[lo, hi)` each.
+pub(crate) fn own_stacks() -> Vec<(usize, usize)> {
+    STACKS.lock().get_or_insert_with(Vec::new).clone()
 }
 
 /// Spawns `f` on a thread named `name` that runs with `mask` from the

@@ -78,15 +78,12 @@ fn beside_a_file_mapping() {
     // it where that room is free (MAP_FIXED_NOREPLACE); both ours,
     // unmapped at the end.
     let (anon, file) = unsafe {
-        let a = libc::mmap(
-            std::ptr::null_mut(),
+        let a = common::map_anonymous(
+            None,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
+            libc::MAP_PRIVATE,
         );
-        assert_ne!(a, libc::MAP_FAILED);
         let fd = libc::memfd_create(c"beside".as_ptr(), 0);
         assert!(fd >= 0 && libc::ftruncate(fd, len as libc::off_t) == 0);
         let f = libc::mmap(

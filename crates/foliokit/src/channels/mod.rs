@@ -625,27 +625,30 @@ fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
     f(POOLS.lock().get_or_insert_with(Vec::new))
 }
 
-/// Whether `[addr, addr + len)` holds a shared pool's own memory (the
-/// pool, its list of channels, each channel): relocating it would leave
-/// the channels waiting on a page only their own copy puts back.
-pub(crate) fn shared_pools_within(addr: usize, len: usize) -> bool {
-    let end = addr.saturating_add(len);
-    let inside = |p: usize, n: usize| p < end && p.saturating_add(n.max(1)) > addr;
+/// The shared pools' own memory, `[lo, hi)` each: the pool, its list of
+/// channels, each channel. Relocating it would leave the channels waiting
+/// on a page only their own copy puts back.
+pub(crate) fn shared_pool_ranges() -> Vec<(usize, usize)> {
+    let range = |p: usize, n: usize| (p, p.saturating_add(n.max(1)));
     with_pools(|pools| {
-        pools.iter().any(|(_, pool)| {
-            inside(
+        let mut out = Vec::new();
+        for (_, pool) in pools.iter() {
+            out.push(range(
                 Arc::as_ptr(pool) as usize,
                 std::mem::size_of::<ChannelPool>(),
-            ) || inside(
+            ));
+            out.push(range(
                 pool.channels.as_ptr() as usize,
                 std::mem::size_of_val(pool.channels.as_slice()),
-            ) || pool.channels.iter().any(|c| {
-                inside(
+            ));
+            out.extend(pool.channels.iter().map(|c| {
+                range(
                     std::ptr::addr_of!(**c).cast::<u8>() as usize,
                     std::mem::size_of_val(&**c),
                 )
-            })
-        })
+            }));
+        }
+        out
     })
 }
 

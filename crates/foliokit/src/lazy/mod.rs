@@ -13,8 +13,8 @@
 //! thread serves the fault when the folios in progress end. The batch
 //! size is chosen from that measured wait so that it stays within the
 //! latency budget (seed 001's batch size vs first-folio latency
-//! trade-off, applied to a restore). When every page is in, the ranges are unregistered: plain
-//! memory again.
+//! trade-off, applied to a restore). When every page is in, the ranges
+//! are unregistered: plain memory again.
 //!
 //! # How a page gets in
 //!

@@ -469,10 +469,11 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 /// with EFAULT, and on Linux 6.17+ a move of several mappings that meets
 /// it after others returns EFAULT with those others already moved. An
 /// application that moves ranges across mapping edges meanwhile must use
-/// the kernel path.) A thread touching a page of the batch in flight waits until the
-/// page is back (at most one batch); zaps and unmaps are honoured (a zapped
-/// page reads zero, nothing is mapped where the application unmapped); a
-/// child forked mid-batch sees the parent's data. Pages pinned for DMA
+/// the kernel path.) A thread touching a page of the batch in flight waits
+/// until the page is back (at most one batch); zaps and unmaps are
+/// honoured (a zapped page reads zero, nothing is mapped where the
+/// application unmapped); a child forked mid-batch sees the parent's
+/// data. Pages pinned for DMA
 /// (`FOLL_PIN`: O_DIRECT in flight, io_uring fixed buffers, VFIO, RDMA) or
 /// shared with another process are left in place and handed to
 /// `move_pages`. The mapping itself (protections, VmFlags and advice, lock

@@ -173,18 +173,17 @@ fn own_memory(addr: usize, len: usize) -> Option<&'static str> {
     if inside(std::ptr::addr_of!(local) as usize) {
         return Some("the relocating thread's stack");
     }
-    if crate::worker::own_stack_within(addr, len) {
+    let end = addr.saturating_add(len);
+    let meets = |ranges: Vec<(usize, usize)>| ranges.iter().any(|&(lo, hi)| lo < end && hi > addr);
+    if meets(crate::worker::own_stacks()) {
         return Some("the stack of one of foliokit's own threads");
     }
-    if crate::channels::shared_pools_within(addr, len) {
+    if meets(crate::channels::shared_pool_ranges()) {
         return Some("foliokit's shared copy channels");
     }
-    if object_data()
-        .iter()
-        .any(|&(lo, hi)| lo < addr.saturating_add(len) && hi > addr)
-    {
-        // Any thread, foliokit's among them, may touch it at any time
-        // (malloc's main arena, the loader's and stdio's locks, statics).
+    // Any thread, foliokit's among them, may touch it at any time
+    // (malloc's main arena, the loader's and stdio's locks, statics).
+    if meets(object_data()) {
         return Some(
             "a loaded object's data or .bss (the C library's state, the allocator's among it)",
         );
