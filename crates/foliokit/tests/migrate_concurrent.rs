@@ -542,8 +542,14 @@ fn hole_cycles(path: Path, refill: bool) {
     let fresh = pattern(31 * PAGE, 22);
     let mut rng = Rng::new(if refill { 23 } else { 24 });
     let mut tally = Tally::default();
+    // Warm up on a range as long as the cycles' so every helper and
+    // channel thread the calls use is started before the first hole: a
+    // thread started later maps its signal stack where the kernel finds
+    // room, which may be the hole (seen in a 6.12 guest: a guard page and
+    // two pages, inside the hole, after a two-share `move_pages` call
+    // started its first helper).
     {
-        let mut warm = Region::new(2 * MIB, PAGE).expect("region");
+        let mut warm = Region::new(len, PAGE).expect("region");
         tally.expect_ok(
             call(warm.as_mut_ptr() as usize, warm.len(), path),
             path,
