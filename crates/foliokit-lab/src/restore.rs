@@ -1,8 +1,9 @@
 //! `bench restore`: restoring guest RAM from a snapshot file, eagerly three
 //! ways and lazily, with the same-run copy limit.
 //!
-//! The guest is a THP-advised anonymous range (2 MiB folios), fresh for
-//! every restore; the snapshot is a file of the same size in the page cache
+//! The guest is a THP-advised anonymous range (2 MiB folios), or with
+//! `hugetlb` 2 MiB hugetlb pages (the pool grown for the run where it is
+//! short, root only), fresh for every restore; the snapshot is a file of the same size in the page cache
 //! (or, with `cold`, dropped from it before every restore). Rows:
 //!
 //! - `read(2)`: one `pread` per 64 MiB straight into guest RAM (what a VMM
@@ -42,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use thiserror::Error;
 
+use crate::hugetlb::HugetlbGrant;
 use crate::measure::{
     probe, run_interleaved, AaControl, LimitOp, Limits, Order, Probe, Stats, Stores,
 };
@@ -76,6 +78,8 @@ pub struct RestorePlan {
     /// The lazy fill serves faults while a background batch is in flight
     /// (see `LazyOptions::serve_during_batches`).
     pub serve_during_batches: bool,
+    /// Guest RAM of 2 MiB hugetlb pages instead of THP.
+    pub hugetlb: bool,
 }
 
 /// Why the bench could not run.
@@ -407,8 +411,13 @@ impl State {
             sample.resident = secs;
         }
         let start = g.as_ptr() as usize;
-        // Unreadable smaps: no THP seen, as before.
-        let huge = anon_huge_bytes(None, start, start + g.len()).unwrap_or(0);
+        // Unreadable smaps: no THP seen, as before. Hugetlb pages are
+        // huge by construction (smaps counts them elsewhere).
+        let huge = if self.plan.hugetlb {
+            g.len()
+        } else {
+            anon_huge_bytes(None, start, start + g.len()).unwrap_or(0)
+        };
         sample.thp = huge as f64 / g.len() as f64;
         if m != Method::Populate {
             self.check(name(m, self.named), &g)?;
@@ -427,10 +436,11 @@ impl State {
             // SAFETY: advice on our own descriptor; pages are clean (synced).
             unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         }
-        self.guest = Some(if self.methods[c] == Method::Prealloc {
-            Region::new(self.plan.size, FOLIO)?
-        } else {
-            Region::unpopulated(self.plan.size, FOLIO)?
+        let populate = self.methods[c] == Method::Prealloc;
+        self.guest = Some(match (self.plan.hugetlb, populate) {
+            (true, _) => Region::hugetlb(self.plan.size, FOLIO, populate)?,
+            (false, true) => Region::new(self.plan.size, FOLIO)?,
+            (false, false) => Region::unpopulated(self.plan.size, FOLIO)?,
         });
         Ok(())
     }
@@ -462,6 +472,12 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
             plan.size
         )));
     }
+    // Held for the run: every guest, one at a time, comes from the pool.
+    let grant = if plan.hugetlb {
+        HugetlbGrant::reserve(FOLIO, plan.size / FOLIO).map_err(RestoreError::Plan)?
+    } else {
+        None
+    };
     let path = plan
         .dir
         .join(format!("foliokit-restore-{}.snap", std::process::id()));
@@ -589,6 +605,16 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
     );
     let mut notes = Vec::new();
     notes.extend(crate::measure::fresh_memory_note());
+    if plan.hugetlb {
+        notes.push(match &grant {
+            Some(g) => format!(
+                "guest RAM: 2 MiB hugetlb pages; the pool was grown by {} pages for this run",
+                g.added()
+            ),
+            None => "guest RAM: 2 MiB hugetlb pages from the pool".into(),
+        });
+    }
+    drop(grant);
     if plan.cold {
         notes.push("cold: the snapshot was dropped from the page cache before every restore (posix_fadvise DONTNEED)".into());
     }
@@ -617,8 +643,9 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
     progress.end();
     let budget_us = plan.budget.as_micros() as u64;
     let title = format!(
-        "restore: {} guest of 2 MiB THP from a snapshot in {}, {} channels, budget {} µs, faults {}",
+        "restore: {} guest of 2 MiB {} from a snapshot in {}, {} channels, budget {} µs, faults {}",
         show_size(plan.size),
+        if plan.hugetlb { "hugetlb pages" } else { "THP" },
         if plan.cold {
             "a cold file"
         } else {
@@ -634,7 +661,8 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
     );
     let params = json!({"size": plan.size, "channels": plan.channels, "loops": plan.loops,
                         "budget_us": budget_us, "cold": plan.cold,
-                        "serve_during_batches": plan.serve_during_batches});
+                        "serve_during_batches": plan.serve_during_batches,
+                        "hugetlb": plan.hugetlb});
     let mut report = Report::<RestoreRow>::new("restore", title, params);
     report.rows = r.rows.clone();
     report.notes.extend(r.notes.iter().cloned());
@@ -682,11 +710,20 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
             verdict(pooled <= budget + folio_us),
         ));
         if let Some(f) = row("populate only") {
-            report.footer.push(format!(
-                "fresh guest RAM: the kernel's huge-page faults alone (populate only, zeroing each 2 MiB page) take {:.0} ms of the eager foliokit's {:.0} ms; no restore into fresh anonymous memory avoids them",
-                f.resident_secs.median * 1e3,
-                e.resident_secs.median * 1e3,
-            ));
+            report.footer.push(if plan.hugetlb {
+                format!(
+                    "fresh guest RAM: the kernel's huge-page faults alone (populate only, zeroing each 2 MiB page) take {:.0} ms of the eager foliokit's {:.0} ms; the lazy fill's UFFDIO_COPY installs each hugetlb page without zeroing it: all resident at {} of the limit",
+                    f.resident_secs.median * 1e3,
+                    e.resident_secs.median * 1e3,
+                    pct(Some(z.share)),
+                )
+            } else {
+                format!(
+                    "fresh guest RAM: the kernel's huge-page faults alone (populate only, zeroing each 2 MiB page) take {:.0} ms of the eager foliokit's {:.0} ms; no restore into fresh anonymous THP avoids them",
+                    f.resident_secs.median * 1e3,
+                    e.resident_secs.median * 1e3,
+                )
+            });
         }
     }
     report.footer.push(
@@ -713,6 +750,7 @@ mod tests {
             budget: Duration::from_millis(1),
             dir: std::env::temp_dir(),
             serve_during_batches: false,
+            hugetlb: false,
         };
         match run(plan, || {}) {
             Ok(r) => {

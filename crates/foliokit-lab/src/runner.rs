@@ -276,6 +276,7 @@ pub fn steps(
                 ),
                 dir: std::env::temp_dir(),
                 serve_during_batches: false,
+                hugetlb: false,
             }),
         ),
     ])

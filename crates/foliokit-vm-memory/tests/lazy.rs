@@ -1054,3 +1054,188 @@ fn a_range_grown_in_place_during_the_fill_reads_zeros_in_its_tail() {
         },
     );
 }
+
+/// A fill of hugetlb memory: the kernel's `UFFDIO_COPY` of whole huge
+/// pages, on the fill thread and helpers at once.
+mod hugetlb {
+    use super::*;
+    use common::Hugetlb;
+
+    const HUGE: usize = 2 << 20;
+
+    fn word(at: usize) -> u64 {
+        // SAFETY: callers pass an 8-aligned address inside the hugetlb
+        // mapping they hold; each word is touched by one thread only.
+        unsafe { std::ptr::read_volatile(at as *const u64) }
+    }
+
+    fn data_word(data: &[u8], off: usize) -> u64 {
+        u64::from_ne_bytes(data[off..off + 8].try_into().unwrap())
+    }
+
+    #[test]
+    fn threads_writing_during_the_fill_keep_every_write_and_read_the_snapshot() {
+        in_child(
+            "hugetlb::threads_writing_during_the_fill_keep_every_write_and_read_the_snapshot",
+            LIMIT,
+            || {
+                let len = 64 << 20;
+                let Some(m) = Hugetlb::new(len) else { return };
+                let (data, file) = data_file("hugetlb-writes", len, 31);
+                // SAFETY: fresh hugetlb memory of ours; only the threads below
+                // touch it until the fill ends.
+                let Some(h) = (unsafe { start_fill(m.addr, len, &file, &LazyOptions::default()) })
+                else {
+                    return;
+                };
+                let page = PAGE as usize;
+                // Each thread owns one word of every page (its own 8 bytes), so
+                // what it reads there is the snapshot's or its own last write.
+                let written: Vec<Vec<(usize, u64)>> = std::thread::scope(|s| {
+                    let ts: Vec<_> = (0..4u64)
+                        .map(|t| {
+                            let data = &data;
+                            let base = m.addr;
+                            s.spawn(move || {
+                                let mut mine = std::collections::HashMap::new();
+                                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                                for i in 0..3000u64 {
+                                    x ^= x << 13;
+                                    x ^= x >> 7;
+                                    x ^= x << 17;
+                                    let off = (x as usize % (len / page)) * page + t as usize * 8;
+                                    let want = mine
+                                        .get(&off)
+                                        .copied()
+                                        .unwrap_or_else(|| data_word(data, off));
+                                    assert_eq!(word(base + off), want, "thread {t} at {off:#x}");
+                                    let v = (t << 56) | i;
+                                    // SAFETY: as `word`.
+                                    unsafe {
+                                        std::ptr::write_volatile((base + off) as *mut u64, v)
+                                    };
+                                    mine.insert(off, v);
+                                }
+                                mine.into_iter().collect()
+                            })
+                        })
+                        .collect();
+                    ts.into_iter().map(|t| t.join().unwrap()).collect()
+                });
+                let rep = h.wait();
+                assert!(rep.bad.is_empty(), "{:?}", rep.bad);
+                let p = rep.progress;
+                assert_eq!(
+                    p.faulted_pages + p.filled_pages,
+                    (len / page) as u64,
+                    "every page installed once: {p:?}"
+                );
+                let mut want = data;
+                for (off, v) in written.into_iter().flatten() {
+                    want[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+                }
+                // SAFETY: the fill ended; nobody else touches the mapping.
+                let got = unsafe { std::slice::from_raw_parts(m.addr as *const u8, len) };
+                let first = got.iter().zip(&want).position(|(a, b)| a != b);
+                assert_eq!(first, None, "first wrong byte (of {len:#x})");
+            },
+        );
+    }
+
+    #[test]
+    fn a_snapshot_cut_short_poisons_exactly_its_lost_huge_pages() {
+        in_child(
+            "hugetlb::a_snapshot_cut_short_poisons_exactly_its_lost_huge_pages",
+            LIMIT,
+            || {
+                let len = 16 << 20;
+                let Some(m) = Hugetlb::new(len) else { return };
+                let data = pattern(len, 32);
+                let path = temp_path("hugetlb-cut");
+                std::fs::write(&path, &data).unwrap();
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .unwrap();
+                let _ = std::fs::remove_file(&path);
+                let o = LazyOptions {
+                    start_cancelled: true,
+                    ..LazyOptions::default()
+                };
+                // SAFETY: fresh hugetlb memory of ours, untouched until the
+                // fill ends.
+                let Some(h) = (unsafe { start_fill(m.addr, len, &file, &o) }) else {
+                    return;
+                };
+                // The file now ends a page into the third huge page from the
+                // end: that one and the two after it are lost whole (a huge
+                // page is installed whole or not at all).
+                let keep = len - 3 * HUGE + PAGE as usize;
+                file.set_len(keep as u64).unwrap();
+                let rep = h.wait();
+                let lost: usize = rep.bad.iter().map(|b| b.len).sum();
+                assert_eq!(lost, 3 * HUGE, "{:?}", rep.bad);
+                assert_eq!(rep.bad[0].addr, m.addr + len - 3 * HUGE, "{:?}", rep.bad);
+                // SAFETY: the fill ended; only the readable part is read.
+                let got =
+                    unsafe { std::slice::from_raw_parts(m.addr as *const u8, len - 3 * HUGE) };
+                assert!(
+                    got == &data[..len - 3 * HUGE],
+                    "the kept part is the snapshot's"
+                );
+                if rep.bad_outcome == BadOutcome::Zeroed {
+                    // SAFETY: as above; zeros were installed there.
+                    let z = unsafe {
+                        std::slice::from_raw_parts((m.addr + len - 3 * HUGE) as *const u8, 3 * HUGE)
+                    };
+                    assert!(z.iter().all(|&b| b == 0), "lost pages read zeros");
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn huge_pages_discarded_during_the_fill_are_never_brought_back() {
+        in_child(
+            "hugetlb::huge_pages_discarded_during_the_fill_are_never_brought_back",
+            LIMIT,
+            || {
+                let len = 16 << 20;
+                let Some(m) = Hugetlb::new(len) else { return };
+                let (data, file) = data_file("hugetlb-dontneed", len, 33);
+                let o = LazyOptions {
+                    start_cancelled: true,
+                    ..LazyOptions::default()
+                };
+                // SAFETY: fresh hugetlb memory of ours; touched and discarded
+                // below only.
+                let Some(h) = (unsafe { start_fill(m.addr, len, &file, &o) }) else {
+                    return;
+                };
+                // One huge page served, then discarded; one discarded before
+                // anyone touched it.
+                assert_eq!(word(m.addr + HUGE + 8), data_word(&data, HUGE + 8));
+                for at in [HUGE, 5 * HUGE] {
+                    // SAFETY: advice on our own mapping, whole huge pages.
+                    let rc = unsafe {
+                        libc::madvise(
+                            (m.addr + at) as *mut libc::c_void,
+                            HUGE,
+                            libc::MADV_DONTNEED,
+                        )
+                    };
+                    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+                }
+                let rep = h.wait();
+                let mut want = data;
+                want[HUGE..2 * HUGE].fill(0);
+                want[5 * HUGE..6 * HUGE].fill(0);
+                // SAFETY: the fill ended; nobody else touches the mapping.
+                let got = unsafe { std::slice::from_raw_parts(m.addr as *const u8, len) };
+                let first = got.iter().zip(&want).position(|(a, b)| a != b);
+                assert_eq!(first, None, "first wrong byte: {:?}", rep.notes);
+            },
+        );
+    }
+}

@@ -159,6 +159,13 @@ pub const LAZY_START_BATCH_BYTES: usize = 4 << 20;
 /// once per fill).
 pub const LAZY_MAX_BATCH_BYTES: usize = 64 << 20;
 
+/// The least block a lazy fill's background batch copies with
+/// `UFFDIO_COPY` on several threads at once (hugetlb pages, shared-memory
+/// folios): the kernel copies on the calling thread, so one thread fills
+/// at a fraction of the memory's bandwidth; smaller blocks stay on the
+/// fill thread, where waking a helper would cost more than the copy.
+pub const LAZY_PARALLEL_COPY_LEAST_BYTES: usize = 256 << 10;
+
 /// How long a lazy fill thread waits for a fault at a time while a
 /// background batch is in flight, before it looks whether the batch ended:
 /// a batch's end is seen at most this late.

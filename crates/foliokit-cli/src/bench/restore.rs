@@ -13,7 +13,7 @@ use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
 pub struct RestoreArgs {
-    /// Guest RAM bytes (2 MiB THP), a multiple of 2M.
+    /// Guest RAM bytes (2 MiB THP, or hugetlb pages), a multiple of 2M.
     #[arg(short, long, default_value = "4G", value_parser = parse_size)]
     pub size: usize,
     /// Copy channels of the foliokit rows.
@@ -35,6 +35,11 @@ pub struct RestoreArgs {
     /// restore (root only).
     #[arg(long)]
     pub cold: bool,
+    /// Guest RAM of 2 MiB hugetlb pages instead of THP: the pool is grown
+    /// for the run where it is short (root only). The lazy fill installs
+    /// hugetlb pages with UFFDIO_COPY, which skips the kernel's zeroing.
+    #[arg(long)]
+    pub hugetlb: bool,
     /// Directory for the snapshot file (removed at once; the bench keeps it open).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     pub dir: std::path::PathBuf,
@@ -136,6 +141,7 @@ pub fn run(a: RestoreArgs) -> Result<(), CliError> {
         budget: Duration::from_micros(a.budget_us),
         dir: a.dir.clone(),
         serve_during_batches: a.serve_faults_during_batches,
+        hugetlb: a.hugetlb,
     };
     super::show(restore::report(&plan, &super::bars())?, a.format)
 }

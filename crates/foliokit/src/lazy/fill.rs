@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,19 @@ struct Block {
     start: usize,
     len: usize,
     seg: u32,
+}
+
+/// What [`Filler::copy_parallel`] did with one block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tried {
+    /// Not offered: the fill thread fills it as before.
+    NotOffered,
+    /// Offered, but the runs stopped before it (a message or a fork).
+    Unstarted,
+    /// Installed whole by one call (bytes).
+    Finished(usize),
+    /// The call ended early (bytes installed before the error).
+    Stopped(usize),
 }
 
 /// A bit per base page.
@@ -1268,12 +1281,32 @@ impl Filler {
                 got
             };
         }
-        for &b in take.iter().filter(|b| !movers.contains(b)) {
-            if cut_short {
-                self.cursor = start;
-                continue;
-            }
-            n += self.fill_block(b, None);
+        let rest: Vec<usize> = take
+            .iter()
+            .copied()
+            .filter(|b| !movers.contains(b))
+            .collect();
+        let tried = if cut_short {
+            vec![Tried::NotOffered; rest.len()]
+        } else {
+            self.copy_parallel(&rest, t)
+        };
+        cut_short |= tried.contains(&Tried::Unstarted);
+        for (&b, tried) in rest.iter().zip(tried) {
+            n += match tried {
+                Tried::Finished(bytes) => {
+                    self.mark_done(b);
+                    bytes / self.page
+                }
+                // The units installed are skipped (EEXIST); the rest is
+                // copied with every error handled.
+                Tried::Stopped(bytes) => bytes / self.page + self.fill_block(b, None),
+                _ if cut_short => {
+                    self.cursor = start;
+                    0
+                }
+                _ => self.fill_block(b, None),
+            };
         }
         self.shared.filled.fetch_add(n as u64, Ordering::Relaxed);
         let took = t.elapsed();
@@ -1284,6 +1317,83 @@ impl Filler {
         // began), then the moves and what this thread filled itself.
         // Serving faults during batches, the whole batch.
         self.ctl.observe(tail.map_or(took, |w| w + post.elapsed()));
+    }
+
+    /// Copies the blocks `bs` of a background batch with `UFFDIO_COPY`, on
+    /// this thread and up to a channel count less one helpers at once: the
+    /// kernel copies on the calling thread, so one thread alone fills at a
+    /// fraction of the memory's bandwidth. Only blocks one call can fill
+    /// whole are offered (large enough, nothing discarded, bad or moved in
+    /// them). A run takes no further block once a message waits and the
+    /// batch has run its least share of the budget, or a fork waits. Any
+    /// error ends a block's call: the caller then copies the rest of it
+    /// with every error handled (`copy_block`), on this thread, which also
+    /// reads the events that made the kernel refuse (EAGAIN).
+    fn copy_parallel(&self, bs: &[usize], begun: Instant) -> Vec<Tried> {
+        let offered: Vec<Option<(usize, usize, usize)>> = bs
+            .iter()
+            .map(|&b| {
+                let blk = self.blocks[b];
+                let seg = blk.seg as usize;
+                let i = self.page_index(seg, blk.start);
+                let n = blk.len / self.page;
+                (blk.len >= crate::params::LAZY_PARALLEL_COPY_LEAST_BYTES
+                    && self.remaps.is_empty()
+                    && !self.state[b]
+                    && !self.removed.any(i, n)
+                    && !self.bad_bits.any(i, n))
+                .then(|| (blk.start, self.src(seg, blk.start), blk.len))
+            })
+            .collect();
+        let jobs: Vec<usize> = (0..bs.len()).filter(|&k| offered[k].is_some()).collect();
+        let extra = self
+            .pool
+            .len()
+            .saturating_sub(1)
+            .min(jobs.len().saturating_sub(1));
+        if extra == 0 {
+            return vec![Tried::NotOffered; bs.len()];
+        }
+        // 0: not started; else 1 + bytes installed, with FINISHED set
+        // where the call installed the whole block.
+        const FINISHED: usize = 1 << (usize::BITS - 1);
+        let results: Vec<AtomicUsize> = (0..bs.len()).map(|_| AtomicUsize::new(0)).collect();
+        let next = AtomicUsize::new(0);
+        let watch = self.watch.as_deref();
+        let uffd = &self.uffd;
+        let from = begun + self.least_run;
+        let due = || {
+            super::park::fork_waits()
+                || watch.is_some_and(|fd| {
+                    Instant::now() >= from
+                        && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
+                })
+        };
+        crate::helpers::fan_out(extra, &|| loop {
+            if due() {
+                break;
+            }
+            let Some(&k) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                break;
+            };
+            let (dst, src, len) = offered[k].expect("offered");
+            let r = match uffd.copy(dst, src, len) {
+                Ok(_) => FINISHED | (1 + len),
+                Err(p) => 1 + p.done,
+            };
+            results[k].store(r, Ordering::Relaxed);
+        });
+        // fan_out returned: every run ended, and its stores are seen.
+        results
+            .iter()
+            .enumerate()
+            .map(|(k, r)| match r.load(Ordering::Relaxed) {
+                _ if offered[k].is_none() => Tried::NotOffered,
+                0 => Tried::Unstarted,
+                v if v & FINISHED != 0 => Tried::Finished((v & !FINISHED) - 1),
+                v => Tried::Stopped(v - 1),
+            })
+            .collect()
     }
 
     /// Waits for background `batch`, begun at `begun`, sleeping until it

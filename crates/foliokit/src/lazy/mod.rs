@@ -27,10 +27,14 @@
 //!   make huge again, by copying them a second time.)
 //! - Otherwise (shared memory, hugetlb, older kernels, a folio partly
 //!   discarded, a source page that faults): `UFFDIO_COPY` from the source
-//!   mapping, a hugetlb page or a base page at a time. The kernel fills
-//!   within one mapping only: a folio whose range `mprotect`, `mlock` or
-//!   `madvise` split into two is filled unit by unit, and only a unit
-//!   refused on its own (`-ENOENT`) is taken for unmapped.
+//!   mapping (into hugetlb memory without the kernel zeroing the page
+//!   first). A background batch issues it for whole blocks (a hugetlb
+//!   page, a shared-memory folio) on the fill thread and the helpers at
+//!   once, as many as there are channels: the kernel copies on the
+//!   calling thread. The kernel fills within one mapping only: a folio
+//!   whose range `mprotect`, `mlock` or `madvise` split into two is
+//!   filled unit by unit, and only a unit refused on its own (`-ENOENT`)
+//!   is taken for unmapped.
 //!
 //! # Why no byte is lost, resurrected or exposed
 //!

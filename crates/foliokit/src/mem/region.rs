@@ -44,6 +44,9 @@ pub enum MemError {
     /// Making a guard page of [`Region::guarded`] inaccessible failed.
     #[error("mprotect of a guard page failed: {0}")]
     Guard(io::Error),
+    /// [`Region::hugetlb`] could not have its pages (why, in words).
+    #[error("no hugetlb pages: {0}")]
+    NoHugetlb(String),
     /// [`Region::evict`] on an architecture without a cache-flush
     /// instruction foliokit uses (anything but x86_64).
     #[error("cache eviction is not available on this architecture")]
@@ -137,7 +140,7 @@ impl Region {
             .ok_or(MemError::TooLarge(len))?;
         let mut note = None;
         if folio == GIB {
-            match Self::hugetlb(len, GIB, prefault) {
+            match Self::map_hugetlb(len, GIB, prefault) {
                 Ok(r) => return Ok(r),
                 Err(why) => note = Some(why),
             }
@@ -212,7 +215,7 @@ impl Region {
     }
 
     /// Hugetlb-backed region from the pages already in the pool, or why not.
-    fn hugetlb(len: usize, size: usize, prefault: bool) -> Result<Region, String> {
+    fn map_hugetlb(len: usize, size: usize, prefault: bool) -> Result<Region, String> {
         let flags =
             libc::MAP_HUGETLB | ((size.trailing_zeros() as libc::c_int) << libc::MAP_HUGE_SHIFT);
         let need = len / size;
@@ -244,6 +247,26 @@ impl Region {
             r.prefault();
         }
         Ok(r)
+    }
+
+    /// A region of `len` bytes (rounded up to whole pages) of hugetlb pages
+    /// of `page_size` from the pool, faulted in or not: unlike
+    /// [`Region::new`], never a fallback to other backing. Refused
+    /// ([`MemError::NoHugetlb`]) where the kernel has no such pool or too
+    /// few pages are free in it (growing the pool is left to the caller).
+    pub fn hugetlb(len: usize, page_size: usize, populate: bool) -> Result<Region, MemError> {
+        if len == 0 {
+            return Err(MemError::Empty);
+        }
+        if !page_size.is_power_of_two() {
+            return Err(MemError::NoHugetlb(format!(
+                "{page_size} is not a page size"
+            )));
+        }
+        let len = len
+            .checked_next_multiple_of(page_size)
+            .ok_or(MemError::TooLarge(len))?;
+        Self::map_hugetlb(len, page_size, populate).map_err(MemError::NoHugetlb)
     }
 
     /// A base-page region with a PROT_NONE page on each side, so any access

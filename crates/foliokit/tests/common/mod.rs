@@ -355,7 +355,8 @@ pub const CHILD_ENV: &str = "FOLIOKIT_TEST_CHILD";
 /// test's failure rather than the end of the whole runner. Forking the
 /// runner itself would inherit other test threads' locks.
 ///
-/// `name` must be the test function's name. The child may print a line
+/// `name` must be the test function's name (`module::name` inside a
+/// module); a name that matches no test fails. The child may print a line
 /// `SKIP: <reason>` (see [`skip`]); the parent repeats it. Panics if the
 /// child fails, is killed, or runs longer than `timeout` (3x that under
 /// emulation, see [`slowdown`]).
@@ -443,6 +444,10 @@ pub fn in_child(name: &str, timeout: std::time::Duration, body: impl FnOnce()) {
             tail(&out),
             tail(&err)
         ),
+        // A name that is not the test's own runs nothing, and passes.
+        Some(_) if !out.contains("running 1 test") => {
+            panic!("{name}: the child ran no test of that name (in a module, the name is its path)")
+        }
         Some(_) => {}
     }
 }
@@ -739,4 +744,108 @@ macro_rules! on_both_paths {
         });
         scenario_test!($kernel => ($scenario)(foliokit::migrate::Path::Kernel));
     };
+}
+
+/// A private anonymous mapping of 2 MiB hugetlb pages, the pool grown for
+/// it where it was short (root only) and shrunk by as much on drop.
+pub struct Hugetlb {
+    pub addr: usize,
+    pub len: usize,
+    added: usize,
+}
+
+impl Hugetlb {
+    /// `len` bytes (whole 2 MiB pages) of hugetlb memory, untouched; or
+    /// says why there is none here and returns `None`. Holds, until this
+    /// test child exits, a lock the other users of this function take
+    /// too, so no two of them grow or shrink the pool at once.
+    pub fn new(len: usize) -> Option<Hugetlb> {
+        use std::os::fd::AsRawFd;
+        assert_eq!(len % THP, 0, "whole 2 MiB pages");
+        let path = std::env::temp_dir().join("foliokit-hugetlb.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .expect("open the lock file");
+        // SAFETY: flock on our own descriptor.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+        std::mem::forget(f);
+        let need = len / THP;
+        let nr = format!("{}/nr_hugepages", foliokit::internals::hugetlb_dir(THP));
+        let Some(pool) = foliokit::mem::system::hugetlb_pool(THP) else {
+            skip("this kernel has no 2 MiB hugetlb pool");
+            return None;
+        };
+        let mut added = 0;
+        if pool.free < need {
+            if !foliokit::mem::system::is_root() {
+                skip(&format!(
+                    "the 2 MiB hugetlb pool has {} of {need} pages free, and growing it needs root",
+                    pool.free
+                ));
+                return None;
+            }
+            let want = pool.total + need - pool.free;
+            let _ = std::fs::write(&nr, want.to_string());
+            let got = foliokit::mem::system::hugetlb_pool(THP).map_or(0, |p| p.total);
+            added = got.saturating_sub(pool.total);
+            if got < want {
+                shrink_pool(&nr, added);
+                skip(&format!(
+                    "the kernel found {added} of {need} free 2 MiB pages"
+                ));
+                return None;
+            }
+        }
+        // SAFETY: a new private mapping; nothing else is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            shrink_pool(&nr, added);
+            skip(&format!(
+                "mmap(MAP_HUGETLB): {}",
+                std::io::Error::last_os_error()
+            ));
+            return None;
+        }
+        Some(Hugetlb {
+            addr: p as usize,
+            len,
+            added,
+        })
+    }
+}
+
+fn shrink_pool(nr: &str, by: usize) {
+    if by == 0 {
+        return;
+    }
+    if let Some(now) = std::fs::read_to_string(nr)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+    {
+        let _ = std::fs::write(nr, now.saturating_sub(by).to_string());
+    }
+}
+
+impl Drop for Hugetlb {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unused from here on.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+        shrink_pool(
+            &format!("{}/nr_hugepages", foliokit::internals::hugetlb_dir(THP)),
+            self.added,
+        );
+    }
 }
