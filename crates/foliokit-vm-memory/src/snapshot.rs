@@ -591,6 +591,12 @@ pub(crate) fn lazy_plan(file: &File) -> Result<LazyPlan> {
 /// is restored and marked dirty in the regions' bitmaps. vCPUs should be
 /// paused; if they run, no undefined behaviour results, but their writes
 /// and the restore's interleave.
+///
+/// Into fresh guest RAM, the kernel zeroes every page as this copy first
+/// touches it. Where guest RAM is hugetlb, [`crate::restore_lazy`] followed
+/// by [`crate::LazyRestore::wait`] avoids that (`UFFDIO_COPY` installs each
+/// huge page already filled) and is the faster eager restore; its report
+/// and its outcome for unreadable snapshot pages are the lazy restore's.
 pub fn restore_from_file<B: Bitmap>(
     mem: &GuestMemoryMmap<B>,
     file: &File,

@@ -1286,8 +1286,8 @@ impl Filler {
             .copied()
             .filter(|b| !movers.contains(b))
             .collect();
-        let tried = if cut_short {
-            vec![Tried::NotOffered; rest.len()]
+        let (tried, cut_at) = if cut_short {
+            (vec![Tried::NotOffered; rest.len()], None)
         } else {
             self.copy_parallel(&rest, t)
         };
@@ -1315,8 +1315,13 @@ impl Filler {
         // What a fault read during the batch waited for: the tail of a
         // batch it cut short (the folios in progress, from when the cut
         // began), then the moves and what this thread filled itself.
-        // Serving faults during batches, the whole batch.
-        self.ctl.observe(tail.map_or(took, |w| w + post.elapsed()));
+        // Serving faults during batches, the whole batch. Cut short while
+        // copying in place: from the cut on.
+        self.ctl.observe(match (cut_at, tail) {
+            (Some(at), _) => at.elapsed(),
+            (None, Some(w)) => w + post.elapsed(),
+            (None, None) => took,
+        });
     }
 
     /// Copies the blocks `bs` of a background batch with `UFFDIO_COPY`, on
@@ -1329,7 +1334,8 @@ impl Filler {
     /// error ends a block's call: the caller then copies the rest of it
     /// with every error handled (`copy_block`), on this thread, which also
     /// reads the events that made the kernel refuse (EAGAIN).
-    fn copy_parallel(&self, bs: &[usize], begun: Instant) -> Vec<Tried> {
+    /// Also returns when a run first saw the cut, if one did.
+    fn copy_parallel(&self, bs: &[usize], begun: Instant) -> (Vec<Tried>, Option<Instant>) {
         let offered: Vec<Option<(usize, usize, usize)>> = bs
             .iter()
             .map(|&b| {
@@ -1352,13 +1358,14 @@ impl Filler {
             .saturating_sub(1)
             .min(jobs.len().saturating_sub(1));
         if extra == 0 {
-            return vec![Tried::NotOffered; bs.len()];
+            return (vec![Tried::NotOffered; bs.len()], None);
         }
         // 0: not started; else 1 + bytes installed, with FINISHED set
         // where the call installed the whole block.
         const FINISHED: usize = 1 << (usize::BITS - 1);
         let results: Vec<AtomicUsize> = (0..bs.len()).map(|_| AtomicUsize::new(0)).collect();
         let next = AtomicUsize::new(0);
+        let cut_at = std::sync::OnceLock::new();
         let watch = self.watch.as_deref();
         let uffd = &self.uffd;
         let from = begun + self.least_run;
@@ -1371,6 +1378,7 @@ impl Filler {
         };
         crate::helpers::fan_out(extra, &|| loop {
             if due() {
+                cut_at.get_or_init(Instant::now);
                 break;
             }
             let Some(&k) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
@@ -1384,7 +1392,7 @@ impl Filler {
             results[k].store(r, Ordering::Relaxed);
         });
         // fan_out returned: every run ended, and its stores are seen.
-        results
+        let tried = results
             .iter()
             .enumerate()
             .map(|(k, r)| match r.load(Ordering::Relaxed) {
@@ -1393,7 +1401,8 @@ impl Filler {
                 v if v & FINISHED != 0 => Tried::Finished((v & !FINISHED) - 1),
                 v => Tried::Stopped(v - 1),
             })
-            .collect()
+            .collect();
+        (tried, cut_at.get().copied())
     }
 
     /// Waits for background `batch`, begun at `begun`, sleeping until it

@@ -746,6 +746,8 @@ macro_rules! on_both_paths {
     };
 }
 
+const HUGETLB_2M_NR: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+
 /// A private anonymous mapping of 2 MiB hugetlb pages, the pool grown for
 /// it where it was short (root only) and shrunk by as much on drop.
 pub struct Hugetlb {
@@ -774,7 +776,7 @@ impl Hugetlb {
         assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
         std::mem::forget(f);
         let need = len / THP;
-        let nr = format!("{}/nr_hugepages", foliokit::internals::hugetlb_dir(THP));
+        let nr = HUGETLB_2M_NR;
         let Some(pool) = foliokit::mem::system::hugetlb_pool(THP) else {
             skip("this kernel has no 2 MiB hugetlb pool");
             return None;
@@ -789,11 +791,11 @@ impl Hugetlb {
                 return None;
             }
             let want = pool.total + need - pool.free;
-            let _ = std::fs::write(&nr, want.to_string());
+            let _ = std::fs::write(nr, want.to_string());
             let got = foliokit::mem::system::hugetlb_pool(THP).map_or(0, |p| p.total);
             added = got.saturating_sub(pool.total);
             if got < want {
-                shrink_pool(&nr, added);
+                shrink_pool(nr, added);
                 skip(&format!(
                     "the kernel found {added} of {need} free 2 MiB pages"
                 ));
@@ -812,7 +814,7 @@ impl Hugetlb {
             )
         };
         if p == libc::MAP_FAILED {
-            shrink_pool(&nr, added);
+            shrink_pool(nr, added);
             skip(&format!(
                 "mmap(MAP_HUGETLB): {}",
                 std::io::Error::last_os_error()
@@ -843,9 +845,6 @@ impl Drop for Hugetlb {
     fn drop(&mut self) {
         // SAFETY: our own mapping, unused from here on.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-        shrink_pool(
-            &format!("{}/nr_hugepages", foliokit::internals::hugetlb_dir(THP)),
-            self.added,
-        );
+        shrink_pool(HUGETLB_2M_NR, self.added);
     }
 }
