@@ -3,23 +3,33 @@
 //!
 //! The guest is a THP-advised anonymous range (2 MiB folios), or with
 //! `hugetlb` 2 MiB hugetlb pages (the pool grown for the run where it is
-//! short, root only), fresh for every restore; the snapshot is a file of the same size in the page cache
-//! (or, with `cold`, dropped from it before every restore). Rows:
+//! short, root only), fresh for every restore; the snapshot is a file of
+//! the same size in the page cache (or, with `cold`, dropped from it
+//! before every restore). Rows:
 //!
 //! - `read(2)`: one `pread` per 64 MiB straight into guest RAM (what a VMM
 //!   does without help); the kernel copies on the calling thread;
 //! - `mmap+memcpy`: the file mapped, `memcpy` into guest RAM on one thread;
-//! - `foliokit`: the file mapped, machine-check-safe copies of 2 MiB folios
+//! - `foliokit`: the file mapped and its page tables filled in one call
+//!   (`Source::prefault`), then machine-check-safe copies of 2 MiB folios
 //!   spread over the copy channels (and its A/A twin, the named mc strategy
 //!   `auto` resolved to);
 //! - `lazy`: [`foliokit::lazy::fill_lazily`]; a simulated vCPU touches one
 //!   random page of every folio, in random order, while the fill runs, and
 //!   each touch is timed;
+//! - `lazy + wait`: the same fill, waited for before the vCPUs run: an
+//!   eager restore through the fill (into hugetlb guest RAM the kernel
+//!   installs each page filled, without zeroing it first);
 //! - `foliokit, prealloc`: the `foliokit` row into guest RAM faulted in
 //!   beforehand, untimed (a VMM that preallocates guest RAM at start);
 //! - `populate only`: no restore, just the kernel faulting fresh guest RAM
 //!   in (`MADV_POPULATE_WRITE` on the copy channels): the share of every
 //!   restore into fresh memory that is the kernel zeroing each huge page.
+//!
+//! Every row that reads the file through a mapping maps it afresh for each
+//! restore, as a VMM restoring a guest does: faulting its page tables in
+//! is part of the cost (on a 4 GiB snapshot, a fault per few pages cost
+//! more than the copy).
 //!
 //! Candidates and the three limit probes run interleaved in a balanced
 //! order (see `measure::order`).
@@ -58,7 +68,7 @@ const READ_CHUNK: usize = 64 << 20;
 /// The limit probes run over at most this much (a separate buffer).
 const PROBE_MAX: usize = 1 << 30;
 /// Rows and probes, interleaved (see `run`).
-const METHODS: usize = 10;
+const METHODS: usize = 11;
 
 /// What to run.
 #[derive(Debug, Clone, Serialize)]
@@ -176,6 +186,8 @@ enum Method {
     Foliokit,
     Named,
     Lazy,
+    /// The lazy fill waited for before anything runs.
+    LazyWait,
     Prealloc,
     Populate,
     Probe(Probe),
@@ -229,7 +241,6 @@ fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
 struct State {
     plan: RestorePlan,
     file: File,
-    map: Source,
     guest: Option<Region>,
     probe_buf: Region,
     named: CopyStrategy,
@@ -254,7 +265,18 @@ impl State {
         Ok(())
     }
 
+    /// The snapshot mapped afresh, as a VMM restoring maps it: its page
+    /// tables are part of every restore's cost.
+    fn map_snapshot(&self) -> Result<Source, RestoreError> {
+        Source::map_file(&self.file, self.plan.size).map_err(|source| RestoreError::Io {
+            what: "map",
+            source,
+        })
+    }
+
     fn eager_mc(&self, g: &mut Region, strategy: CopyStrategy) -> Result<(), RestoreError> {
+        let map = self.map_snapshot()?;
+        map.prefault(0, self.plan.size);
         let n = self.plan.size / FOLIO;
         let (_, f) = foliokit::mc::mc_routine(
             strategy,
@@ -264,7 +286,7 @@ impl State {
         let base = g.as_mut_ptr();
         let dsts: Vec<*mut u8> = (0..n).map(|i| base.wrapping_add(i * FOLIO)).collect();
         let srcs: Vec<*const u8> = (0..n)
-            .map(|i| self.map.as_ptr().wrapping_add(i * FOLIO))
+            .map(|i| map.as_ptr().wrapping_add(i * FOLIO))
             .collect();
         // SAFETY: guest RAM is our fresh region, the source our mapping of
         // the snapshot (same size); folios are disjoint; a faulting source
@@ -279,13 +301,13 @@ impl State {
         Ok(())
     }
 
-    fn lazy(&mut self, g: &mut Region) -> Result<Sample, RestoreError> {
+    /// The lazy restore into `g`: with `touch`, a simulated vCPU touches
+    /// guest RAM while the fill runs; without, the caller waits for the
+    /// fill before anything runs (an eager restore through the fill).
+    fn lazy(&mut self, g: &mut Region, touch: bool) -> Result<Sample, RestoreError> {
         let size = self.plan.size;
         let t0 = Instant::now();
-        let src = Source::map_file(&self.file, size).map_err(|source| RestoreError::Io {
-            what: "map",
-            source,
-        })?;
+        let src = self.map_snapshot()?;
         let opts = LazyOptions {
             latency_budget: self.plan.budget,
             channels: self.plan.channels,
@@ -300,6 +322,19 @@ impl State {
         // SAFETY: a fresh region of ours, untouched; nobody else uses it
         // until the fill ends (the vCPU thread below only reads it).
         let h = unsafe { fill_lazily(&[seg], src, &opts) }?;
+        if !touch {
+            let r = h.wait();
+            let secs = t0.elapsed().as_secs_f64();
+            return Ok(Sample {
+                start: secs,
+                resident: secs,
+                faulted: r.progress.faulted_pages,
+                filled: r.progress.filled_pages,
+                faults: r.progress.faults,
+                longest: Some(r.longest_batch_us),
+                ..Sample::default()
+            });
+        }
         let start = t0.elapsed().as_secs_f64();
         let done = AtomicBool::new(false);
         let base = seg.addr;
@@ -378,15 +413,10 @@ impl State {
                 Sample::default()
             }
             Method::Memcpy => {
+                let map = self.map_snapshot()?;
                 // SAFETY: the mapping and the region are disjoint and both
                 // `size` bytes long; the file is not truncated meanwhile.
-                unsafe {
-                    libc::memcpy(
-                        g.as_mut_ptr().cast(),
-                        self.map.as_ptr().cast(),
-                        self.plan.size,
-                    )
-                };
+                unsafe { libc::memcpy(g.as_mut_ptr().cast(), map.as_ptr().cast(), self.plan.size) };
                 Sample::default()
             }
             // The same copy; `prepare` faulted prealloc's guest RAM in.
@@ -398,7 +428,8 @@ impl State {
                 self.eager_mc(&mut g, self.named)?;
                 Sample::default()
             }
-            Method::Lazy => self.lazy(&mut g)?,
+            Method::Lazy => self.lazy(&mut g, true)?,
+            Method::LazyWait => self.lazy(&mut g, false)?,
             Method::Populate => {
                 foliokit::mem::populate(g.as_mut_slice(), self.plan.channels)?;
                 Sample::default()
@@ -406,7 +437,7 @@ impl State {
             Method::Probe(_) => unreachable!("handled above"),
         };
         let secs = t0.elapsed().as_secs_f64();
-        if m != Method::Lazy {
+        if !matches!(m, Method::Lazy | Method::LazyWait) {
             sample.start = secs;
             sample.resident = secs;
         }
@@ -458,6 +489,7 @@ fn name(m: Method, named: CopyStrategy) -> &'static str {
             _ => "foliokit (named)",
         },
         Method::Lazy => "lazy",
+        Method::LazyWait => "lazy + wait",
         Method::Prealloc => "foliokit, prealloc",
         Method::Populate => "populate only",
         Method::Probe(p) => p.name(),
@@ -484,10 +516,6 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
     let file = write_snapshot(&path, plan.size);
     let _ = std::fs::remove_file(&path); // the descriptor keeps it
     let file = file?;
-    let map = Source::map_file(&file, plan.size).map_err(|source| RestoreError::Io {
-        what: "map",
-        source,
-    })?;
     let (named, _) = foliokit::mc::mc_routine(
         CopyStrategy::Auto,
         Shape::batch(FOLIO, plan.size / FOLIO, Reuse::Stream).on_channels(plan.channels),
@@ -500,6 +528,7 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         Method::Foliokit,
         Method::Named,
         Method::Lazy,
+        Method::LazyWait,
         Method::Prealloc,
         Method::Populate,
         Method::Probe(Probe::Read),
@@ -512,7 +541,6 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         methods: methods.to_vec(),
         plan: plan.clone(),
         file,
-        map,
         guest: None,
         probe_buf,
         named,
@@ -691,8 +719,9 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
         let p99 = z.touch_p99_us.unwrap_or(f64::NAN);
         let pooled = z.touch_p99_pooled_us.unwrap_or(f64::NAN);
         let prealloc = row("foliokit, prealloc").map_or(f64::NAN, |x| x.share);
+        let waited = row("lazy + wait").map_or(f64::NAN, |x| x.share);
         report.footer.push(format!(
-            "targets: lazy start {:.2}% of eager foliokit (≤1%: {}); lazy all-resident {:.2}x eager foliokit (≤1.25x: {}); eager foliokit {:.2}x read(2) (≥2x: {}) and {} of the limit (≥70%: {}; into preallocated guest RAM {}: {}); lazy touch p99 {:.0} µs (median of the passes') vs budget + one folio's copy {:.0} µs ({}; every pass's touches pooled: {:.0} µs, {})",
+            "targets: lazy start {:.2}% of eager foliokit (≤1%: {}); lazy all-resident {:.2}x eager foliokit (≤1.25x: {}); eager foliokit {:.2}x read(2) (≥2x: {}) and {} of the limit (≥70%: {}; into preallocated guest RAM {}: {}; through the fill, lazy + wait, {}: {}); lazy touch p99 {:.0} µs (median of the passes') vs budget + one folio's copy {:.0} µs ({}; every pass's touches pooled: {:.0} µs, {})",
             start * 100.0,
             verdict(start <= 0.01),
             total,
@@ -703,6 +732,8 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
             verdict(e.share >= 0.7),
             pct(Some(prealloc)),
             verdict(prealloc >= 0.7),
+            pct(Some(waited)),
+            verdict(waited >= 0.7),
             p99,
             budget + folio_us,
             verdict(p99 <= budget + folio_us),

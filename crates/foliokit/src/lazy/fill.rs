@@ -376,6 +376,7 @@ pub(super) fn start(
         staging,
         slots,
         fault_slot_ready: false,
+        warm: vec![false; nb],
         zero,
         scratch: vec![0u8; unit_max],
         folio,
@@ -476,6 +477,9 @@ struct Filler {
     /// The fault slot has its huge page already (see
     /// [`Filler::ready_fault_slot`]).
     fault_slot_ready: bool,
+    /// Per block: its source's page tables were filled
+    /// ([`Filler::warm_sources`]).
+    warm: Vec<bool>,
     zero: Map,
     scratch: Vec<u8>,
     folio: usize,
@@ -878,12 +882,39 @@ impl Filler {
         base.next_multiple_of(self.folio) + k * self.folio
     }
 
+    /// Maps the source's page tables for those of blocks `bs` not done yet
+    /// (in order; each run of adjacent source bytes in one call): see
+    /// [`Source::prefault`].
+    fn warm_sources(&mut self, bs: &[usize]) {
+        let base = self.source.as_ptr() as usize;
+        let mut run: Option<(usize, usize)> = None;
+        for &b in bs {
+            if std::mem::replace(&mut self.warm[b], true) {
+                continue;
+            }
+            let blk = self.blocks[b];
+            let at = self.src(blk.seg as usize, blk.start) - base;
+            run = match run {
+                Some((s, e)) if e == at => Some((s, e + blk.len)),
+                Some((s, e)) => {
+                    self.source.prefault(s, e - s);
+                    Some((at, at + blk.len))
+                }
+                None => Some((at, at + blk.len)),
+            };
+        }
+        if let Some((s, e)) = run {
+            self.source.prefault(s, e - s);
+        }
+    }
+
     /// Fills block `b` now; with `staged`, its bytes are already in that
     /// staging slot. Returns the base pages installed.
     fn fill_block(&mut self, b: usize, staged: Option<usize>) -> usize {
         if self.state[b] {
             return 0;
         }
+        self.warm_sources(&[b]);
         let n = if self.movable(b) {
             let blk = self.blocks[b];
             let slot = match staged {
@@ -1142,20 +1173,36 @@ impl Filler {
         let start = self.cursor;
         let mut bytes = 0;
         let mut moving = 0;
-        while bytes < want && self.cursor < self.order.len() {
+        // Blocks copied in place are cut block by block (see
+        // `copy_parallel`), so the budget does not size them: only the
+        // largest batch bounds them, and a batch of them costs its
+        // setup once.
+        let mut in_place = 0;
+        while self.cursor < self.order.len() {
             let b = self.order[self.cursor] as usize;
             if self.state[b] {
                 self.cursor += 1;
                 continue;
             }
+            let len = self.blocks[b].len;
             if self.movable(b) {
-                if moving == self.slots {
+                if moving == self.slots || bytes >= want {
                     break;
                 }
                 moving += 1;
+                bytes += len;
+            } else if self.in_place(b) {
+                if in_place >= crate::params::LAZY_MAX_BATCH_BYTES {
+                    break;
+                }
+                in_place += len;
+            } else {
+                if bytes >= want {
+                    break;
+                }
+                bytes += len;
             }
             take.push(b);
-            bytes += self.blocks[b].len;
             self.cursor += 1;
         }
         if take.is_empty() {
@@ -1164,6 +1211,13 @@ impl Filler {
             self.cursor = 0;
             return;
         }
+        // Blocks copied in place are warmed by the run that copies them.
+        let serial: Vec<usize> = take
+            .iter()
+            .copied()
+            .filter(|&b| !self.in_place(b))
+            .collect();
+        self.warm_sources(&serial);
         let movers: Vec<usize> = take.iter().copied().filter(|&b| self.movable(b)).collect();
         // Per mover: copied into its slot, its source faulted, or given
         // back unstarted (a message cut the batch short).
@@ -1214,6 +1268,10 @@ impl Filler {
             match r {
                 Ok(mut batch) => {
                     self.ready_fault_slot();
+                    // While the channels copy, the next batch's source
+                    // (this thread would only wait).
+                    let ahead = self.next_blocks(want);
+                    self.warm_sources(&ahead);
                     // Serving during batches: while the channels copy,
                     // faults on folios outside the batch are served on
                     // this thread (a vCPU then waits for its own folio, not
@@ -1286,8 +1344,8 @@ impl Filler {
             .copied()
             .filter(|b| !movers.contains(b))
             .collect();
-        let (tried, cut_at) = if cut_short {
-            (vec![Tried::NotOffered; rest.len()], None)
+        let (tried, cut_at, in_place_took) = if cut_short {
+            (vec![Tried::NotOffered; rest.len()], None, Duration::ZERO)
         } else {
             self.copy_parallel(&rest, t)
         };
@@ -1316,16 +1374,18 @@ impl Filler {
         // batch it cut short (the folios in progress, from when the cut
         // began), then the moves and what this thread filled itself.
         // Serving faults during batches, the whole batch. Cut short while
-        // copying in place: from the cut on.
+        // copying in place: from the cut on; else the copy in place, which
+        // the budget does not size, is left out.
         self.ctl.observe(match (cut_at, tail) {
             (Some(at), _) => at.elapsed(),
-            (None, Some(w)) => w + post.elapsed(),
-            (None, None) => took,
+            (None, Some(w)) => (w + post.elapsed()).saturating_sub(in_place_took),
+            (None, None) => took.saturating_sub(in_place_took),
         });
     }
 
     /// Copies the blocks `bs` of a background batch with `UFFDIO_COPY`, on
-    /// this thread and up to a channel count less one helpers at once: the
+    /// this thread and up to a channel count less one helpers at once (on
+    /// this thread alone with one channel, still cut block by block): the
     /// kernel copies on the calling thread, so one thread alone fills at a
     /// fraction of the memory's bandwidth. Only blocks one call can fill
     /// whole are offered (large enough, nothing discarded, bad or moved in
@@ -1334,8 +1394,13 @@ impl Filler {
     /// error ends a block's call: the caller then copies the rest of it
     /// with every error handled (`copy_block`), on this thread, which also
     /// reads the events that made the kernel refuse (EAGAIN).
-    /// Also returns when a run first saw the cut, if one did.
-    fn copy_parallel(&self, bs: &[usize], begun: Instant) -> (Vec<Tried>, Option<Instant>) {
+    /// Also returns when a run first saw the cut, if one did, and how long
+    /// the copying took.
+    fn copy_parallel(
+        &self,
+        bs: &[usize],
+        begun: Instant,
+    ) -> (Vec<Tried>, Option<Instant>, Duration) {
         let offered: Vec<Option<(usize, usize, usize)>> = bs
             .iter()
             .map(|&b| {
@@ -1343,7 +1408,7 @@ impl Filler {
                 let seg = blk.seg as usize;
                 let i = self.page_index(seg, blk.start);
                 let n = blk.len / self.page;
-                (blk.len >= crate::params::LAZY_PARALLEL_COPY_LEAST_BYTES
+                (self.in_place(b)
                     && self.remaps.is_empty()
                     && !self.state[b]
                     && !self.removed.any(i, n)
@@ -1352,14 +1417,11 @@ impl Filler {
             })
             .collect();
         let jobs: Vec<usize> = (0..bs.len()).filter(|&k| offered[k].is_some()).collect();
-        let extra = self
-            .pool
-            .len()
-            .saturating_sub(1)
-            .min(jobs.len().saturating_sub(1));
-        if extra == 0 {
-            return (vec![Tried::NotOffered; bs.len()], None);
+        if jobs.is_empty() {
+            return (vec![Tried::NotOffered; bs.len()], None, Duration::ZERO);
         }
+        let t = Instant::now();
+        let extra = self.pool.len().saturating_sub(1).min(jobs.len() - 1);
         // 0: not started; else 1 + bytes installed, with FINISHED set
         // where the call installed the whole block.
         const FINISHED: usize = 1 << (usize::BITS - 1);
@@ -1368,6 +1430,8 @@ impl Filler {
         let cut_at = std::sync::OnceLock::new();
         let watch = self.watch.as_deref();
         let uffd = &self.uffd;
+        let source = &*self.source;
+        let source_base = source.as_ptr() as usize;
         let from = begun + self.least_run;
         let due = || {
             super::park::fork_waits()
@@ -1385,6 +1449,9 @@ impl Filler {
                 break;
             };
             let (dst, src, len) = offered[k].expect("offered");
+            if !self.warm[bs[k]] {
+                source.prefault(src - source_base, len);
+            }
             let r = match uffd.copy(dst, src, len) {
                 Ok(_) => FINISHED | (1 + len),
                 Err(p) => 1 + p.done,
@@ -1402,7 +1469,30 @@ impl Filler {
                 v => Tried::Stopped(v - 1),
             })
             .collect();
-        (tried, cut_at.get().copied())
+        (tried, cut_at.get().copied(), t.elapsed())
+    }
+
+    /// The blocks the next batch would take first, about `bytes` of them.
+    fn next_blocks(&self, bytes: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut got = 0;
+        for &b in &self.order[self.cursor..] {
+            if got >= bytes {
+                break;
+            }
+            let b = b as usize;
+            if !self.state[b] && !self.warm[b] {
+                got += self.blocks[b].len;
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    /// Whether block `b` is copied in place, whole, by `copy_parallel`
+    /// (when nothing in it is discarded, bad or moved).
+    fn in_place(&self, b: usize) -> bool {
+        !self.movable(b) && self.blocks[b].len >= crate::params::LAZY_PARALLEL_COPY_LEAST_BYTES
     }
 
     /// Waits for background `batch`, begun at `begun`, sleeping until it
