@@ -85,15 +85,10 @@ fn placement(at: usize, len: usize) -> Vec<i32> {
 /// The /proc/self/numa_maps line of the mapping holding `at` (for failure
 /// messages: per-node page counts as the kernel sees them).
 fn numa_maps(at: usize) -> String {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let start = maps.lines().find_map(|l| {
-        let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-        let (a, b) = (
-            usize::from_str_radix(a, 16).ok()?,
-            usize::from_str_radix(b, 16).ok()?,
-        );
-        (a..b).contains(&at).then_some(a)
-    });
+    let start = common::maps()
+        .into_iter()
+        .find(|m| (m.start..m.end).contains(&at))
+        .map(|m| m.start);
     let Some(start) = start else {
         return "no mapping holds the range".into();
     };

@@ -12,7 +12,7 @@
 #[macro_use]
 mod common;
 
-use common::{in_child, node, pattern, skip, LIMIT, MIB, PAGE, RUN, THP};
+use common::{in_child, maps_overlapping, node, pattern, skip, LIMIT, MIB, PAGE, RUN, THP};
 use foliokit::mem::Region;
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::io;
@@ -239,25 +239,12 @@ fn migrate_then_join<T>(
     (tally, done)
 }
 
-/// The lines of /proc/self/maps overlapping `[start, end)`:
-/// (start, end, perms).
-fn maps_overlapping(start: usize, end: usize) -> Vec<(usize, usize, String)> {
-    let text = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (a, b) = f.next()?.split_once('-')?;
-            let a = usize::from_str_radix(a, 16).ok()?;
-            let b = usize::from_str_radix(b, 16).ok()?;
-            let perms = f.next()?.to_owned();
-            (b > start && a < end).then_some((a, b, perms))
-        })
-        .collect()
-}
-
 /// Panics unless `[start, end)` is mapped throughout with `perms`.
 fn assert_mapped(start: usize, end: usize, perms: &str, what: &str) {
-    let maps = maps_overlapping(start, end);
+    let maps: Vec<(usize, usize, String)> = maps_overlapping(start, end)
+        .into_iter()
+        .map(|m| (m.start, m.end, m.perms))
+        .collect();
     let mut at = start;
     for (a, b, p) in &maps {
         assert!(
@@ -655,7 +642,10 @@ fn hole_cycles(path: Path, refill: bool) {
                 &format!("{ctx}: the new mapping in the hole"),
             );
         } else {
-            let there = maps_overlapping(hole, hole_end);
+            let there: Vec<(usize, usize, String)> = maps_overlapping(hole, hole_end)
+                .into_iter()
+                .map(|m| (m.start, m.end, m.perms))
+                .collect();
             if !there.is_empty() {
                 // Say whether what is there holds the old data.
                 let old: Vec<usize> = there

@@ -53,19 +53,11 @@ scenario_test!(memory_beside_a_file_mapping_still_relocates => {
 /// This process's private anonymous read-write mappings, from
 /// /proc/self/maps.
 fn own_anon_mappings() -> Vec<(usize, usize)> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (a, b) = f.first()?.split_once('-')?;
-            let anon = f.get(1)?.starts_with("rw") && f[1].ends_with('p') && f.get(4) == Some(&"0");
-            (anon && f.len() == 5).then(|| {
-                (
-                    usize::from_str_radix(a, 16).unwrap(),
-                    usize::from_str_radix(b, 16).unwrap(),
-                )
-            })
-        })
+    common::maps()
+        .into_iter()
+        .filter(|m| m.perms.starts_with("rw") && m.perms.ends_with('p'))
+        .filter(|m| m.inode == 0 && m.path.is_none())
+        .map(|m| (m.start, m.end))
         .collect()
 }
 

@@ -848,3 +848,46 @@ impl Drop for Hugetlb {
         shrink_pool(HUGETLB_2M_NR, self.added);
     }
 }
+
+/// One line of /proc/self/maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapsLine {
+    pub start: usize,
+    pub end: usize,
+    /// `rw-p` and the like.
+    pub perms: String,
+    pub inode: u64,
+    /// The path or `[name]`, if the line has one.
+    pub path: Option<String>,
+}
+
+/// This process's mappings (/proc/self/maps, which walks no page tables).
+pub fn maps() -> Vec<MapsLine> {
+    let text = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (a, b) = f.next()?.split_once('-')?;
+            let perms = f.next()?.to_owned();
+            let _offset = f.next()?;
+            let _dev = f.next()?;
+            let inode = f.next()?.parse().ok()?;
+            let path = f.next().map(str::to_owned);
+            Some(MapsLine {
+                start: usize::from_str_radix(a, 16).ok()?,
+                end: usize::from_str_radix(b, 16).ok()?,
+                perms,
+                inode,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// The mappings overlapping `[start, end)`.
+pub fn maps_overlapping(start: usize, end: usize) -> Vec<MapsLine> {
+    maps()
+        .into_iter()
+        .filter(|m| m.end > start && m.start < end)
+        .collect()
+}
