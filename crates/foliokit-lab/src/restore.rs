@@ -10,8 +10,7 @@
 //! - `read(2)`: one `pread` per 64 MiB straight into guest RAM (what a VMM
 //!   does without help); the kernel copies on the calling thread;
 //! - `mmap+memcpy`: the file mapped, `memcpy` into guest RAM on one thread;
-//! - `foliokit`: the file mapped and its page tables filled in one call
-//!   (`Source::prefault`), then machine-check-safe copies of 2 MiB folios
+//! - `foliokit`: the file mapped, machine-check-safe copies of 2 MiB folios
 //!   spread over the copy channels (and its A/A twin, the named mc strategy
 //!   `auto` resolved to);
 //! - `lazy`: [`foliokit::lazy::fill_lazily`]; a simulated vCPU touches one
@@ -28,8 +27,7 @@
 //!
 //! Every row that reads the file through a mapping maps it afresh for each
 //! restore, as a VMM restoring a guest does: faulting its page tables in
-//! is part of the cost (on a 4 GiB snapshot, a fault per few pages cost
-//! more than the copy).
+//! is part of the cost.
 //!
 //! Candidates and the three limit probes run interleaved in a balanced
 //! order (see `measure::order`).
@@ -276,7 +274,6 @@ impl State {
 
     fn eager_mc(&self, g: &mut Region, strategy: CopyStrategy) -> Result<(), RestoreError> {
         let map = self.map_snapshot()?;
-        map.prefault(0, self.plan.size);
         let n = self.plan.size / FOLIO;
         let (_, f) = foliokit::mc::mc_routine(
             strategy,

@@ -284,10 +284,6 @@ struct Image<'f> {
     /// The file behind the mapping, asked for its size again when a page
     /// vanishes (a truncation then explains every later page at once).
     file: Option<&'f File>,
-    /// foliokit's mapping of that file, when it is the image: its page
-    /// tables are filled before each part is copied (one call instead of
-    /// a fault per few pages).
-    source: Option<&'f foliokit::lazy::Source>,
 }
 
 impl Image<'_> {
@@ -481,9 +477,6 @@ fn restore_image<B: Bitmap>(
                     break;
                 }
                 let n = (end - pos).min(img.known_end - src_off);
-                if let Some(m) = img.source {
-                    m.prefault(src_off as usize, n as usize);
-                }
                 let src = img.ptr.wrapping_add(src_off as usize);
                 let dst = p.host.wrapping_add(pos as usize);
                 // SAFETY: `src .. src + n` is inside the mapped image
@@ -550,7 +543,6 @@ fn file_layout(file: &File) -> Result<(Layout, u64)> {
         mapped: head_len as u64,
         known_end: head_len as u64,
         file: None,
-        source: None,
     };
     let layout = read_layout(&small)?;
     Ok((layout, size))
@@ -578,7 +570,6 @@ pub(crate) fn lazy_plan(file: &File) -> Result<LazyPlan> {
         mapped: map_len as u64,
         known_end: size,
         file: Some(file),
-        source: None,
     };
     let trailer = read_trailer(&img, &layout)?;
     Ok(LazyPlan {
@@ -630,7 +621,6 @@ pub fn restore_from_file<B: Bitmap>(
         mapped: map_len,
         known_end: size,
         file: Some(file),
-        source: Some(&map),
     };
     restore_image(mem, &mut img, Some(layout))
 }
@@ -667,7 +657,6 @@ pub unsafe fn restore_raw<B: Bitmap>(
         mapped: len as u64,
         known_end: len as u64,
         file: None,
-        source: None,
     };
     restore_image(mem, &mut img, None)
 }

@@ -1239,3 +1239,83 @@ mod hugetlb {
         );
     }
 }
+
+/// Moves the first huge page of a range being filled elsewhere with
+/// mremap (MAYMOVE | FIXED), then waits: the moved part holds the snapshot
+/// at its new home, the rest where it was. The kernel reports the move,
+/// then the old range's unmapping: that old range once named the moved
+/// pages, which were taken for discarded and read zeros.
+fn moved_during_the_fill(shared: bool, cancelled: bool, channels: usize) {
+    const HUGE: usize = 2 << 20;
+    let len = 32 << 20;
+    let (data, file) = data_file("moved", len, 43);
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    // SAFETY: fresh mappings of ours (the memfd's descriptor lives until
+    // the end); the destination is a reservation the move replaces.
+    let (base, _fd, to) = unsafe {
+        let (base, fd) = if shared {
+            let (p, fd) = shared_memfd(len);
+            (p as usize, Some(fd))
+        } else {
+            let r = common::map_anonymous(None, len + HUGE, rw, libc::MAP_PRIVATE) as usize;
+            let base = r.next_multiple_of(HUGE);
+            libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+            (base, None)
+        };
+        let to = common::map_anonymous(None, 2 * HUGE, libc::PROT_NONE, libc::MAP_PRIVATE) as usize;
+        (base, fd, to.next_multiple_of(HUGE))
+    };
+    let o = LazyOptions {
+        allow_shared_memory: shared,
+        start_cancelled: cancelled,
+        channels,
+        ..LazyOptions::default()
+    };
+    // SAFETY: fresh memory of ours; only the move below touches it.
+    let Some(h) = (unsafe { start_fill(base, len, &file, &o) }) else {
+        return;
+    };
+    // SAFETY: our own registered mapping, moved over our reservation.
+    let r = unsafe {
+        libc::mremap(
+            base as *mut libc::c_void,
+            HUGE,
+            HUGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    assert_ne!(r, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    let rep = h.wait();
+    let what = format!("shared {shared}, cancelled {cancelled}, {channels} channels");
+    assert!(
+        read_host(to as *const u8, HUGE) == data[..HUGE],
+        "{what}: the moved huge page is not the snapshot's: {:?} {:?}",
+        rep.progress,
+        rep.notes
+    );
+    assert!(
+        read_host((base + HUGE) as *const u8, len - HUGE) == data[HUGE..],
+        "{what}: the rest is not the snapshot's"
+    );
+    assert_eq!(rep.progress.skipped_pages, 0, "{what}: {:?}", rep.notes);
+}
+
+#[test]
+fn pages_moved_by_mremap_during_the_fill_keep_their_snapshot_bytes() {
+    in_child(
+        "pages_moved_by_mremap_during_the_fill_keep_their_snapshot_bytes",
+        LIMIT,
+        || {
+            for (shared, cancelled, channels) in [
+                (false, true, 2),
+                (false, false, 2),
+                (true, true, 2),
+                (true, false, 1),
+                (true, false, 2),
+            ] {
+                moved_during_the_fill(shared, cancelled, channels);
+            }
+        },
+    );
+}

@@ -376,7 +376,6 @@ pub(super) fn start(
         staging,
         slots,
         fault_slot_ready: false,
-        warm: vec![false; nb],
         zero,
         scratch: vec![0u8; unit_max],
         folio,
@@ -477,9 +476,6 @@ struct Filler {
     /// The fault slot has its huge page already (see
     /// [`Filler::ready_fault_slot`]).
     fault_slot_ready: bool,
-    /// Per block: its source's page tables were filled
-    /// ([`Filler::warm_sources`]).
-    warm: Vec<bool>,
     zero: Map,
     scratch: Vec<u8>,
     folio: usize,
@@ -539,7 +535,9 @@ impl Filler {
             // Moved pages: each current address maps back on its own.
             let mut a = start / page * page;
             while a < end {
-                self.discard_page(self.remaps.original(a));
+                if let Some(orig) = self.remaps.original(a) {
+                    self.discard_page(orig);
+                }
                 let Some(next) = a.checked_add(page) else {
                     break;
                 };
@@ -709,8 +707,11 @@ impl Filler {
     /// way (an mremap may have moved what lives there): decide again.
     fn serve_once(&mut self, addr: usize) -> bool {
         let at = addr / self.page * self.page;
-        let orig = self.remaps.original(addr);
-        let Some(b) = self.block_of(orig) else {
+        let Some((orig, b)) = self
+            .remaps
+            .original(addr)
+            .and_then(|o| Some((o, self.block_of(o)?)))
+        else {
             // Registered memory none of our pages lives in: the tail an
             // in-place growing mremap added, or (until its REMAP event is
             // read) where an mremap just moved some of ours; the zero
@@ -882,30 +883,12 @@ impl Filler {
         base.next_multiple_of(self.folio) + k * self.folio
     }
 
-    /// Maps the source's page tables for those of blocks `bs` not done yet
-    /// (in order; each run of adjacent source bytes in one call): see
-    /// [`Source::prefault`].
-    fn warm_sources(&mut self, bs: &[usize]) {
-        let base = self.source.as_ptr() as usize;
-        let mut run: Option<(usize, usize)> = None;
-        for &b in bs {
-            if std::mem::replace(&mut self.warm[b], true) {
-                continue;
-            }
-            let blk = self.blocks[b];
-            let at = self.src(blk.seg as usize, blk.start) - base;
-            run = match run {
-                Some((s, e)) if e == at => Some((s, e + blk.len)),
-                Some((s, e)) => {
-                    self.source.prefault(s, e - s);
-                    Some((at, at + blk.len))
-                }
-                None => Some((at, at + blk.len)),
-            };
-        }
-        if let Some((s, e)) = run {
-            self.source.prefault(s, e - s);
-        }
+    /// Maps the page tables of block `b`'s source in one call before the
+    /// kernel copies it with `UFFDIO_COPY` (see [`Source::prefault`]).
+    fn prefault_source(&self, b: usize) {
+        let blk = self.blocks[b];
+        let at = self.src(blk.seg as usize, blk.start) - self.source.as_ptr() as usize;
+        self.source.prefault(at, blk.len);
     }
 
     /// Fills block `b` now; with `staged`, its bytes are already in that
@@ -914,7 +897,9 @@ impl Filler {
         if self.state[b] {
             return 0;
         }
-        self.warm_sources(&[b]);
+        if !self.movable(b) {
+            self.prefault_source(b);
+        }
         let n = if self.movable(b) {
             let blk = self.blocks[b];
             let slot = match staged {
@@ -1191,7 +1176,7 @@ impl Filler {
                 }
                 moving += 1;
                 bytes += len;
-            } else if self.in_place(b) {
+            } else if self.offerable(b) {
                 if in_place >= crate::params::LAZY_MAX_BATCH_BYTES {
                     break;
                 }
@@ -1211,13 +1196,6 @@ impl Filler {
             self.cursor = 0;
             return;
         }
-        // Blocks copied in place are warmed by the run that copies them.
-        let serial: Vec<usize> = take
-            .iter()
-            .copied()
-            .filter(|&b| !self.in_place(b))
-            .collect();
-        self.warm_sources(&serial);
         let movers: Vec<usize> = take.iter().copied().filter(|&b| self.movable(b)).collect();
         // Per mover: copied into its slot, its source faulted, or given
         // back unstarted (a message cut the batch short).
@@ -1268,10 +1246,6 @@ impl Filler {
             match r {
                 Ok(mut batch) => {
                     self.ready_fault_slot();
-                    // While the channels copy, the next batch's source
-                    // (this thread would only wait).
-                    let ahead = self.next_blocks(want);
-                    self.warm_sources(&ahead);
                     // Serving during batches: while the channels copy,
                     // faults on folios outside the batch are served on
                     // this thread (a vCPU then waits for its own folio, not
@@ -1293,7 +1267,7 @@ impl Filler {
                             let mut later = VecDeque::new();
                             while let Some(addr) = self.faults.pop_front() {
                                 let orig = self.remaps.original(addr);
-                                match self.block_of(orig) {
+                                match orig.and_then(|o| self.block_of(o)) {
                                     Some(b) if take.contains(&b) => later.push_back(addr),
                                     _ => self.serve(addr),
                                 }
@@ -1388,14 +1362,14 @@ impl Filler {
     /// this thread alone with one channel, still cut block by block): the
     /// kernel copies on the calling thread, so one thread alone fills at a
     /// fraction of the memory's bandwidth. Only blocks one call can fill
-    /// whole are offered (large enough, nothing discarded, bad or moved in
-    /// them). A run takes no further block once a message waits and the
-    /// batch has run its least share of the budget, or a fork waits. Any
-    /// error ends a block's call: the caller then copies the rest of it
-    /// with every error handled (`copy_block`), on this thread, which also
-    /// reads the events that made the kernel refuse (EAGAIN).
-    /// Also returns when a run first saw the cut, if one did, and how long
-    /// the copying took.
+    /// whole are offered ([`Filler::offerable`]). A run takes no further
+    /// block once a message waits and the batch has run its least share
+    /// of the budget, or a fork waits, or any run's call failed: the
+    /// caller then copies the rest of that block with every error handled
+    /// (`copy_block`, which also reads the events that made the kernel
+    /// refuse, EAGAIN), and gives back the blocks no run started. Also
+    /// returns when a run first saw a message or fork cut, if one did, and
+    /// how long the copying took.
     fn copy_parallel(
         &self,
         bs: &[usize],
@@ -1406,14 +1380,13 @@ impl Filler {
             .map(|&b| {
                 let blk = self.blocks[b];
                 let seg = blk.seg as usize;
-                let i = self.page_index(seg, blk.start);
-                let n = blk.len / self.page;
-                (self.in_place(b)
-                    && self.remaps.is_empty()
-                    && !self.state[b]
-                    && !self.removed.any(i, n)
-                    && !self.bad_bits.any(i, n))
-                .then(|| (blk.start, self.src(seg, blk.start), blk.len))
+                (self.offerable(b) && !self.state[b]).then(|| {
+                    (
+                        self.remaps.now(blk.start),
+                        self.src(seg, blk.start),
+                        blk.len,
+                    )
+                })
             })
             .collect();
         let jobs: Vec<usize> = (0..bs.len()).filter(|&k| offered[k].is_some()).collect();
@@ -1432,6 +1405,10 @@ impl Filler {
         let uffd = &self.uffd;
         let source = &*self.source;
         let source_base = source.as_ptr() as usize;
+        // Any error ends every run: the fill thread deals with that block
+        // (events to read first, for EAGAIN), and the rest goes back to
+        // the next batch rather than to this thread one by one, uncut.
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let from = begun + self.least_run;
         let due = || {
             super::park::fork_waits()
@@ -1441,6 +1418,9 @@ impl Filler {
                 })
         };
         crate::helpers::fan_out(extra, &|| loop {
+            if failed.load(Ordering::Relaxed) {
+                break;
+            }
             if due() {
                 cut_at.get_or_init(Instant::now);
                 break;
@@ -1449,12 +1429,15 @@ impl Filler {
                 break;
             };
             let (dst, src, len) = offered[k].expect("offered");
-            if !self.warm[bs[k]] {
-                source.prefault(src - source_base, len);
-            }
+            // The kernel faulting the source in as it copies cost the
+            // fill about as much as the copy: map it in one call first.
+            source.prefault(src - source_base, len);
             let r = match uffd.copy(dst, src, len) {
                 Ok(_) => FINISHED | (1 + len),
-                Err(p) => 1 + p.done,
+                Err(p) => {
+                    failed.store(true, Ordering::Relaxed);
+                    1 + p.done
+                }
             };
             results[k].store(r, Ordering::Relaxed);
         });
@@ -1472,27 +1455,22 @@ impl Filler {
         (tried, cut_at.get().copied(), t.elapsed())
     }
 
-    /// The blocks the next batch would take first, about `bytes` of them.
-    fn next_blocks(&self, bytes: usize) -> Vec<usize> {
-        let mut out = Vec::new();
-        let mut got = 0;
-        for &b in &self.order[self.cursor..] {
-            if got >= bytes {
-                break;
-            }
-            let b = b as usize;
-            if !self.state[b] && !self.warm[b] {
-                got += self.blocks[b].len;
-                out.push(b);
-            }
+    /// Whether block `b` is one `copy_parallel` offers: not movable, large
+    /// enough, nothing in it discarded or bad, and in one piece where it
+    /// lives now. Others count against the budget: the fill thread copies
+    /// them unit by unit, uncut.
+    fn offerable(&self, b: usize) -> bool {
+        let blk = self.blocks[b];
+        if self.movable(b) || blk.len < crate::params::LAZY_PARALLEL_COPY_LEAST_BYTES {
+            return false;
         }
-        out
-    }
-
-    /// Whether block `b` is copied in place, whole, by `copy_parallel`
-    /// (when nothing in it is discarded, bad or moved).
-    fn in_place(&self, b: usize) -> bool {
-        !self.movable(b) && self.blocks[b].len >= crate::params::LAZY_PARALLEL_COPY_LEAST_BYTES
+        let seg = blk.seg as usize;
+        let i = self.page_index(seg, blk.start);
+        let n = blk.len / self.page;
+        let now = self.remaps.now(blk.start);
+        !self.removed.any(i, n)
+            && !self.bad_bits.any(i, n)
+            && self.remaps.now(blk.start + blk.len - 1) == now + blk.len - 1
     }
 
     /// Waits for background `batch`, begun at `begun`, sleeping until it

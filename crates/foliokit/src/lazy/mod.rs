@@ -96,6 +96,9 @@
 //!   dropped and its thread woken after the fork to fault again (an event
 //!   is never dropped).
 //!   Wipe-on-fork ranges are left empty in the child (it must see zeros).
+//!   Private hugetlb memory: the child's pages, and the parent's written
+//!   after the fork (copy on write), come from the pool, which must have
+//!   them spare; the kernel kills a process it cannot give one to.
 //!
 //! What a page being out means for code that cannot wait (the kernel does
 //! not wait on a userfaultfd for an exiting task's `clear_child_tid`, for

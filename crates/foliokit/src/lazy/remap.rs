@@ -26,14 +26,19 @@ impl Remaps {
         a
     }
 
-    /// The original address of the page now at `a`.
-    pub fn original(&self, mut a: usize) -> usize {
+    /// The original address of the page now at `a`; `None` where a move
+    /// vacated `a` and nothing of ours moved there since (the old range
+    /// of an mremap: its UNMAP event, or a touch of what MREMAP_DONTUNMAP
+    /// left, concerns no page of ours).
+    pub fn original(&self, mut a: usize) -> Option<usize> {
         for &(from, to, len) in self.0.iter().rev() {
             if a >= to && a < to + len {
                 a = a - to + from;
+            } else if a >= from && a < from + len {
+                return None;
             }
         }
-        a
+        Some(a)
     }
 
     /// Where the original range `[start, start + len)` is now, in pieces.
@@ -73,13 +78,21 @@ mod tests {
         assert_eq!(r.now(0x1000), 0x9000);
         assert_eq!(r.now(0x2fff), 0xafff);
         assert_eq!(r.now(0x3000), 0x3000);
-        assert_eq!(r.original(0x9000), 0x1000);
+        assert_eq!(r.original(0x9000), Some(0x1000));
+        // Vacated by the move: no page of ours is there.
+        assert_eq!(r.original(0x1000), None);
+        assert_eq!(r.original(0x3000), Some(0x3000));
         assert_eq!(
             r.image(0, 0x4000),
             vec![(0, 0x1000), (0x9000, 0x2000), (0x3000, 0x1000)]
         );
         r.push(0x9000, 0x20000, 0x1000);
         assert_eq!(r.now(0x1000), 0x20000);
-        assert_eq!(r.original(0x20000), 0x1000);
+        assert_eq!(r.original(0x20000), Some(0x1000));
+        assert_eq!(r.original(0x9000), None);
+        // Moved back where it came from: ours again.
+        r.push(0x20000, 0x1000, 0x1000);
+        assert_eq!(r.original(0x1000), Some(0x1000));
+        assert_eq!(r.original(0x20000), None);
     }
 }

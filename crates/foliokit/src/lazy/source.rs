@@ -68,14 +68,14 @@ impl Source {
     }
 
     /// Maps the page tables of `[off, off + len)` of the source in one
-    /// call (`MADV_POPULATE_READ`, Linux 5.14), best effort, before it is
-    /// read: a fresh mapping of a file in the page cache otherwise takes a
-    /// fault per few pages as it is read, which cost a 4 GiB fill more
-    /// time than its copies did. A page that cannot be read stops it
-    /// silently: the copy that reads the page then reports it. The lazy
-    /// fill calls it for every batch; an eager copy from the source should
-    /// call it per chunk it copies.
-    pub fn prefault(&self, off: usize, len: usize) {
+    /// call (`MADV_POPULATE_READ`, Linux 5.14), best effort, before the
+    /// kernel copies from it with `UFFDIO_COPY`: faulting a fresh mapping
+    /// of the page cache in from inside that copy cost a 4 GiB hugetlb
+    /// fill about as much time as the copy itself. A page that cannot be
+    /// read stops it silently: the copy that reads the page then reports
+    /// it. (Copies in user space fault their source in on the threads that
+    /// copy, in parallel; a prefault on one thread would serialise that.)
+    pub(crate) fn prefault(&self, off: usize, len: usize) {
         let page = crate::batch::page_size();
         let start = off / page * page;
         let end = off.saturating_add(len).min(self.len);

@@ -40,7 +40,10 @@ pub struct HugetlbPool {
     pub size: usize,
     /// Pages in the pool (`nr_hugepages`).
     pub total: usize,
-    /// Pages not yet mapped by anyone (`free_hugepages`).
+    /// Pages a new mapping can have: `free_hugepages` less
+    /// `resv_hugepages`, the free pages mappings already made have
+    /// reserved (a private mapping reserves its pages when it is made and
+    /// takes them on first touch).
     pub free: usize,
 }
 
@@ -139,7 +142,10 @@ pub fn hugetlb_pools() -> Vec<HugetlbPool> {
             Some(HugetlbPool {
                 size,
                 total: sysfs::read_usize(path.join("nr_hugepages"))?,
-                free: sysfs::read_usize(path.join("free_hugepages"))?,
+                free: available(
+                    sysfs::read_usize(path.join("free_hugepages"))?,
+                    sysfs::read_usize(path.join("resv_hugepages")),
+                ),
             })
         })
         .collect()
@@ -151,8 +157,16 @@ pub fn hugetlb_pool(size: usize) -> Option<HugetlbPool> {
     Some(HugetlbPool {
         size,
         total: sysfs::read_usize(format!("{dir}/nr_hugepages"))?,
-        free: sysfs::read_usize(format!("{dir}/free_hugepages"))?,
+        free: available(
+            sysfs::read_usize(format!("{dir}/free_hugepages"))?,
+            sysfs::read_usize(format!("{dir}/resv_hugepages")),
+        ),
     })
+}
+
+/// Free pages less reserved ones (where the kernel says how many).
+fn available(free: usize, reserved: Option<usize>) -> usize {
+    free.saturating_sub(reserved.unwrap_or(0))
 }
 
 /// The sysfs directory of the `size` hugetlb pool (`nr_hugepages`,

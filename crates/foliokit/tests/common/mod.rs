@@ -759,22 +759,13 @@ pub struct Hugetlb {
 impl Hugetlb {
     /// `len` bytes (whole 2 MiB pages) of hugetlb memory, untouched; or
     /// says why there is none here and returns `None`. Holds, until this
-    /// test child exits, a lock the other users of this function take
-    /// too, so no two of them grow or shrink the pool at once.
+    /// test process exits, a lock the other processes using this function
+    /// take too, so no two of them grow or shrink the pool at once. A
+    /// test child killed (it hung) leaves the pool as grown: a setting,
+    /// the next test's growth counts from it.
     pub fn new(len: usize) -> Option<Hugetlb> {
-        use std::os::fd::AsRawFd;
         assert_eq!(len % THP, 0, "whole 2 MiB pages");
-        let path = std::env::temp_dir().join("foliokit-hugetlb.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .expect("open the lock file");
-        // SAFETY: flock on our own descriptor.
-        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-        assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-        std::mem::forget(f);
+        hugetlb_lock();
         let need = len / THP;
         let nr = HUGETLB_2M_NR;
         let Some(pool) = foliokit::mem::system::hugetlb_pool(THP) else {
@@ -827,6 +818,26 @@ impl Hugetlb {
             added,
         })
     }
+}
+
+/// Takes the pool lock for this process, once (a second `Hugetlb` in the
+/// same process must not wait for the first).
+fn hugetlb_lock() {
+    use std::os::fd::AsRawFd;
+    static LOCK: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    LOCK.get_or_init(|| {
+        let path = std::env::temp_dir().join("foliokit-hugetlb.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .expect("open the lock file");
+        // SAFETY: flock on our own descriptor, kept open for the process.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+        f
+    });
 }
 
 fn shrink_pool(nr: &str, by: usize) {
