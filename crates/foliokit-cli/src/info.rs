@@ -118,10 +118,11 @@ pub fn run(a: InfoArgs) -> Result<(), CliError> {
     for p in &s.hugetlb {
         let _ = writeln!(
             out,
-            "hugetlb   {} pool: {} pages, {} free",
+            "hugetlb   {} pool: {} pages, {} free ({} of them reserved)",
             show_size(p.size),
             p.total,
-            p.free
+            p.free,
+            p.reserved
         );
     }
     let _ = writeln!(

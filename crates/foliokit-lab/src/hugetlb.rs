@@ -35,7 +35,7 @@ impl HugetlbGrant {
     pub fn reserve(size: usize, need: usize) -> Result<Option<HugetlbGrant>, String> {
         let free = hugetlb_pool(size)
             .ok_or_else(|| format!("this kernel has no {} hugetlb pool", size_name(size)))?
-            .free;
+            .available();
         if free >= need {
             return Ok(None);
         }
@@ -66,10 +66,10 @@ impl HugetlbGrant {
         }
         let dir = hugetlb_dir(size);
         let pool = hugetlb_pool(size)?;
-        if pool.free >= need {
+        if pool.available() >= need {
             return None;
         }
-        let want = pool.total + (need - pool.free);
+        let want = pool.total + (need - pool.available());
         let nr = format!("{dir}/nr_hugepages");
         std::fs::write(&nr, want.to_string()).ok()?;
         let got = read_usize(&nr)?;

@@ -155,8 +155,9 @@ pub const LAZY_CHANNELS: usize = 2;
 /// shrinks it from there.
 pub const LAZY_START_BATCH_BYTES: usize = 4 << 20;
 
-/// The largest background batch of a lazy fill (its staging area, mapped
-/// once per fill).
+/// The largest background batch of a lazy fill: its staging area
+/// (mapped once per fill) for folios moved in, and the bytes of blocks
+/// copied in place one batch may take.
 pub const LAZY_MAX_BATCH_BYTES: usize = 64 << 20;
 
 /// The least block a lazy fill's background batch copies with

@@ -51,12 +51,24 @@ struct Block {
     seg: u32,
 }
 
+/// Whether work in a background batch should stop for a message: a fork
+/// waits, or a message waits (on `watch`, the userfaultfd) and the batch
+/// has run until `from` (its least run).
+fn cut_due(watch: Option<&OwnedFd>, from: Instant) -> bool {
+    super::park::fork_waits()
+        || watch.is_some_and(|fd| {
+            Instant::now() >= from
+                && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
+        })
+}
+
 /// What [`Filler::copy_parallel`] did with one block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tried {
-    /// Not offered: the fill thread fills it as before.
+    /// Not offered (see [`Filler::offerable`]).
     NotOffered,
-    /// Offered, but the runs stopped before it (a message or a fork).
+    /// Offered, but the runs stopped before it: a message or a fork
+    /// waits, or a run's call failed.
     Unstarted,
     /// Installed whole by one call (bytes).
     Finished(usize),
@@ -513,9 +525,15 @@ impl Filler {
         s.first_page + (addr - s.addr) / self.page
     }
 
+    /// Where the source's bytes for original address `addr` are.
     fn src(&self, seg: usize, addr: usize) -> usize {
+        self.source.as_ptr() as usize + self.src_offset(seg, addr)
+    }
+
+    /// The offset into the source of original address `addr`'s bytes.
+    fn src_offset(&self, seg: usize, addr: usize) -> usize {
         let s = &self.segs[seg];
-        self.source.as_ptr() as usize + s.offset as usize + (addr - s.addr)
+        s.offset as usize + (addr - s.addr)
     }
 
     fn mark_done(&mut self, b: usize) {
@@ -865,17 +883,24 @@ impl Filler {
     /// Whether block `b` can go in whole with `UFFDIO_MOVE`.
     fn movable(&self, b: usize) -> bool {
         let blk = self.blocks[b];
+        self.segs[blk.seg as usize].movable
+            && blk.len == self.folio
+            && self.staging.is_some()
+            && self.whole(b)
+            && self.remaps.now(blk.start) % self.folio == 0
+    }
+
+    /// Whether block `b` can be installed whole: nothing in it discarded
+    /// or bad, and in one piece where it lives now.
+    fn whole(&self, b: usize) -> bool {
+        let blk = self.blocks[b];
         let seg = blk.seg as usize;
-        if !self.segs[seg].movable || blk.len != self.folio || self.staging.is_none() {
-            return false;
-        }
         let i = self.page_index(seg, blk.start);
         let n = blk.len / self.page;
-        if self.removed.any(i, n) || self.bad_bits.any(i, n) {
-            return false;
-        }
         let now = self.remaps.now(blk.start);
-        now % self.folio == 0 && self.remaps.now(blk.start + blk.len - 1) == now + blk.len - 1
+        !self.removed.any(i, n)
+            && !self.bad_bits.any(i, n)
+            && self.remaps.now(blk.start + blk.len - 1) == now + blk.len - 1
     }
 
     fn slot(&self, k: usize) -> usize {
@@ -887,8 +912,8 @@ impl Filler {
     /// kernel copies it with `UFFDIO_COPY` (see [`Source::prefault`]).
     fn prefault_source(&self, b: usize) {
         let blk = self.blocks[b];
-        let at = self.src(blk.seg as usize, blk.start) - self.source.as_ptr() as usize;
-        self.source.prefault(at, blk.len);
+        self.source
+            .prefault(self.src_offset(blk.seg as usize, blk.start), blk.len);
     }
 
     /// Fills block `b` now; with `staged`, its bytes are already in that
@@ -897,10 +922,11 @@ impl Filler {
         if self.state[b] {
             return 0;
         }
-        if !self.movable(b) {
+        let movable = self.movable(b);
+        if !movable {
             self.prefault_source(b);
         }
-        let n = if self.movable(b) {
+        let n = if movable {
             let blk = self.blocks[b];
             let slot = match staged {
                 Some(s) => Some(s),
@@ -1147,7 +1173,8 @@ impl Filler {
     }
 
     /// One background batch: the next pending blocks in order, as many as
-    /// the budget allows.
+    /// the budget allows (blocks copied in place, which are cut one by
+    /// one, up to the largest batch).
     fn batch(&mut self) {
         let want = self.ctl.pages() * self.page;
         let t = Instant::now();
@@ -1163,6 +1190,7 @@ impl Filler {
         // largest batch bounds them, and a batch of them costs its
         // setup once.
         let mut in_place = 0;
+        let mut in_place_at_selection = Vec::new();
         while self.cursor < self.order.len() {
             let b = self.order[self.cursor] as usize;
             if self.state[b] {
@@ -1181,6 +1209,7 @@ impl Filler {
                     break;
                 }
                 in_place += len;
+                in_place_at_selection.push(b);
             } else {
                 if bytes >= want {
                     break;
@@ -1230,13 +1259,7 @@ impl Filler {
                 _ => Weak::new(),
             };
             let from = t + self.least_run;
-            let due = move || {
-                super::park::fork_waits()
-                    || watch.upgrade().is_some_and(|fd| {
-                        Instant::now() >= from
-                            && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
-                    })
-            };
+            let due = move || cut_due(watch.upgrade().as_deref(), from);
             // SAFETY: the slots are distinct folios of our private staging
             // mapping, touched by nobody else until the batch ends (faults
             // served meanwhile use the fault slot); the sources are mapped
@@ -1318,22 +1341,35 @@ impl Filler {
             .copied()
             .filter(|b| !movers.contains(b))
             .collect();
+        let selected_in_place: Vec<bool> = rest
+            .iter()
+            .map(|b| in_place_at_selection.contains(b))
+            .collect();
         let (tried, cut_at, in_place_took) = if cut_short {
             (vec![Tried::NotOffered; rest.len()], None, Duration::ZERO)
         } else {
             self.copy_parallel(&rest, t)
         };
         cut_short |= tried.contains(&Tried::Unstarted);
-        for (&b, tried) in rest.iter().zip(tried) {
+        // What the runs installed whole is done before anything below reads
+        // events: a discard read there must find those blocks done (their
+        // pages counted once, as filled), not still to fill.
+        for (&b, tried) in rest.iter().zip(&tried) {
+            if let Tried::Finished(bytes) = *tried {
+                self.mark_done(b);
+                n += bytes / self.page;
+            }
+        }
+        for (k, (&b, tried)) in rest.iter().zip(tried).enumerate() {
             n += match tried {
-                Tried::Finished(bytes) => {
-                    self.mark_done(b);
-                    bytes / self.page
-                }
+                Tried::Finished(_) => 0,
                 // The units installed are skipped (EEXIST); the rest is
                 // copied with every error handled.
                 Tried::Stopped(bytes) => bytes / self.page + self.fill_block(b, None),
-                _ if cut_short => {
+                // Not started, or no longer offered (events read since
+                // made it so): the budget never sized it, so it is not
+                // copied here uncut; the next batch takes it as it is.
+                _ if cut_short || selected_in_place[k] => {
                     self.cursor = start;
                     0
                 }
@@ -1375,7 +1411,7 @@ impl Filler {
         bs: &[usize],
         begun: Instant,
     ) -> (Vec<Tried>, Option<Instant>, Duration) {
-        let offered: Vec<Option<(usize, usize, usize)>> = bs
+        let offered: Vec<Option<(usize, usize, usize, usize)>> = bs
             .iter()
             .map(|&b| {
                 let blk = self.blocks[b];
@@ -1384,6 +1420,7 @@ impl Filler {
                     (
                         self.remaps.now(blk.start),
                         self.src(seg, blk.start),
+                        self.src_offset(seg, blk.start),
                         blk.len,
                     )
                 })
@@ -1404,19 +1441,12 @@ impl Filler {
         let watch = self.watch.as_deref();
         let uffd = &self.uffd;
         let source = &*self.source;
-        let source_base = source.as_ptr() as usize;
         // Any error ends every run: the fill thread deals with that block
         // (events to read first, for EAGAIN), and the rest goes back to
         // the next batch rather than to this thread one by one, uncut.
         let failed = std::sync::atomic::AtomicBool::new(false);
         let from = begun + self.least_run;
-        let due = || {
-            super::park::fork_waits()
-                || watch.is_some_and(|fd| {
-                    Instant::now() >= from
-                        && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
-                })
-        };
+        let due = || cut_due(watch, from);
         crate::helpers::fan_out(extra, &|| loop {
             if failed.load(Ordering::Relaxed) {
                 break;
@@ -1428,10 +1458,10 @@ impl Filler {
             let Some(&k) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 break;
             };
-            let (dst, src, len) = offered[k].expect("offered");
+            let (dst, src, src_off, len) = offered[k].expect("offered");
             // The kernel faulting the source in as it copies cost the
             // fill about as much as the copy: map it in one call first.
-            source.prefault(src - source_base, len);
+            source.prefault(src_off, len);
             let r = match uffd.copy(dst, src, len) {
                 Ok(_) => FINISHED | (1 + len),
                 Err(p) => {
@@ -1460,17 +1490,9 @@ impl Filler {
     /// lives now. Others count against the budget: the fill thread copies
     /// them unit by unit, uncut.
     fn offerable(&self, b: usize) -> bool {
-        let blk = self.blocks[b];
-        if self.movable(b) || blk.len < crate::params::LAZY_PARALLEL_COPY_LEAST_BYTES {
-            return false;
-        }
-        let seg = blk.seg as usize;
-        let i = self.page_index(seg, blk.start);
-        let n = blk.len / self.page;
-        let now = self.remaps.now(blk.start);
-        !self.removed.any(i, n)
-            && !self.bad_bits.any(i, n)
-            && self.remaps.now(blk.start + blk.len - 1) == now + blk.len - 1
+        self.blocks[b].len >= crate::params::LAZY_PARALLEL_COPY_LEAST_BYTES
+            && !self.movable(b)
+            && self.whole(b)
     }
 
     /// Waits for background `batch`, begun at `begun`, sleeping until it

@@ -77,21 +77,18 @@ impl Source {
     /// copy, in parallel; a prefault on one thread would serialise that.)
     pub(crate) fn prefault(&self, off: usize, len: usize) {
         let page = crate::batch::page_size();
-        let start = off / page * page;
         let end = off.saturating_add(len).min(self.len);
-        if start >= end {
+        if off >= end {
             return;
         }
-        // SAFETY: advice on a range inside the source's mapping, which is
-        // only read; MADV_POPULATE_READ faults pages in as a read would and
-        // changes no data.
-        unsafe {
-            libc::madvise(
-                self.ptr.wrapping_add(start) as *mut libc::c_void,
-                end - start,
-                libc::MADV_POPULATE_READ,
-            )
-        };
+        // Whole pages, by address: a caller's source need not start on one.
+        let lo = (self.ptr as usize + off) / page * page;
+        let hi = self.ptr as usize + end;
+        // SAFETY: advice on the pages holding `[off, end)` of the source's
+        // mapping (a page it starts in part of is mapped whole), which is
+        // only read; MADV_POPULATE_READ faults pages in as a read would
+        // and changes no data.
+        unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_POPULATE_READ) };
     }
 
     /// First byte.

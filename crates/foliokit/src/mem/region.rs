@@ -44,13 +44,38 @@ pub enum MemError {
     /// Making a guard page of [`Region::guarded`] inaccessible failed.
     #[error("mprotect of a guard page failed: {0}")]
     Guard(io::Error),
-    /// [`Region::hugetlb`] could not have its pages (why, in words).
-    #[error("no hugetlb pages: {0}")]
-    NoHugetlb(String),
+    /// A hugetlb mapping ([`Region::hugetlb`], or a 1 GiB [`Region::new`]
+    /// before its fallback) could not have its pages.
+    #[error("{}", hugetlb_refusal(*.size, *.pages, *.available, .source))]
+    NoHugetlb {
+        /// The huge page size asked for.
+        size: usize,
+        /// Pages the mapping needed.
+        pages: usize,
+        /// Pages the pool had for a new mapping (free, not reserved);
+        /// `None`: the kernel has no pool of that size.
+        available: Option<usize>,
+        /// What mmap said.
+        source: io::Error,
+    },
     /// [`Region::evict`] on an architecture without a cache-flush
     /// instruction foliokit uses (anything but x86_64).
     #[error("cache eviction is not available on this architecture")]
     NoFlush,
+}
+
+fn hugetlb_refusal(size: usize, pages: usize, available: Option<usize>, e: &io::Error) -> String {
+    match available {
+        None => format!("this kernel has no {} hugetlb pool", size_name(size)),
+        Some(a) if a < pages => format!(
+            "the {} hugetlb pool has {a} of {pages} pages free",
+            size_name(size)
+        ),
+        Some(_) => format!(
+            "hugetlb mmap of {pages} {} pages failed: {e}",
+            size_name(size)
+        ),
+    }
 }
 
 /// What backing a region asked for and what it got.
@@ -142,7 +167,7 @@ impl Region {
         if folio == GIB {
             match Self::map_hugetlb(len, GIB, prefault) {
                 Ok(r) => return Ok(r),
-                Err(why) => note = Some(why),
+                Err(why) => note = Some(why.to_string()),
             }
         }
         let thp = system::thp_state();
@@ -215,21 +240,14 @@ impl Region {
     }
 
     /// Hugetlb-backed region from the pages already in the pool, or why not.
-    fn map_hugetlb(len: usize, size: usize, prefault: bool) -> Result<Region, String> {
+    fn map_hugetlb(len: usize, size: usize, prefault: bool) -> Result<Region, MemError> {
         let flags =
             libc::MAP_HUGETLB | ((size.trailing_zeros() as libc::c_int) << libc::MAP_HUGE_SHIFT);
-        let need = len / size;
-        let map = mmap(len, flags).map_err(|_| match system::hugetlb_pool(size) {
-            None => format!("this kernel has no {} hugetlb pool", size_name(size)),
-            Some(p) if p.free < need => format!(
-                "the {} hugetlb pool has {} of {need} pages free",
-                size_name(size),
-                p.free
-            ),
-            Some(_) => format!(
-                "hugetlb mmap failed with {need} free {} pages",
-                size_name(size)
-            ),
+        let map = mmap(len, flags).map_err(|source| MemError::NoHugetlb {
+            size,
+            pages: len / size,
+            available: system::hugetlb_pool(size).map(|p| p.available()),
+            source,
         })?;
         let mut r = Region {
             map,
@@ -259,14 +277,17 @@ impl Region {
             return Err(MemError::Empty);
         }
         if !page_size.is_power_of_two() {
-            return Err(MemError::NoHugetlb(format!(
-                "{page_size} is not a page size"
-            )));
+            return Err(MemError::NoHugetlb {
+                size: page_size,
+                pages: 0,
+                available: None,
+                source: io::Error::from(io::ErrorKind::InvalidInput),
+            });
         }
         let len = len
             .checked_next_multiple_of(page_size)
             .ok_or(MemError::TooLarge(len))?;
-        Self::map_hugetlb(len, page_size, populate).map_err(MemError::NoHugetlb)
+        Self::map_hugetlb(len, page_size, populate)
     }
 
     /// A base-page region with a PROT_NONE page on each side, so any access
@@ -428,7 +449,7 @@ mod tests {
         let r = Region::unpopulated(GIB, GIB).unwrap();
         let after = system::hugetlb_pool(GIB).unwrap();
         assert_eq!(after.total, before.total, "the pool was resized");
-        if before.free == 0 {
+        if before.available() == 0 {
             assert!(!r.backing().obtained.starts_with("hugetlb"));
             let note = r.backing().note.as_deref().unwrap_or_default();
             assert!(note.contains("pool has 0 of 1 pages free"), "{note}");

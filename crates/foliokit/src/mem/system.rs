@@ -40,11 +40,19 @@ pub struct HugetlbPool {
     pub size: usize,
     /// Pages in the pool (`nr_hugepages`).
     pub total: usize,
-    /// Pages a new mapping can have: `free_hugepages` less
-    /// `resv_hugepages`, the free pages mappings already made have
-    /// reserved (a private mapping reserves its pages when it is made and
-    /// takes them on first touch).
+    /// Pages not yet mapped by anyone (`free_hugepages`).
     pub free: usize,
+    /// Of those, pages mappings already made have reserved
+    /// (`resv_hugepages`: a private mapping reserves its pages when it is
+    /// made and takes them on first touch).
+    pub reserved: usize,
+}
+
+impl HugetlbPool {
+    /// Pages a new mapping can have: free and not reserved.
+    pub fn available(&self) -> usize {
+        self.free.saturating_sub(self.reserved)
+    }
 }
 
 /// A snapshot of the system settings that decide what backing memory gets
@@ -138,35 +146,24 @@ pub fn read_mthp(dir: &std::path::Path) -> Vec<MthpSize> {
 pub fn hugetlb_pools() -> Vec<HugetlbPool> {
     size_dirs(std::path::Path::new(HUGETLB))
         .into_iter()
-        .filter_map(|(size, path)| {
-            Some(HugetlbPool {
-                size,
-                total: sysfs::read_usize(path.join("nr_hugepages"))?,
-                free: available(
-                    sysfs::read_usize(path.join("free_hugepages"))?,
-                    sysfs::read_usize(path.join("resv_hugepages")),
-                ),
-            })
-        })
+        .filter_map(|(size, path)| read_pool(size, &path))
         .collect()
 }
 
 /// The `size` hugetlb pool's page counts, if this kernel has that pool.
 pub fn hugetlb_pool(size: usize) -> Option<HugetlbPool> {
-    let dir = hugetlb_dir(size);
-    Some(HugetlbPool {
-        size,
-        total: sysfs::read_usize(format!("{dir}/nr_hugepages"))?,
-        free: available(
-            sysfs::read_usize(format!("{dir}/free_hugepages"))?,
-            sysfs::read_usize(format!("{dir}/resv_hugepages")),
-        ),
-    })
+    read_pool(size, std::path::Path::new(&hugetlb_dir(size)))
 }
 
-/// Free pages less reserved ones (where the kernel says how many).
-fn available(free: usize, reserved: Option<usize>) -> usize {
-    free.saturating_sub(reserved.unwrap_or(0))
+/// The counts in one pool's sysfs directory (no reservations counted
+/// where the kernel does not say).
+fn read_pool(size: usize, dir: &std::path::Path) -> Option<HugetlbPool> {
+    Some(HugetlbPool {
+        size,
+        total: sysfs::read_usize(dir.join("nr_hugepages"))?,
+        free: sysfs::read_usize(dir.join("free_hugepages"))?,
+        reserved: sysfs::read_usize(dir.join("resv_hugepages")).unwrap_or(0),
+    })
 }
 
 /// The sysfs directory of the `size` hugetlb pool (`nr_hugepages`,

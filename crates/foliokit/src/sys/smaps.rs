@@ -1,5 +1,7 @@
 //! `/proc/PID/smaps`: how much of a range the kernel maps with PMD-sized
-//! huge pages, and the page size of a (hugetlb) mapping.
+//! huge pages; and the page size of a (hugetlb) mapping, which the
+//! `PROCMAP_QUERY` ioctl on `/proc/self/maps` answers where the kernel has
+//! it, smaps elsewhere.
 
 /// Bytes of `AnonHugePages` in the mappings of process `pid` (`None`: this
 /// one) that intersect `[start, end)`; `madvise` splits mappings, so a
@@ -21,9 +23,14 @@ pub fn anon_huge_bytes(pid: Option<i32>, start: usize, end: usize) -> Option<usi
 /// the process, milliseconds per populated gigabyte, while a VMM waits to
 /// start its vCPUs.
 pub fn kernel_page_size(addr: usize) -> Option<usize> {
-    if let Some(answer) = query_page_size(addr) {
-        return answer;
+    match query_page_size(addr) {
+        Some(answer) => answer,
+        None => smaps_page_size(addr),
     }
+}
+
+/// [`kernel_page_size`] from smaps.
+fn smaps_page_size(addr: usize) -> Option<usize> {
     let text = std::fs::read_to_string("/proc/self/smaps").ok()?;
     // Unreadable: the base page, as the kernel writes it.
     let kib = kib_fields(&text, addr, addr + 1, "KernelPageSize:").next()?;
@@ -136,14 +143,9 @@ AnonHugePages:      8 kB
     fn the_query_and_smaps_agree() {
         let heap = Box::new([0u8; 64]);
         let local = 0u8;
-        let smaps = |addr: usize| {
-            let text = std::fs::read_to_string("/proc/self/smaps").unwrap();
-            let kib = super::kib_fields(&text, addr, addr + 1, "KernelPageSize:").next()?;
-            Some(kib.unwrap_or(4) << 10)
-        };
         for addr in [heap.as_ptr() as usize, &local as *const u8 as usize, 4096] {
             match super::query_page_size(addr) {
-                Some(answer) => assert_eq!(answer, smaps(addr), "at {addr:#x}"),
+                Some(answer) => assert_eq!(answer, super::smaps_page_size(addr), "at {addr:#x}"),
                 None => eprintln!("SKIP: PROCMAP_QUERY unavailable (Linux 6.11+)"),
             }
         }

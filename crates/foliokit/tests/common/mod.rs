@@ -773,15 +773,17 @@ impl Hugetlb {
             return None;
         };
         let mut added = 0;
-        if pool.free < need {
+        if pool.available() < need {
             if !foliokit::mem::system::is_root() {
                 skip(&format!(
                     "the 2 MiB hugetlb pool has {} of {need} pages free, and growing it needs root",
-                    pool.free
+                    pool.available()
                 ));
                 return None;
             }
-            let want = pool.total + need - pool.free;
+            // As foliokit_lab::hugetlb::HugetlbGrant grows it (the
+            // library's own tests cannot use the lab).
+            let want = pool.total + need - pool.available();
             let _ = std::fs::write(nr, want.to_string());
             let got = foliokit::mem::system::hugetlb_pool(THP).map_or(0, |p| p.total);
             added = got.saturating_sub(pool.total);
@@ -868,7 +870,8 @@ pub struct MapsLine {
     /// `rw-p` and the like.
     pub perms: String,
     pub inode: u64,
-    /// The path or `[name]`, if the line has one.
+    /// The first word of the path or `[name]`, if the line has one (a
+    /// path with spaces or a ` (deleted)` suffix is cut there).
     pub path: Option<String>,
 }
 
