@@ -679,8 +679,15 @@ pub fn blocked_in(pid: i32) -> String {
 /// need the migration and the application's threads to run in parallel,
 /// which a second scenario's threads would prevent; some change sysfs.
 pub fn one_at_a_time() {
+    std::mem::forget(exclusive_lock("foliokit-migrate-concurrent.lock"));
+}
+
+/// Takes an exclusive lock on the file `name` in the temporary directory,
+/// held until the returned descriptor is closed (or the process exits):
+/// test processes that change shared state take turns with it.
+fn exclusive_lock(name: &str) -> std::fs::File {
     use std::os::fd::AsRawFd;
-    let path = std::env::temp_dir().join("foliokit-migrate-concurrent.lock");
+    let path = std::env::temp_dir().join(name);
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -690,7 +697,7 @@ pub fn one_at_a_time() {
     // SAFETY: flock on our own descriptor.
     let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
     assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-    std::mem::forget(f);
+    f
 }
 
 /// The first NUMA node (every machine has it): where the migration tests
@@ -825,21 +832,8 @@ impl Hugetlb {
 /// Takes the pool lock for this process, once (a second `Hugetlb` in the
 /// same process must not wait for the first).
 fn hugetlb_lock() {
-    use std::os::fd::AsRawFd;
     static LOCK: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
-    LOCK.get_or_init(|| {
-        let path = std::env::temp_dir().join("foliokit-hugetlb.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .expect("open the lock file");
-        // SAFETY: flock on our own descriptor, kept open for the process.
-        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-        assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-        f
-    });
+    LOCK.get_or_init(|| exclusive_lock("foliokit-hugetlb.lock"));
 }
 
 fn shrink_pool(nr: &str, by: usize) {
@@ -870,8 +864,8 @@ pub struct MapsLine {
     /// `rw-p` and the like.
     pub perms: String,
     pub inode: u64,
-    /// The first word of the path or `[name]`, if the line has one (a
-    /// path with spaces or a ` (deleted)` suffix is cut there).
+    /// The path or `[name]`, if the line has one (with a ` (deleted)`
+    /// suffix where the file was deleted).
     pub path: Option<String>,
 }
 
@@ -886,7 +880,8 @@ pub fn maps() -> Vec<MapsLine> {
             let _offset = f.next()?;
             let _dev = f.next()?;
             let inode = f.next()?.parse().ok()?;
-            let path = f.next().map(str::to_owned);
+            let path = f.collect::<Vec<_>>().join(" ");
+            let path = (!path.is_empty()).then_some(path);
             Some(MapsLine {
                 start: usize::from_str_radix(a, 16).ok()?,
                 end: usize::from_str_radix(b, 16).ok()?,
