@@ -256,7 +256,6 @@ pub fn temp_file(what: &str) -> (std::fs::File, std::path::PathBuf) {
 /// portable, unprivileged way to make source pages vanish.
 pub struct TruncatedFile {
     file: std::fs::File,
-    path: std::path::PathBuf,
     map: *mut u8,
     len: usize,
 }
@@ -268,6 +267,10 @@ impl TruncatedFile {
         use std::io::Write;
         use std::os::fd::AsRawFd;
         let (mut file, path) = temp_file("truncated");
+        // Unlinked at once: the descriptor is all the tests use, and a
+        // test process that dies (or a child that exits without
+        // unwinding) leaves nothing behind.
+        let _ = std::fs::remove_file(&path);
         file.write_all(&pattern(len, seed))
             .expect("write temp file");
         let flags = libc::MAP_SHARED | if at.is_some() { libc::MAP_FIXED } else { 0 };
@@ -286,7 +289,6 @@ impl TruncatedFile {
         assert_ne!(map, libc::MAP_FAILED, "mmap temp file");
         TruncatedFile {
             file,
-            path,
             map: map.cast(),
             len,
         }
@@ -323,7 +325,6 @@ impl Drop for TruncatedFile {
     fn drop(&mut self) {
         // SAFETY: our own mapping.
         unsafe { libc::munmap(self.map.cast(), self.len) };
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
