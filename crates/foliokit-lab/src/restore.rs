@@ -738,19 +738,18 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
             verdict(pooled <= budget + folio_us),
         ));
         if let Some(f) = row("populate only") {
+            let zeroing = format!(
+                "fresh guest RAM: the kernel's huge-page faults alone (populate only, zeroing each 2 MiB page) take {:.0} ms of the eager foliokit's {:.0} ms",
+                f.resident_secs.median * 1e3,
+                e.resident_secs.median * 1e3,
+            );
             report.footer.push(if plan.hugetlb {
                 format!(
-                    "fresh guest RAM: the kernel's huge-page faults alone (populate only, zeroing each 2 MiB page) take {:.0} ms of the eager foliokit's {:.0} ms; the lazy fill's UFFDIO_COPY installs each hugetlb page without zeroing it: all resident at {} of the limit",
-                    f.resident_secs.median * 1e3,
-                    e.resident_secs.median * 1e3,
+                    "{zeroing}; the lazy fill's UFFDIO_COPY installs each hugetlb page without zeroing it: all resident at {} of the limit",
                     pct(Some(z.share)),
                 )
             } else {
-                format!(
-                    "fresh guest RAM: the kernel's huge-page faults alone (populate only, zeroing each 2 MiB page) take {:.0} ms of the eager foliokit's {:.0} ms; no restore into fresh anonymous THP avoids them",
-                    f.resident_secs.median * 1e3,
-                    e.resident_secs.median * 1e3,
-                )
+                format!("{zeroing}; no restore into fresh anonymous THP avoids them")
             });
         }
     }

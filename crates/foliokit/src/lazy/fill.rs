@@ -923,7 +923,9 @@ impl Filler {
             return 0;
         }
         let movable = self.movable(b);
-        if !movable {
+        // Only where the kernel copies a large block: a base page's copy
+        // faults its source in once, and the call would only add to it.
+        if !movable && self.blocks[b].len >= crate::params::LAZY_PARALLEL_COPY_LEAST_BYTES {
             self.prefault_source(b);
         }
         let n = if movable {
@@ -1411,7 +1413,7 @@ impl Filler {
         bs: &[usize],
         begun: Instant,
     ) -> (Vec<Tried>, Option<Instant>, Duration) {
-        let offered: Vec<Option<(usize, usize, usize, usize)>> = bs
+        let offered: Vec<Option<(usize, usize, usize)>> = bs
             .iter()
             .map(|&b| {
                 let blk = self.blocks[b];
@@ -1419,7 +1421,6 @@ impl Filler {
                 (self.offerable(b) && !self.state[b]).then(|| {
                     (
                         self.remaps.now(blk.start),
-                        self.src(seg, blk.start),
                         self.src_offset(seg, blk.start),
                         blk.len,
                     )
@@ -1458,10 +1459,11 @@ impl Filler {
             let Some(&k) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 break;
             };
-            let (dst, src, src_off, len) = offered[k].expect("offered");
+            let (dst, src_off, len) = offered[k].expect("offered");
             // The kernel faulting the source in as it copies cost the
             // fill about as much as the copy: map it in one call first.
             source.prefault(src_off, len);
+            let src = source.as_ptr() as usize + src_off;
             let r = match uffd.copy(dst, src, len) {
                 Ok(_) => FINISHED | (1 + len),
                 Err(p) => {
