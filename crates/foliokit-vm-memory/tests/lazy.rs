@@ -520,9 +520,29 @@ fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
                 // Cancel at once: how far the fill got by then depends on
                 // scheduling (on an idle machine all 24 MiB can be in first).
                 h.cancel();
-                std::thread::sleep(Duration::from_millis(20));
-                let p1 = h.progress();
-                std::thread::sleep(Duration::from_millis(50));
+                // The batch in flight at the cancel still lands (how long it
+                // takes depends on the machine's load: seen over 20 ms while
+                // builds ran beside the test), so wait for the count to
+                // stand still; a fill that went on would never stand still
+                // for long with a 1 µs budget, which cuts batches of one
+                // folio or two.
+                let deadline =
+                    std::time::Instant::now() + Duration::from_secs(5) * common::slowdown();
+                let mut p1 = h.progress();
+                loop {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let now = h.progress();
+                    if now.filled_pages == p1.filled_pages {
+                        break;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the fill went on after cancel: {} pages filled and counting",
+                        now.filled_pages
+                    );
+                    p1 = now;
+                }
+                std::thread::sleep(Duration::from_millis(200));
                 let p2 = h.progress();
                 assert_eq!(
                     p1.filled_pages, p2.filled_pages,

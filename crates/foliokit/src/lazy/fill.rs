@@ -21,6 +21,7 @@ use crate::channels::{BatchOutcome, ChannelPool, InFlight};
 use crate::copy::CopyStrategy;
 use crate::mc::{FaultKind, McCopyFn, McError};
 use crate::migrate::BatchController;
+use crate::sys::maps::{self, MapLine};
 use crate::sys::uffd::{self, Msg, Uffd};
 use crate::tune::Shape;
 
@@ -107,45 +108,27 @@ fn kernel_page_size(addr: usize) -> usize {
     crate::sys::smaps::kernel_page_size(addr).map_or(page_size(), |size| size.max(page_size()))
 }
 
-/// Whether every mapping over `[addr, addr + len)` passes `ok(perms,
-/// inode, path)` (from /proc/self/maps, which walks no page tables).
-fn every_mapping(
-    addr: usize,
-    len: usize,
-    ok: impl Fn(&str, &str, &str) -> bool,
-) -> io::Result<bool> {
+/// Whether every mapping over `[addr, addr + len)` passes `ok` (from
+/// /proc/self/maps, which walks no page tables).
+fn every_mapping(addr: usize, len: usize, ok: impl Fn(&MapLine) -> bool) -> io::Result<bool> {
     let text = std::fs::read_to_string("/proc/self/maps")?;
-    let end = addr + len;
-    Ok(text.lines().all(|line| {
-        let mut f = line.split_whitespace();
-        let Some((a, b)) = f.next().and_then(|r| r.split_once('-')) else {
-            return true;
-        };
-        let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-            return true;
-        };
-        if e <= addr || s >= end {
-            return true;
-        }
-        let perms = f.next().unwrap_or_default();
-        let inode = f.nth(2).unwrap_or("0");
-        ok(perms, inode, f.next().unwrap_or(""))
-    }))
+    Ok(maps::parse(&text)
+        .iter()
+        .filter(|m| m.overlaps(addr, addr + len))
+        .all(ok))
 }
 
 /// Whether every mapping over the range is private anonymous memory.
 fn private_anon(addr: usize, len: usize) -> io::Result<bool> {
-    every_mapping(addr, len, |perms, inode, path| {
-        perms.ends_with('p') && inode == "0" && (path.is_empty() || path == "[heap]")
-    })
+    every_mapping(addr, len, |m| m.private() && m.anon())
 }
 
 /// Whether every mapping over the range is private memory of the process
 /// alone: anonymous, or private hugetlb (whose file is the kernel's).
 /// What `MADV_DONTNEED` means there is "read zeros", as the fill assumes.
 fn private_memory(addr: usize, len: usize) -> io::Result<bool> {
-    every_mapping(addr, len, |perms, inode, path| {
-        perms.ends_with('p') && (inode == "0" || path.starts_with("/anon_hugepage"))
+    every_mapping(addr, len, |m| {
+        m.private() && (m.inode == 0 || m.path.starts_with("/anon_hugepage"))
     })
 }
 
@@ -981,11 +964,23 @@ impl Filler {
             };
             match slot {
                 Some(s) => self.move_in(b, s),
-                None => self.copy_block(b),
+                None => self.copy_block(b, 0),
             }
         } else {
-            self.copy_block(b)
+            self.copy_block(b, 0)
         };
+        self.mark_done(b);
+        n
+    }
+
+    /// Finishes block `b`, whose first `from` bytes a call that ended
+    /// early installed (its source already prefaulted). Returns the base
+    /// pages installed.
+    fn finish_block(&mut self, b: usize, from: usize) -> usize {
+        if self.state[b] {
+            return 0;
+        }
+        let n = self.copy_block(b, from);
         self.mark_done(b);
         n
     }
@@ -1007,22 +1002,25 @@ impl Filler {
                 if errno(&p.error) == libc::EAGAIN {
                     self.drain();
                 }
-                // Moved pages are there: the copy skips them (EEXIST).
-                p.done / self.page + self.copy_block(b)
+                // The pages moved are there (and woken): the copy goes on
+                // after them.
+                p.done / self.page + self.copy_block(b, p.done)
             }
         }
     }
 
     /// Copies block `b` from the source with `UFFDIO_COPY`, unit by unit
     /// where needed, skipping discarded and bad pages and pages already
-    /// there. Returns the base pages installed.
-    fn copy_block(&mut self, b: usize) -> usize {
+    /// there, from `from` bytes into it on (a call that ended early
+    /// installed and woke what lies before). Returns the base pages
+    /// installed.
+    fn copy_block(&mut self, b: usize, from: usize) -> usize {
         let blk = self.blocks[b];
         let seg = blk.seg as usize;
         let unit = self.segs[seg].unit;
         let upages = unit / self.page;
         let end = blk.start + blk.len;
-        let mut at = blk.start;
+        let mut at = blk.start + from / unit * unit;
         let mut installed = 0;
         // Unit by unit from here: a run was refused whole.
         let mut single = false;
@@ -1333,7 +1331,7 @@ impl Filler {
                 self.mark_done(b);
                 got
             } else {
-                let got = self.copy_block(b);
+                let got = self.copy_block(b, 0);
                 self.mark_done(b);
                 got
             };
@@ -1347,11 +1345,7 @@ impl Filler {
             .iter()
             .map(|b| in_place_at_selection.contains(b))
             .collect();
-        let (tried, cut_at, in_place_took) = if cut_short {
-            (vec![Tried::NotOffered; rest.len()], None, Duration::ZERO)
-        } else {
-            self.copy_parallel(&rest, t)
-        };
+        let (tried, cut_at, in_place_took) = self.copy_parallel(&rest, t, !cut_short);
         cut_short |= tried.contains(&Tried::Unstarted);
         // What the runs installed whole is done before anything below reads
         // events: a discard read there must find those blocks done (their
@@ -1365,9 +1359,8 @@ impl Filler {
         for (k, (&b, tried)) in rest.iter().zip(tried).enumerate() {
             n += match tried {
                 Tried::Finished(_) => 0,
-                // The units installed are skipped (EEXIST); the rest is
-                // copied with every error handled.
-                Tried::Stopped(bytes) => bytes / self.page + self.fill_block(b, None),
+                // The rest is copied with every error handled.
+                Tried::Stopped(bytes) => bytes / self.page + self.finish_block(b, bytes),
                 // Not started, or no longer offered (events read since
                 // made it so): the budget never sized it, so it is not
                 // copied here uncut; the next batch takes it as it is.
@@ -1407,18 +1400,20 @@ impl Filler {
     /// (`copy_block`, which also reads the events that made the kernel
     /// refuse, EAGAIN), and gives back the blocks no run started. Also
     /// returns when a run first saw a message or fork cut, if one did, and
-    /// how long the copying took.
+    /// how long the copying took. With `offer` false (the batch was cut
+    /// short before), it offers none.
     fn copy_parallel(
         &self,
         bs: &[usize],
         begun: Instant,
+        offer: bool,
     ) -> (Vec<Tried>, Option<Instant>, Duration) {
         let offered: Vec<Option<(usize, usize, usize)>> = bs
             .iter()
             .map(|&b| {
                 let blk = self.blocks[b];
                 let seg = blk.seg as usize;
-                (self.offerable(b) && !self.state[b]).then(|| {
+                (offer && self.offerable(b) && !self.state[b]).then(|| {
                     (
                         self.remaps.now(blk.start),
                         self.src_offset(seg, blk.start),

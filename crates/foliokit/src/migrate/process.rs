@@ -22,6 +22,7 @@ use super::kernel::move_list_of;
 use super::{MigrateError, MigrateOptions};
 use crate::batch::page_size;
 use crate::mem::system::{memory_nodes, numa_nodes};
+use crate::sys::maps::{self, MapLine};
 use crate::sys::numa::page_nodes_of;
 
 /// A process to move pages of, held by a pidfd so that its pid cannot
@@ -579,38 +580,6 @@ fn histogram(status: &[i32]) -> BTreeMap<u32, usize> {
     h
 }
 
-/// One line of `/proc/PID/maps`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MapLine {
-    pub start: usize,
-    pub end: usize,
-    pub perms: String,
-    pub inode: u64,
-    pub path: String,
-}
-
-/// Parses `/proc/PID/maps` text.
-pub(crate) fn parse_maps(text: &str) -> Vec<MapLine> {
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (a, b) = f.next()?.split_once('-')?;
-            let perms = f.next()?.to_string();
-            let _offset = f.next()?;
-            let _dev = f.next()?;
-            let inode = f.next()?.parse().ok()?;
-            let path = f.collect::<Vec<_>>().join(" ");
-            Some(MapLine {
-                start: usize::from_str_radix(a, 16).ok()?,
-                end: usize::from_str_radix(b, 16).ok()?,
-                perms,
-                inode,
-                path,
-            })
-        })
-        .collect()
-}
-
 /// The target's mappings, read while it is known to be the same process.
 fn read_maps(target: &Target) -> Result<Vec<MapLine>, ProcessError> {
     let text =
@@ -632,7 +601,7 @@ fn read_maps(target: &Target) -> Result<Vec<MapLine>, ProcessError> {
     if !target.alive() {
         return Err(ProcessError::NoProcess { pid: target.pid });
     }
-    Ok(parse_maps(&text))
+    Ok(maps::parse(&text))
 }
 
 /// Splits mappings into the private anonymous ranges to move and the rest
@@ -693,7 +662,7 @@ mod tests {
 
     #[test]
     fn all_anon_keeps_private_anonymous_memory_and_says_why_not_the_rest() {
-        let maps = parse_maps(MAPS);
+        let maps = maps::parse(MAPS);
         assert_eq!(maps.len(), 8);
         let (keep, skipped) = anon_ranges(&maps, false);
         assert_eq!(

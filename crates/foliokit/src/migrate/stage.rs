@@ -10,6 +10,7 @@
 use std::io;
 
 use super::vma::Vma;
+use crate::sys::maps::MapLine;
 use crate::sys::{numa, uffd::Uffd};
 
 const PMD: usize = 2 << 20;
@@ -180,11 +181,13 @@ pub struct Probe<'u> {
 impl<'u> Probe<'u> {
     pub fn new(uffd: &'u Uffd, page: usize) -> io::Result<Probe<'u>> {
         let v = Vma {
-            start: 0,
-            end: 0,
-            perms: "rw-p".into(),
-            path: String::new(),
-            inode: 0,
+            map: MapLine {
+                start: 0,
+                end: 0,
+                perms: "rw-p".into(),
+                path: String::new(),
+                inode: 0,
+            },
             flags: Vec::new(),
         };
         let area = Stage::parking(0, 2 * page, &v, uffd)?;

@@ -2,48 +2,27 @@
 //! relocation can keep every one of their attributes.
 
 use super::{MigrateError, Refusal};
+use crate::sys::maps::MapLine;
 
-/// One mapping as smaps shows it.
+/// One mapping as smaps shows it: its maps line and its VmFlags.
 #[derive(Debug, Clone)]
 pub struct Vma {
-    pub start: usize,
-    pub end: usize,
-    /// `rwxp` as in /proc/self/maps.
-    pub perms: String,
-    /// Backing file or pseudo-path (`[heap]`, `[stack]`), empty if none.
-    pub path: String,
-    pub inode: u64,
+    pub map: MapLine,
     /// Two-letter VmFlags (`rd wr mr … hg`).
     pub flags: Vec<String>,
+}
+
+impl std::ops::Deref for Vma {
+    type Target = MapLine;
+
+    fn deref(&self) -> &MapLine {
+        &self.map
+    }
 }
 
 impl Vma {
     pub fn has(&self, flag: &str) -> bool {
         self.flags.iter().any(|f| f == flag)
-    }
-
-    pub fn private(&self) -> bool {
-        self.perms.ends_with('p')
-    }
-
-    pub fn anon(&self) -> bool {
-        self.inode == 0 && (self.path.is_empty() || self.path == "[heap]")
-    }
-
-    /// PROT_* bits matching the mapping's protections.
-    pub fn prot(&self) -> libc::c_int {
-        let b = self.perms.as_bytes();
-        let mut p = libc::PROT_NONE;
-        if b.first() == Some(&b'r') {
-            p |= libc::PROT_READ;
-        }
-        if b.get(1) == Some(&b'w') {
-            p |= libc::PROT_WRITE;
-        }
-        if b.get(2) == Some(&b'x') {
-            p |= libc::PROT_EXEC;
-        }
-        p
     }
 }
 
@@ -54,28 +33,12 @@ fn parse(text: &str) -> Vec<Vma> {
             if let Some(v) = out.last_mut() {
                 v.flags = rest.split_whitespace().map(str::to_owned).collect();
             }
-            continue;
+        } else if let Some(m) = MapLine::parse(line) {
+            out.push(Vma {
+                map: m,
+                flags: Vec::new(),
+            });
         }
-        let mut f = line.split_whitespace();
-        let Some((a, b)) = f.next().and_then(|r| r.split_once('-')) else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-        else {
-            continue; // a field line such as "Rss:"
-        };
-        let perms = f.next().unwrap_or_default().to_owned();
-        let _offset = f.next();
-        let _dev = f.next();
-        let inode = f.next().and_then(|i| i.parse().ok()).unwrap_or(0);
-        out.push(Vma {
-            start,
-            end,
-            perms,
-            path: f.collect::<Vec<_>>().join(" "),
-            inode,
-            flags: Vec::new(),
-        });
     }
     out
 }

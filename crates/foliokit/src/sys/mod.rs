@@ -1,10 +1,11 @@
 //! Thin wrappers over the Linux interfaces foliokit needs that `libc` does
-//! not wrap: userfaultfd, the NUMA syscalls, pagemap, smaps, the fork
+//! not wrap: userfaultfd, the NUMA syscalls, pagemap, maps and smaps, the fork
 //! gates; and the page size and CPU affinity every layer asks about.
 
 pub(crate) mod atfork;
 pub(crate) mod event;
 mod host;
+pub(crate) mod maps;
 pub mod numa;
 pub mod pagemap;
 pub(crate) mod poll;

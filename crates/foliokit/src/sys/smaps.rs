@@ -3,6 +3,8 @@
 //! `PROCMAP_QUERY` ioctl on `/proc/self/maps` answers where the kernel has
 //! it, smaps elsewhere.
 
+use super::maps::MapLine;
+
 /// Bytes of `AnonHugePages` in the mappings of process `pid` (`None`: this
 /// one) that intersect `[start, end)`; `madvise` splits mappings, so a
 /// range may span several. `None` where smaps cannot be read.
@@ -53,12 +55,9 @@ fn kib_fields<'a>(
 ) -> impl Iterator<Item = Option<usize>> + 'a {
     let mut inside = false;
     text.lines().filter_map(move |line| {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-') {
-            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                inside = a < end && b > start;
-                return None;
-            }
+        if let Some(m) = MapLine::parse(line) {
+            inside = m.overlaps(start, end);
+            return None;
         }
         let v = line.strip_prefix(key).filter(|_| inside)?;
         Some(v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
