@@ -66,6 +66,8 @@ pub extern "C" fn fk_strerror(code: c_int) -> *const c_char {
         libc::ENOTRECOVERABLE => c"internal error in foliokit",
         libc::EALREADY => c"foliokit was already initialised (fk_init must come first)",
         libc::EBUSY => c"another SIGBUS handler replaced foliokit's; install yours before fk_init",
+        libc::ESRCH => c"no such process, or it exited during the call",
+        libc::ENOSPC => c"the NUMA node has no memory",
         _ => c"unknown error",
     };
     s.as_ptr()
@@ -83,6 +85,47 @@ pub(crate) fn msg(code: c_int) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every code the header documents has its own message.
+    #[test]
+    fn every_documented_code_has_a_message() {
+        const NAMES: &[(&str, c_int)] = &[
+            ("E2BIG", libc::E2BIG),
+            ("EACCES", libc::EACCES),
+            ("EALREADY", libc::EALREADY),
+            ("EBADF", libc::EBADF),
+            ("EBUSY", libc::EBUSY),
+            ("ECHILD", libc::ECHILD),
+            ("EFAULT", libc::EFAULT),
+            ("EHWPOISON", libc::EHWPOISON),
+            ("EINVAL", libc::EINVAL),
+            ("EIO", libc::EIO),
+            ("ENODEV", libc::ENODEV),
+            ("ENOENT", libc::ENOENT),
+            ("ENOMEM", libc::ENOMEM),
+            ("ENOSPC", libc::ENOSPC),
+            ("ENOSYS", libc::ENOSYS),
+            ("ENOTRECOVERABLE", libc::ENOTRECOVERABLE),
+            ("EOPNOTSUPP", libc::EOPNOTSUPP),
+            ("EPERM", libc::EPERM),
+            ("ESRCH", libc::ESRCH),
+        ];
+        let header = include_str!("../include/foliokit.h");
+        let mut seen = 0;
+        for word in header.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')) {
+            let Some(name) = word.strip_prefix("-E") else {
+                continue;
+            };
+            let name = format!("E{name}");
+            let (_, v) = NAMES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("-{name} in foliokit.h: add it to this table"));
+            assert_ne!(msg(-v), "unknown error", "-{name} has no message");
+            seen += 1;
+        }
+        assert!(seen > 10, "only {seen} codes found in the header");
+    }
 
     #[test]
     fn a_panic_becomes_the_internal_code() {

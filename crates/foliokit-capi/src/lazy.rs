@@ -9,6 +9,7 @@ use std::time::Duration;
 use fk::lazy::{LazyError, LazyOptions, LazyProgress, LazyRefusal, Segment, Source};
 use fk::mc::FaultKind;
 
+use crate::args::list;
 use crate::error::{guard, os_code, INTERNAL};
 use crate::ext::{extensible, out_size, read_opts, write_ext, Plain};
 
@@ -195,7 +196,7 @@ pub unsafe extern "C" fn fk_lazy_start(
         }
         let o = lazy_options(&c)?;
         // SAFETY: `ranges` points to `n` readable ranges (contract).
-        let list = unsafe { std::slice::from_raw_parts(ranges, n) };
+        let list = unsafe { list(ranges, n) }?;
         let segs: Vec<Segment> = list
             .iter()
             .map(|r| Segment {

@@ -62,7 +62,8 @@ fn migrate_err(e: MigrateError) -> c_int {
         MigrateError::Misaligned { .. }
         | MigrateError::Empty
         | MigrateError::Wraps { .. }
-        | MigrateError::ZeroBatch => -libc::EINVAL,
+        | MigrateError::ZeroBatch
+        | MigrateError::TooManyChannels { .. } => -libc::EINVAL,
         MigrateError::Unmapped { .. } => -libc::EFAULT,
         MigrateError::NoSuchNode { .. } => -libc::ENODEV,
         MigrateError::Refused { .. } => -libc::EPERM,

@@ -8,6 +8,7 @@ use fk::migrate::process::{
     migrate_process, ProcessError, ProcessOptions, ProcessReport, Ranges, Target,
 };
 
+use crate::args::list;
 use crate::error::{guard, os_code, INTERNAL};
 use crate::ext::{extensible, out_size, read_opts, write_ext};
 
@@ -51,7 +52,7 @@ fn process_err(e: &ProcessError) -> c_int {
         E::Permission { .. } => -libc::EPERM,
         E::NoSuchNode { .. } => -libc::ENODEV,
         E::NoMemory { .. } => -libc::ENOSPC,
-        E::BadRange { .. } => -libc::EINVAL,
+        E::BadRange { .. } | E::TooManyThreads { .. } => -libc::EINVAL,
         E::Sys { source, .. } => os_code(source, libc::EIO),
         _ => INTERNAL,
     }
@@ -109,7 +110,7 @@ pub unsafe extern "C" fn fk_migrate_process(
             }
         } else {
             // SAFETY: `ranges` points to `n` readable ranges (contract).
-            let list = unsafe { std::slice::from_raw_parts(ranges, n) };
+            let list = unsafe { list(ranges, n) }?;
             Ranges::Given(list.iter().map(|r| (r.start, r.end)).collect())
         };
         let target = Target::open(pid).map_err(|e| process_err(&e))?;
@@ -176,6 +177,14 @@ mod tests {
         // SAFETY: valid pointers.
         let rc = unsafe { fk_migrate_process(here, &range, 1, node, &opts, std::ptr::null_mut()) };
         assert_eq!(rc, -libc::EINVAL, "unknown flags");
+        let many = FkProcessOpts {
+            size: size_of::<FkProcessOpts>(),
+            threads: c_uint::MAX,
+            ..FkProcessOpts::default()
+        };
+        // SAFETY: valid pointers.
+        let rc = unsafe { fk_migrate_process(here, &range, 1, node, &many, std::ptr::null_mut()) };
+        assert_eq!(rc, -libc::EINVAL, "more threads than can be");
         // A range over most of the address space: only its mapped pages
         // are looked at (a list of all of them, 2^35 entries, aborted the
         // process).

@@ -100,6 +100,11 @@ pub const PROCESS_MOVE_BUDGET: std::time::Duration = std::time::Duration::from_m
 /// shrinks it from there.
 pub const PROCESS_MOVE_START_PAGES: usize = 512;
 
+/// Pages the kernel path queries and moves per chunk of a range: its
+/// lists take about 20 bytes a page (5 MiB here), where those of a whole
+/// reservation of terabytes would not fit in memory.
+pub const MIGRATE_CHUNK_PAGES: usize = 1 << 18;
+
 /// How often a caller waiting for a helper to take its offer checks that
 /// some helper can still take it (one another caller was starting may have
 /// failed to start): the offer is then withdrawn instead of waited on.

@@ -274,6 +274,15 @@ fn bad_input_is_a_typed_error_and_memory_is_untouched() {
             migrate(base, PAGE, node(), &zero),
             Err(MigrateError::ZeroBatch)
         ));
+        // On both paths: a count from a bad C struct used to make the
+        // kernel path allocate a list per channel, and abort.
+        for path in [Path::Kernel, Path::Relocate] {
+            let many = o.path(path).channels(u32::MAX as usize);
+            assert!(matches!(
+                migrate(base, PAGE, node(), &many),
+                Err(MigrateError::TooManyChannels { .. })
+            ));
+        }
     }
     assert!(r.as_slice() == &p[..]);
     // Shared anonymous memory on the relocation path.

@@ -123,16 +123,28 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     // SAFETY: the previous handler's address came from sigaction itself, and
     // its flags say which signature it has.
     unsafe {
+        // The previous handler runs with the signals it asked to have
+        // blocked, as the kernel would have run it.
+        let with_its_mask = |p: &libc::sigaction, call: &dyn Fn()| {
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &p.sa_mask, &mut old);
+            call();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        };
+        // A fault the kernel raised (si_code > 0) cannot be ignored: the
+        // kernel delivers it with the default action instead, and returning
+        // would run the faulting instruction again, forever.
+        let ignored = |p: &libc::sigaction| p.sa_sigaction == libc::SIG_IGN && (*info).si_code <= 0;
         match previous {
             Some(p) if p.sa_flags & libc::SA_SIGINFO != 0 => {
                 let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                     std::mem::transmute(p.sa_sigaction);
-                f(sig, info, ctx);
+                with_its_mask(&p, &|| f(sig, info, ctx));
             }
-            Some(p) if p.sa_sigaction == libc::SIG_IGN => {}
-            Some(p) if p.sa_sigaction != libc::SIG_DFL => {
+            Some(p) if ignored(&p) => {}
+            Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
                 let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
-                f(sig);
+                with_its_mask(&p, &|| f(sig));
             }
             _ => {
                 // Default action: restore it; a synchronous fault then recurs

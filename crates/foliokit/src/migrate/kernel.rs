@@ -83,7 +83,7 @@ fn shares(pages: &[usize], n: usize) -> Vec<&[usize]> {
     // A PMD maps one page table's worth of pages (8-byte entries).
     let pmd = page * (page / 8);
     let per = pages.len().div_ceil(n).max(1);
-    let mut out = Vec::with_capacity(n);
+    let mut out = Vec::with_capacity(n.min(pages.len()));
     let mut rest = pages;
     while !rest.is_empty() {
         let mut end = per.min(rest.len());
@@ -149,12 +149,14 @@ pub fn move_list_of(
     Ok((stats, failed))
 }
 
-pub fn move_range(
+/// [`move_range`] of one chunk, `[addr, addr + len)`, adding to `f`.
+fn move_chunk(
     addr: usize,
     len: usize,
     node: u32,
     o: &MigrateOptions,
-) -> Result<MigrateReport, MigrateError> {
+    f: &mut Found,
+) -> Result<(), MigrateError> {
     let page = page_size();
     let all: Vec<usize> = (addr..addr + len).step_by(page).collect();
     let mut before = vec![0i32; all.len()];
@@ -169,32 +171,77 @@ pub fn move_range(
         .then(|| page_states(addr, all.len(), page).ok())
         .flatten();
     let state = |i: usize| states.as_ref().map(|s| s[i]);
-    let (mut holes, mut swapped) = (0, 0);
     // Pages the query could not locate (-EFAULT for a PROT_NONE mapping or
     // a THP under another migration, or a mapped page read as -ENOENT)
     // are moved like the rest; what happened to them is in `failed`.
-    let (mut unknown, mut first_unlocated) = (0, None);
-    let mut to_move = 0;
     let mut pages = Vec::with_capacity(all.len());
     for (i, (&p, &n)) in all.iter().zip(&before).enumerate() {
         if n >= 0 {
-            to_move += usize::from(n != node as i32);
+            f.to_move += usize::from(n != node as i32);
         } else if n == -libc::ENOENT && state(i) == Some(PageState::Swapped) {
-            swapped += 1;
+            f.swapped += 1;
             continue;
         } else if n == -libc::ENOENT && state(i) != Some(PageState::Present) {
-            holes += 1;
+            f.holes += 1;
             continue;
         } else {
-            unknown += 1;
-            first_unlocated.get_or_insert(n);
+            f.unknown += 1;
+            f.first_unlocated.get_or_insert(n);
         }
         pages.push(p);
     }
     let t0 = Instant::now();
     let (batches, failed) = move_list(&pages, node, o)?;
+    f.moving += t0.elapsed();
+    f.batches.extend(batches);
+    f.failed.extend(failed);
+    Ok(())
+}
+
+/// What the chunks of one range found and did, summed.
+#[derive(Default)]
+struct Found {
+    holes: usize,
+    swapped: usize,
+    /// Pages the query could not locate, and the first one's status.
+    unknown: usize,
+    first_unlocated: Option<i32>,
+    to_move: usize,
+    batches: Vec<BatchStat>,
+    failed: Vec<(usize, i32)>,
+    /// Time in move_pages calls (the queries left out).
+    moving: std::time::Duration,
+}
+
+pub fn move_range(
+    addr: usize,
+    len: usize,
+    node: u32,
+    o: &MigrateOptions,
+) -> Result<MigrateReport, MigrateError> {
+    let page = page_size();
+    // Chunk by chunk: the lists are a few bytes per page, and a range may
+    // be a reservation of terabytes that is mostly empty.
+    let chunk = crate::params::MIGRATE_CHUNK_PAGES * page;
+    let mut f = Found::default();
+    let mut at = addr;
+    while at < addr + len {
+        let n = chunk.min(addr + len - at);
+        move_chunk(at, n, node, o, &mut f)?;
+        at += n;
+    }
+    let Found {
+        holes,
+        swapped,
+        unknown,
+        first_unlocated,
+        to_move,
+        batches,
+        failed,
+        moving,
+    } = f;
     let mut r = MigrateReport::new(MigratePath::Kernel, len);
-    r.secs = t0.elapsed().as_secs_f64();
+    r.secs = moving.as_secs_f64();
     r.batches = batches;
     r.failed = failed;
     r.pages_to_move = to_move;

@@ -296,6 +296,14 @@ pub enum MigrateError {
     /// two.
     #[error("batch size must be at least one page, channels at least one and the folio size a power of two")]
     ZeroBatch,
+    /// More channels than foliokit runs (`params::MAX_CHANNELS`).
+    #[error("{asked} channels asked for: at most {most}")]
+    TooManyChannels {
+        /// The count asked for.
+        asked: usize,
+        /// The most there may be.
+        most: usize,
+    },
     /// A system call failed mid-way; pages in earlier batches have moved.
     #[error("{what}: {source}")]
     Sys {
@@ -440,6 +448,12 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
         .ok_or(MigrateError::Wraps { addr, len })?;
     if o.batch_pages == 0 || o.channels == 0 || !o.folio_size.is_power_of_two() {
         return Err(MigrateError::ZeroBatch);
+    }
+    if o.channels > crate::params::MAX_CHANNELS {
+        return Err(MigrateError::TooManyChannels {
+            asked: o.channels,
+            most: crate::params::MAX_CHANNELS,
+        });
     }
     let online = numa_nodes();
     if !online.contains(&node) {

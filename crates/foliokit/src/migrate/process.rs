@@ -314,6 +314,14 @@ pub enum ProcessError {
         /// The nodes that have memory.
         with_memory: Vec<u32>,
     },
+    /// More threads than foliokit runs (`params::MAX_CHANNELS`).
+    #[error("{asked} threads asked for: at most {most}")]
+    TooManyThreads {
+        /// The count asked for.
+        asked: usize,
+        /// The most there may be.
+        most: usize,
+    },
     /// A given range is empty, unaligned or wraps.
     #[error("range {start:#x}-{end:#x}: {why}")]
     BadRange {
@@ -349,6 +357,12 @@ pub fn migrate_process(
     node: u32,
     o: &ProcessOptions,
 ) -> Result<ProcessReport, ProcessError> {
+    if o.threads > crate::params::MAX_CHANNELS {
+        return Err(ProcessError::TooManyThreads {
+            asked: o.threads,
+            most: crate::params::MAX_CHANNELS,
+        });
+    }
     let online = numa_nodes();
     if !online.contains(&node) {
         return Err(ProcessError::NoSuchNode { node, online });
