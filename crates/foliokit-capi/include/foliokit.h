@@ -72,10 +72,12 @@ extern "C" {
 uint32_t fk_version(void);
 
 /* Copies len bytes from src to dst as a batch of folio_size folios
- * (len a multiple of folio_size; dst, src and folio_size page-aligned).
+ * (len a multiple of folio_size; dst, src and folio_size page-aligned;
+ * len 0 does nothing, whatever the pointers).
  * write_once != 0 tells auto the data will not be re-read soon (streams).
- * Errors: -EINVAL bad sizes/alignment/overlap, -EOPNOTSUPP strategy this
- * CPU lacks, -ENOENT unknown strategy name. */
+ * Errors: -EINVAL bad sizes/alignment/overlap (a range that wraps the
+ * address space or is over SSIZE_MAX bytes too), -EOPNOTSUPP strategy
+ * this CPU lacks, -ENOENT unknown strategy name. */
 int fk_copy_folios(void *dst, const void *src, size_t len, size_t folio_size,
                    const char *strategy, int write_once);
 
@@ -94,8 +96,11 @@ int fk_clear_folios(void *dst, size_t len, size_t folio_size,
  * each with *not_copied set to the bytes not copied (counted from the end,
  * like the kernel's copy_mc_to_kernel) and *bad_page to the index of the
  * first bad page, counted from the page holding src. not_copied and
- * bad_page may be NULL. Other errors: -EINVAL (overlap), -ENOENT,
- * -EOPNOTSUPP (no such strategy, or no mc routines on this CPU).
+ * bad_page may be NULL. dst must not fault: if a dst page raises SIGBUS
+ * anyway (a file truncated under it, no huge page left for it), -ENXIO,
+ * with *bad_page counted from the page holding dst. Other errors:
+ * -EINVAL (overlap), -ENOENT, -EOPNOTSUPP (no such strategy, or no mc
+ * routines on this CPU).
  *
  * The SIGBUS handler. fk_init (or, without it, the first fk_copy_mc
  * call) installs a process-wide SIGBUS handler (SA_SIGINFO | SA_ONSTACK)
@@ -265,7 +270,8 @@ struct fk_lazy_opts {
     uint64_t budget_us;  /* the longest a faulting thread waits behind one
                             background batch; default 2000 */
     uint64_t folio_size; /* folio of THP-eligible anonymous ranges (filled
-                            whole, kept huge); default 2 MiB */
+                            whole, kept huge); default 2 MiB; a power of
+                            two up to 1 GiB, else -EINVAL */
 };
 #define FK_LAZY_OPTS_INIT { sizeof(struct fk_lazy_opts), 0, 0, 0, 0 }
 
@@ -337,6 +343,11 @@ struct fk_lazy;
 int fk_lazy_start(const struct fk_lazy_range *ranges, size_t n, int fd,
                   const struct fk_lazy_opts *opts, struct fk_lazy **out);
 
+/* In a process forked from the one that called fk_lazy_start, h is the
+ * parent's: fk_lazy_progress, fk_lazy_cancel and fk_lazy_wait return
+ * -ECHILD there and free nothing (the parent's fill fills the child's
+ * memory too). */
+
 /* Counts so far (out may be NULL). */
 int fk_lazy_progress(const struct fk_lazy *h, struct fk_lazy_progress *out);
 
@@ -348,7 +359,8 @@ int fk_lazy_cancel(const struct fk_lazy *h);
  * report (out may be NULL) and up to n_bad bad ranges, and frees h.
  * Returns the number of bad ranges (may exceed n_bad), or -EINVAL (h
  * NULL, bad NULL with n_bad > 0, or an out->size this library cannot
- * write), in which case nothing was done and h is still live. */
+ * write) or -ECHILD (a forked child), in which case nothing was done and
+ * h is still live. */
 int fk_lazy_wait(struct fk_lazy *h, struct fk_lazy_report *out, struct fk_lazy_bad *bad,
                  size_t n_bad);
 

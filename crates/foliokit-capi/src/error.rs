@@ -68,6 +68,8 @@ pub extern "C" fn fk_strerror(code: c_int) -> *const c_char {
         libc::EBUSY => c"another SIGBUS handler replaced foliokit's; install yours before fk_init",
         libc::ESRCH => c"no such process, or it exited during the call",
         libc::ENOSPC => c"the NUMA node has no memory",
+        libc::ENXIO => c"a destination page raised SIGBUS (a file truncated under it, no huge page for it); see not_copied",
+        libc::ECHILD => c"the lazy fill handle belongs to the process this one was forked from",
         _ => c"unknown error",
     };
     s.as_ptr()
@@ -106,6 +108,7 @@ mod tests {
             ("ENOSPC", libc::ENOSPC),
             ("ENOSYS", libc::ENOSYS),
             ("ENOTRECOVERABLE", libc::ENOTRECOVERABLE),
+            ("ENXIO", libc::ENXIO),
             ("EOPNOTSUPP", libc::EOPNOTSUPP),
             ("EPERM", libc::EPERM),
             ("ESRCH", libc::ESRCH),

@@ -225,7 +225,11 @@ pub unsafe extern "C" fn fk_lazy_progress(h: *const FkLazy, out: *mut FkLazyProg
         // SAFETY: out is NULL or a valid struct of its `size` (contract).
         let size = unsafe { out_size(out) }?;
         // SAFETY: a live handle (contract).
-        let p = unsafe { &*h }.0.progress();
+        let fill = &unsafe { &*h }.0;
+        if fill.in_forked_child() {
+            return Err(-libc::ECHILD);
+        }
+        let p = fill.progress();
         let v = FkLazyProgress {
             size,
             counts: LazyCounts::from(&p),
@@ -246,7 +250,11 @@ pub unsafe extern "C" fn fk_lazy_cancel(h: *const FkLazy) -> c_int {
             return Err(-libc::EINVAL);
         }
         // SAFETY: a live handle (contract).
-        unsafe { &*h }.0.cancel();
+        let fill = &unsafe { &*h }.0;
+        if fill.in_forked_child() {
+            return Err(-libc::ECHILD);
+        }
+        fill.cancel();
         Ok(0)
     })
 }
@@ -267,6 +275,10 @@ pub unsafe extern "C" fn fk_lazy_wait(
         }
         // SAFETY: out is NULL or a valid struct of its `size` (contract).
         let size = unsafe { out_size(out) }?;
+        // SAFETY: a live handle (contract).
+        if unsafe { &*h }.0.in_forked_child() {
+            return Err(-libc::ECHILD);
+        }
         // SAFETY: a live handle from Box::into_raw, given back (contract).
         let FkLazy(fill) = *unsafe { Box::from_raw(h) };
         let r = fill.wait();
@@ -383,6 +395,33 @@ mod tests {
         assert_eq!(unsafe { fk_lazy_progress(h, &mut p) }, 0);
         assert_eq!(p.counts.total_pages, (len / 4096) as u64);
         assert_eq!(p.done, 0);
+        // In a forked child the handle is the parent's: every call is
+        // -ECHILD and frees nothing (waiting there used to panic, joining a
+        // thread the child does not have), while the child's memory is
+        // still filled on touch by the parent's fill.
+        // SAFETY: the child makes only calls that take no lock and
+        // allocate nothing on these paths, then _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: a copy of a live handle; a valid struct; our region.
+            let ok = unsafe {
+                fk_lazy_progress(h, &mut p) == -libc::ECHILD
+                    && fk_lazy_cancel(h) == -libc::ECHILD
+                    && fk_lazy_wait(h, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+                        == -libc::ECHILD
+                    && std::ptr::read_volatile(region.as_ptr().add(len - 1)) == data[len - 1]
+            };
+            // SAFETY: leaving the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(i32::from(!ok)) };
+        }
+        assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the forked child's calls were not all -ECHILD, or its memory was wrong (status {status:#x})"
+        );
         let mut r = FkLazyReport {
             size: size_of::<FkLazyReport>(),
             ..Default::default()

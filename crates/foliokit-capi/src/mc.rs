@@ -37,7 +37,7 @@ pub unsafe extern "C" fn fk_copy_mc(
         let st: CopyStrategy = unsafe { strategy(strategy_name) }?;
         match fk::copy_mc(d, s, st) {
             Ok(_) => Ok(0),
-            Err(McError::Fault(f)) => {
+            Err(e @ (McError::Fault(f) | McError::DestinationFault(f))) => {
                 // SAFETY: the out-pointers are NULL or valid (contract).
                 unsafe {
                     if !not_copied.is_null() {
@@ -47,7 +47,10 @@ pub unsafe extern "C" fn fk_copy_mc(
                         *bad_page = f.bad_page;
                     }
                 }
-                Err(fault_code(f.kind))
+                Err(match e {
+                    McError::DestinationFault(_) => -libc::ENXIO,
+                    _ => fault_code(f.kind),
+                })
             }
             Err(McError::NoVariant(_) | McError::Unavailable(_)) => Err(-libc::EOPNOTSUPP),
             // Another SIGBUS handler replaced foliokit's after it started.

@@ -62,6 +62,64 @@ fn every_page_of_a_2m_folio_vanishing_is_reported_exactly() {
     }
 }
 
+/// Only the source may fault: a destination page that raises SIGBUS (a
+/// shared file truncated under it) is reported as the destination's, with
+/// its page counted from the destination, in a single copy and in a batch
+/// (where it ends the batch, unlike a source fault). It used to be
+/// reported as a bad source page.
+#[test]
+fn a_destination_fault_is_never_taken_for_a_source_fault() {
+    use std::os::fd::AsRawFd;
+    let len = 4 * PAGE;
+    // Page-aligned: the batch wants whole pages.
+    let mut src = Region::new(len, PAGE).unwrap();
+    src.as_mut_slice().copy_from_slice(&pattern(len, 13));
+    let src = src.as_slice();
+    for s in mc_strategies() {
+        let (file, path) = common::temp_file("mc-dst");
+        let _ = std::fs::remove_file(path);
+        file.set_len(len as u64).unwrap();
+        // SAFETY: a shared read-write mapping of our own file.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        file.set_len(2 * PAGE as u64).unwrap();
+        let dst = map.cast::<u8>();
+        // SAFETY: dst is our mapping (its last two pages raise SIGBUS,
+        // which is what is tested); src is a distinct vector.
+        let e = unsafe { copy_mc_raw(dst, src.as_ptr(), len, s) }.unwrap_err();
+        let ctx = s.name();
+        let McError::DestinationFault(f) = e else {
+            panic!("{ctx}: expected a destination fault, got {e}");
+        };
+        assert_eq!((f.not_copied, f.bad_page), (2 * PAGE, 2), "{ctx}");
+        assert_eq!(f.kind, FaultKind::Vanished, "{ctx}");
+        // SAFETY: the first two pages are still backed by the file.
+        let head = unsafe { std::slice::from_raw_parts(dst, 2 * PAGE) };
+        assert!(head == &src[..2 * PAGE], "{ctx}: the copied prefix differs");
+        // SAFETY: as above; the batch is refused at its second folio.
+        let dst_all = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+        let o = CopyOptions::default().strategy(s);
+        assert!(
+            matches!(
+                copy_folios_mc(dst_all, src, 2 * PAGE, o),
+                Err(McError::DestinationFault(_))
+            ),
+            "{ctx}: batch"
+        );
+        // SAFETY: our mapping, unused from here on.
+        unsafe { libc::munmap(map, len) };
+    }
+}
+
 #[test]
 fn bytes_around_the_boundary() {
     let want = pattern(4 * PAGE, 5);

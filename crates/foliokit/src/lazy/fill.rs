@@ -182,14 +182,16 @@ pub(super) fn start(
 ) -> Result<LazyFill, LazyError> {
     let t0 = Instant::now();
     let page = page_size();
-    let folio = opts.folio_size.max(page);
-    if !folio.is_power_of_two() {
+    // 0 and sizes below a page mean a page; 1 GiB is the largest folio
+    // (PUD) a mapping has.
+    if opts.folio_size > 1 << 30 || !opts.folio_size.max(1).is_power_of_two() {
         return Err(LazyError::BadSegment {
             addr: 0,
-            len: folio,
-            why: "the folio size is not a power of two",
+            len: opts.folio_size,
+            why: "the folio size is not a power of two up to 1 GiB",
         });
     }
+    let folio = opts.folio_size.max(page);
     let mut sorted: Vec<Segment> = segments.to_vec();
     sorted.sort_by_key(|s| s.addr);
     for (i, s) in sorted.iter().enumerate() {
@@ -433,6 +435,7 @@ pub(super) fn start(
     Ok(LazyFill {
         shared,
         thread: Some(thread),
+        owner: std::process::id(),
     })
 }
 

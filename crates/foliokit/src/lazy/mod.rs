@@ -176,7 +176,9 @@ pub struct LazyOptions {
     /// the wait better.
     pub channels: usize,
     /// The folio size of THP-eligible anonymous ranges (filled a folio at
-    /// a time); base pages elsewhere, the huge page size on hugetlb.
+    /// a time); base pages elsewhere, the huge page size on hugetlb. A
+    /// power of two up to 1 GiB (below a page, a page), else
+    /// [`LazyError::BadSegment`].
     pub folio_size: usize,
     /// mc copy strategy (`auto` picks).
     pub strategy: CopyStrategy,
@@ -424,17 +426,31 @@ impl Shared {
 /// A fill in progress. Dropping it waits for the fill to end ([`wait`]):
 /// the ranges must never stay registered with nobody serving them.
 ///
+/// In a process forked from the one that started the fill, the handle is
+/// a copy that controls nothing ([`LazyFill::in_forked_child`]): the fill
+/// runs on in the parent, which fills the child's memory too, and the
+/// copy's counts stay as they were at the fork. There `cancel` does
+/// nothing, and `wait` and dropping return at once.
+///
 /// [`wait`]: LazyFill::wait
 #[derive(Debug)]
 pub struct LazyFill {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started the fill (its thread lives there only).
+    owner: u32,
 }
 
 impl LazyFill {
     /// Counts so far.
     pub fn progress(&self) -> LazyProgress {
         self.shared.progress()
+    }
+
+    /// Whether this handle is a copy in a process forked from the one that
+    /// started the fill (see [`LazyFill`]).
+    pub fn in_forked_child(&self) -> bool {
+        std::process::id() != self.owner
     }
 
     /// Stops the background fill: what was filled stays, the rest is
@@ -450,6 +466,16 @@ impl LazyFill {
     }
 
     fn join(&mut self) -> LazyReport {
+        if self.in_forked_child() {
+            // The fill thread is the parent's: neither joined nor detached
+            // here, where it does not exist.
+            std::mem::forget(self.thread.take());
+            let mut r = self.no_report();
+            r.notes = vec![
+                "waited for in a forked child: the fill runs in the parent (which fills this process's memory too); these counts are as at the fork".into(),
+            ];
+            return r;
+        }
         self.shared.finish.store(true, Ordering::Release);
         self.shared.cancelled.store(false, Ordering::Release);
         if let Some(t) = self.thread.take() {
@@ -462,18 +488,23 @@ impl LazyFill {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .unwrap_or_else(|| LazyReport {
-                progress: self.shared.progress(),
-                bad: Vec::new(),
-                bad_outcome: BadOutcome::Zeroed,
-                whole_folios: 0,
-                batches: 0,
-                longest_batch_us: 0.0,
-                secs: 0.0,
-                forks: 0,
-                strategy: None,
-                notes: vec!["the fill thread ended without a report".into()],
-            })
+            .unwrap_or_else(|| self.no_report())
+    }
+
+    /// The report where the fill thread left none: the counts alone.
+    fn no_report(&self) -> LazyReport {
+        LazyReport {
+            progress: self.shared.progress(),
+            bad: Vec::new(),
+            bad_outcome: BadOutcome::Zeroed,
+            whole_folios: 0,
+            batches: 0,
+            longest_batch_us: 0.0,
+            secs: 0.0,
+            forks: 0,
+            strategy: None,
+            notes: vec!["the fill thread ended without a report".into()],
+        }
     }
 }
 

@@ -65,6 +65,13 @@ pub enum McError {
     /// to `len - not_copied`, the rest is untouched.
     #[error("{} bytes not copied: source page {} faulted ({})", .0.not_copied, .0.bad_page, .0.kind)]
     Fault(McFault),
+    /// A destination page raised SIGBUS (a file truncated under it, a
+    /// hugetlb page the pool could not give, poison): the caller's memory
+    /// broke its contract, since only the source may fault. `bad_page`
+    /// counts from the page holding `dst`; the bytes before `len -
+    /// not_copied` hold the source's.
+    #[error("{} bytes not copied: destination page {} faulted ({})", .0.not_copied, .0.bad_page, .0.kind)]
+    DestinationFault(McFault),
     /// The named strategy has no machine-check-safe variant (only those in
     /// `movsb`, `avx2`, `nt` and `auto` do).
     #[error("{0} has no machine-check-safe variant (have: movsb, avx2, nt, auto)")]
@@ -211,11 +218,13 @@ fn mc_fn(_s: CopyStrategy) -> Result<McFn, McError> {
     ))
 }
 
-/// Runs one mc copy and turns a short copy into an [`McFault`].
+/// Runs one mc copy and turns a short copy into an [`McError::Fault`], or
+/// [`McError::DestinationFault`] where the address the kernel reported
+/// lies in the destination's pages and not the source's.
 ///
 /// # Safety
 /// `dst` valid for writes and `src` mapped for `len` bytes, disjoint.
-unsafe fn run_one(f: McFn, dst: *mut u8, src: *const u8, len: usize) -> Result<(), McFault> {
+unsafe fn run_one(f: McFn, dst: *mut u8, src: *const u8, len: usize) -> Result<(), McError> {
     #[cfg(target_arch = "x86_64")]
     handler::reset_last_fault();
     // SAFETY: forwarded contract; the handler is installed (mc_fn did it).
@@ -228,17 +237,26 @@ unsafe fn run_one(f: McFn, dst: *mut u8, src: *const u8, len: usize) -> Result<(
     #[cfg(not(target_arch = "x86_64"))]
     let (code, addr) = (0, 0);
     let page = page_size();
-    let failed_at = src as usize + (len - not_copied);
-    Err(McFault {
+    // Poison is reported by page: the page holding a range's first byte
+    // counts as the range's.
+    let within = |p: usize| (p / page * page..p + len).contains(&addr);
+    let (start, fault): (usize, fn(McFault) -> McError) =
+        if within(dst as usize) && !within(src as usize) {
+            (dst as usize, McError::DestinationFault)
+        } else {
+            (src as usize, McError::Fault)
+        };
+    let failed_at = start + (len - not_copied);
+    Err(fault(McFault {
         not_copied,
-        bad_page: failed_at / page - src as usize / page,
+        bad_page: failed_at / page - start / page,
         kind: match code {
             libc::BUS_MCEERR_AR | libc::BUS_MCEERR_AO => FaultKind::Poison,
             libc::BUS_ADRERR => FaultKind::Vanished,
             c => FaultKind::Other(c),
         },
         addr,
-    })
+    }))
 }
 
 /// Copies `src` into `dst` (any length and alignment), surviving source
@@ -274,8 +292,10 @@ pub fn copy_mc(
 ///   under it (`BUS_ADRERR`, [`FaultKind::Vanished`]) — and that is
 ///   reported, not fatal. Any other fault (SIGSEGV: unmapped or
 ///   `PROT_NONE` pages) is not caught and kills the process as usual.
-/// - `dst` must be valid for writes of `len` bytes and must not fault: a
-///   SIGBUS while writing it would be misreported as a source fault.
+/// - `dst` must be valid for writes of `len` bytes and must not fault. A
+///   SIGBUS while writing it anyway (a file truncated under it, a hugetlb
+///   page the pool could not give) ends the copy as
+///   [`McError::DestinationFault`].
 /// - With `len == 0` nothing is accessed and the pointers may be dangling.
 /// - No `&mut` covering either range and no `&` covering `dst` may be in
 ///   use meanwhile.
@@ -298,7 +318,7 @@ pub unsafe fn copy_mc_raw(
     // contract; the ranges were checked to be disjoint and not to wrap; a
     // SIGBUS reading `src` is turned into a short copy by the handler
     // mc_fn installed.
-    unsafe { run_one(f, dst, src, len) }.map_err(McError::Fault)?;
+    unsafe { run_one(f, dst, src, len) }?;
     Ok(s)
 }
 
@@ -344,8 +364,11 @@ pub fn copy_folios_mc(
     for i in 0..n {
         let off = i * folio_size;
         // SAFETY: folio i lies inside both slices, which are disjoint.
-        if let Err(fault) = unsafe { run_one(f, d.add(off), sp.add(off), folio_size) } {
-            faults.push(FolioFault { index: i, fault });
+        match unsafe { run_one(f, d.add(off), sp.add(off), folio_size) } {
+            Ok(()) => {}
+            Err(McError::Fault(fault)) => faults.push(FolioFault { index: i, fault }),
+            // The destination broke its contract: the batch ends there.
+            Err(e) => return Err(e),
         }
     }
     Ok(McReport {
