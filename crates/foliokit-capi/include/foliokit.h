@@ -199,7 +199,8 @@ struct fk_range {
 
 /* fk_process_opts.flags */
 #define FK_PROCESS_DRY_RUN 1u     /* count what would move; move nothing */
-#define FK_PROCESS_WITH_STACK 2u  /* every-anonymous-mapping mode: also the stack */
+#define FK_PROCESS_WITH_STACK 2u  /* every-anonymous-mapping mode: also the
+                                     stack (-EINVAL with ranges given) */
 
 /* Options of fk_migrate_process; extensible (see the top of this file).
  * Zero in a field means its default. */

@@ -93,8 +93,11 @@ pub unsafe extern "C" fn fk_migrate_process(
         let c = unsafe { read_opts(opts) }?;
         // SAFETY: out is NULL or a valid struct of its `size` (contract).
         let size = unsafe { out_size(out) }?;
+        // WITH_STACK belongs to the every-mapping mode: with ranges given it
+        // would be ignored, so it is refused.
         if c.flags & !(FK_PROCESS_DRY_RUN | FK_PROCESS_WITH_STACK) != 0
             || (ranges.is_null() && n > 0)
+            || (c.flags & FK_PROCESS_WITH_STACK != 0 && n > 0)
         {
             return Err(-libc::EINVAL);
         }
@@ -185,6 +188,14 @@ mod tests {
         // SAFETY: valid pointers.
         let rc = unsafe { fk_migrate_process(here, &range, 1, node, &many, std::ptr::null_mut()) };
         assert_eq!(rc, -libc::EINVAL, "more threads than can be");
+        let stack = FkProcessOpts {
+            size: size_of::<FkProcessOpts>(),
+            flags: FK_PROCESS_WITH_STACK,
+            ..FkProcessOpts::default()
+        };
+        // SAFETY: valid pointers.
+        let rc = unsafe { fk_migrate_process(here, &range, 1, node, &stack, std::ptr::null_mut()) };
+        assert_eq!(rc, -libc::EINVAL, "the stack flag with ranges given");
         // A range over most of the address space: only its mapped pages
         // are looked at (a list of all of them, 2^35 entries, aborted the
         // process).
