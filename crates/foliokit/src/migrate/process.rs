@@ -421,118 +421,138 @@ pub fn migrate_process(
         .latency_budget(Some(o.budget));
     let t0 = Instant::now();
     let mut batch_sizes = Vec::new();
+    // A range is queried and moved chunk by chunk: its lists take about 20
+    // bytes a page, and a mapped range may be a reservation of terabytes.
+    let chunk = crate::params::MIGRATE_CHUNK_PAGES * page;
     for (start, end) in list {
         if !target.alive() {
             return Err(gone(report));
         }
         let tr = Instant::now();
-        let pages: Vec<usize> = match &mapped {
-            Some(maps) => maps
-                .iter()
-                .filter(|&&(s, e)| s < end && e > start)
-                .flat_map(|&(s, e)| (s.max(start)..e.min(end)).step_by(page))
-                .collect(),
-            None => (start..end).step_by(page).collect(),
-        };
         let huge_kib_before =
             crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
-        let before = match query(target, &pages) {
-            Err(ProcessError::Gone { .. }) => return Err(gone(report)),
-            r => r?,
-        };
         let mut r = RangeReport {
             start,
             end,
-            pages: pages.len(),
             huge_kib_before,
-            nodes_before: histogram(&before),
             ..RangeReport::default()
         };
-        // Pages the query could not locate are handed to move_pages too: a
-        // THP under a hinting fault or another migration reads -ENOENT or
-        // -EFAULT for a moment (seen in the 6.12 guest: one THP of a
-        // written 1 GiB target), and move_pages on a page that is really
-        // absent just reports it again. Where each ended decides below.
-        let to_move: Vec<usize> = pages
-            .iter()
-            .zip(&before)
-            .filter(|&(_, &s)| s != node as i32)
-            .map(|(&p, _)| p)
-            .collect();
-        r.already = pages.len() - to_move.len();
-        if o.dry_run {
-            r.not_present = before.iter().filter(|&&s| s < 0).count();
-            r.moved = 0;
-            r.nodes_after = r.nodes_before.clone();
-            r.huge_kib_after = huge_kib_before;
-            r.secs = tr.elapsed().as_secs_f64();
-            report.notes.push(format!(
-                "dry run: {} pages of {start:#x}-{end:#x} would move",
-                to_move.len()
-            ));
-            report.ranges.push(r);
-            continue;
-        }
-        let moved = match move_list_of(target.pid, &to_move, node, &mo) {
-            Ok(m) => m,
-            Err(e) => {
-                if target.gone() {
-                    return Err(gone(report));
-                }
-                return Err(match e {
-                    MigrateError::Sys { source, .. }
-                        if source.raw_os_error() == Some(libc::EPERM) =>
-                    {
-                        ProcessError::Permission {
-                            pid: target.pid,
-                            source,
-                        }
-                    }
-                    MigrateError::Sys { what, source } => ProcessError::Sys { what, source },
-                    other => ProcessError::Sys {
-                        what: "move_pages",
-                        source: io::Error::other(other.to_string()),
-                    },
-                });
-            }
-        };
-        if !target.alive() {
-            return Err(gone(report));
-        }
-        let (stats, failed) = moved;
-        r.calls = stats.len();
-        r.first_call_us = stats.first().map(|b| b.total_us);
-        r.longest_call_us = stats.iter().map(|b| b.total_us).reduce(f64::max);
-        batch_sizes.extend(stats.iter().map(|b| b.pages));
-        let after = match query(target, &pages) {
-            Err(ProcessError::Gone { .. }) => return Err(gone(report)),
-            r => r?,
-        };
-        r.nodes_after = histogram(&after);
-        // Every page that was elsewhere is judged once, by where it is now:
-        // on the node it moved (even if a call reported a transient error
-        // for it first); elsewhere it failed, with the call's errno where
-        // one was reported, else 0 (moved back or freed meanwhile).
-        let errno: std::collections::HashMap<usize, i32> = failed.into_iter().collect();
-        for ((&p, &s), &b) in pages.iter().zip(&after).zip(&before) {
-            if b == node as i32 {
+        let mut would_move = 0;
+        let mut at = start;
+        while at < end {
+            let (cs, ce) = (at, end.min(at.saturating_add(chunk)));
+            at = ce;
+            let pages: Vec<usize> = match &mapped {
+                Some(maps) => maps
+                    .iter()
+                    .filter(|&&(s, e)| s < ce && e > cs)
+                    .flat_map(|&(s, e)| (s.max(cs)..e.min(ce)).step_by(page))
+                    .collect(),
+                None => (cs..ce).step_by(page).collect(),
+            };
+            if pages.is_empty() {
                 continue;
             }
-            if s == node as i32 {
-                r.moved += 1;
-                if b >= 0 {
-                    *r.moved_from.entry(b as u32).or_default() += 1;
+            let before = match query(target, &pages) {
+                Err(ProcessError::Gone { .. }) => return Err(gone(report)),
+                r => r?,
+            };
+            r.pages += pages.len();
+            add_counts(&mut r.nodes_before, histogram(&before));
+            // Pages the query could not locate are handed to move_pages
+            // too: a THP under a hinting fault or another migration reads
+            // -ENOENT or -EFAULT for a moment (seen in the 6.12 guest: one
+            // THP of a written 1 GiB target), and move_pages on a page that
+            // is really absent just reports it again. Where each ended
+            // decides below.
+            let to_move: Vec<usize> = pages
+                .iter()
+                .zip(&before)
+                .filter(|&(_, &s)| s != node as i32)
+                .map(|(&p, _)| p)
+                .collect();
+            r.already += pages.len() - to_move.len();
+            if o.dry_run {
+                r.not_present += before.iter().filter(|&&s| s < 0).count();
+                would_move += to_move.len();
+                continue;
+            }
+            let moved = match move_list_of(target.pid, &to_move, node, &mo) {
+                Ok(m) => m,
+                Err(e) => {
+                    if target.gone() {
+                        return Err(gone(report));
+                    }
+                    return Err(match e {
+                        MigrateError::Sys { source, .. }
+                            if source.raw_os_error() == Some(libc::EPERM) =>
+                        {
+                            ProcessError::Permission {
+                                pid: target.pid,
+                                source,
+                            }
+                        }
+                        MigrateError::Sys { what, source } => ProcessError::Sys { what, source },
+                        other => ProcessError::Sys {
+                            what: "move_pages",
+                            source: io::Error::other(other.to_string()),
+                        },
+                    });
                 }
-            } else if s < 0 && b < 0 {
-                r.not_present += 1;
-            } else {
-                *r.failed
-                    .entry(errno.get(&p).copied().unwrap_or(0))
-                    .or_default() += 1;
+            };
+            if !target.alive() {
+                return Err(gone(report));
+            }
+            let (stats, failed) = moved;
+            r.calls += stats.len();
+            if r.first_call_us.is_none() {
+                r.first_call_us = stats.first().map(|b| b.total_us);
+            }
+            r.longest_call_us = stats
+                .iter()
+                .map(|b| b.total_us)
+                .chain(r.longest_call_us)
+                .reduce(f64::max);
+            batch_sizes.extend(stats.iter().map(|b| b.pages));
+            let after = match query(target, &pages) {
+                Err(ProcessError::Gone { .. }) => return Err(gone(report)),
+                r => r?,
+            };
+            add_counts(&mut r.nodes_after, histogram(&after));
+            // Every page that was elsewhere is judged once, by where it is
+            // now: on the node it moved (even if a call reported a
+            // transient error for it first); elsewhere it failed, with the
+            // call's errno where one was reported, else 0 (moved back or
+            // freed meanwhile).
+            let errno: std::collections::HashMap<usize, i32> = failed.into_iter().collect();
+            for ((&p, &s), &b) in pages.iter().zip(&after).zip(&before) {
+                if b == node as i32 {
+                    continue;
+                }
+                if s == node as i32 {
+                    r.moved += 1;
+                    if b >= 0 {
+                        *r.moved_from.entry(b as u32).or_default() += 1;
+                    }
+                } else if s < 0 && b < 0 {
+                    r.not_present += 1;
+                } else {
+                    *r.failed
+                        .entry(errno.get(&p).copied().unwrap_or(0))
+                        .or_default() += 1;
+                }
             }
         }
-        r.huge_kib_after =
-            crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
+        if o.dry_run {
+            r.nodes_after = r.nodes_before.clone();
+            r.huge_kib_after = huge_kib_before;
+            report.notes.push(format!(
+                "dry run: {would_move} pages of {start:#x}-{end:#x} would move"
+            ));
+        } else {
+            r.huge_kib_after =
+                crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
+        }
         r.secs = tr.elapsed().as_secs_f64();
         report.ranges.push(r);
     }
@@ -584,6 +604,13 @@ fn query(target: &Target, pages: &[usize]) -> Result<Vec<i32>, ProcessError> {
         }
     }
     Ok(status)
+}
+
+/// Adds the counts of `more` to `into`.
+fn add_counts(into: &mut BTreeMap<u32, usize>, more: BTreeMap<u32, usize>) {
+    for (k, v) in more {
+        *into.entry(k).or_default() += v;
+    }
 }
 
 fn histogram(status: &[i32]) -> BTreeMap<u32, usize> {
