@@ -26,6 +26,8 @@ fn read_usize(path: &str) -> Option<usize> {
 pub struct HugetlbGrant {
     dir: String,
     added: usize,
+    /// Its entry in the interrupt handler's list.
+    id: u64,
 }
 
 impl HugetlbGrant {
@@ -73,10 +75,14 @@ impl HugetlbGrant {
         let nr = format!("{dir}/nr_hugepages");
         std::fs::write(&nr, want.to_string()).ok()?;
         let got = read_usize(&nr)?;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let grant = HugetlbGrant {
             dir,
             added: got.saturating_sub(pool.total),
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
+        // An interrupt gives the pages back too (Drop does not run then).
+        crate::mthp::shrink_pool_on_interrupt(grant.id, nr.into(), grant.added);
         // Dropping a partial grant gives back what we did get.
         (got >= want).then_some(grant)
     }
@@ -87,6 +93,9 @@ impl Drop for HugetlbGrant {
         // Shrink by what we added, not back to a remembered total, so that
         // grants for several regions can be released in any order.
         let path = format!("{}/nr_hugepages", self.dir);
+        // Off the interrupt list first: an interrupt now must not shrink
+        // the pool a second time.
+        crate::mthp::shrink_pool_on_interrupt(self.id, path.clone().into(), 0);
         if let Some(now) = read_usize(&path) {
             let _ = std::fs::write(&path, now.saturating_sub(self.added).to_string());
         }

@@ -128,21 +128,55 @@ pub fn arm_interrupt_restore(settings: &MthpSettings) {
     restore_on_interrupt(settings.saved());
 }
 
-/// Makes Ctrl-C (and SIGTERM) write each (path, value) in order, then
-/// exit: how a run that changed system settings puts them back. An empty
-/// list disarms it.
+/// Hugetlb pools grown for a run: (grant id, nr_hugepages path, pages
+/// added), shrunk again by the Ctrl-C handler.
+static POOLS_ON_INTERRUPT: std::sync::Mutex<Vec<(u64, std::path::PathBuf, usize)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Makes Ctrl-C, SIGTERM and SIGHUP write each (path, value) in order,
+/// shrink the pools [`shrink_pool_on_interrupt`] registered, then exit:
+/// how a run that changed system settings puts them back. An empty list
+/// disarms the writes.
 pub fn restore_on_interrupt(saved: Vec<(std::path::PathBuf, String)>) {
-    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     *RESTORE_ON_INTERRUPT
         .lock()
         .unwrap_or_else(|p| p.into_inner()) = saved;
+    arm();
+}
+
+/// Makes an interrupt shrink the hugetlb pool at `nr_hugepages` by the
+/// `added` pages of grant `id` (by what was added, not to a remembered
+/// total: other grants may be live); `added` 0 forgets the grant.
+pub fn shrink_pool_on_interrupt(id: u64, nr_hugepages: std::path::PathBuf, added: usize) {
+    let mut pools = POOLS_ON_INTERRUPT.lock().unwrap_or_else(|p| p.into_inner());
+    pools.retain(|(g, ..)| *g != id);
+    if added > 0 {
+        pools.push((id, nr_hugepages, added));
+    }
+    drop(pools);
+    arm();
+}
+
+/// Installs the interrupt handler, once.
+fn arm() {
+    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     INSTALLED.get_or_init(|| {
+        // The `termination` feature: SIGTERM and SIGHUP too.
         let _ = ctrlc::set_handler(|| {
             let saved = RESTORE_ON_INTERRUPT
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             for (path, value) in saved.iter() {
                 let _ = std::fs::write(path, value);
+            }
+            let pools = POOLS_ON_INTERRUPT.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, path, added) in pools.iter() {
+                let now = std::fs::read_to_string(path)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<usize>().ok());
+                if let Some(now) = now {
+                    let _ = std::fs::write(path, now.saturating_sub(*added).to_string());
+                }
             }
             eprintln!("foliokit: interrupted; system settings restored");
             std::process::exit(130);

@@ -209,9 +209,24 @@ fn byte_at(off: usize) -> u8 {
     (w >> ((off % 8) * 8)) as u8
 }
 
+/// Writes the snapshot file at `path` and returns it open, already
+/// unlinked: a run interrupted while writing (or killed later) leaves no
+/// file of `size` bytes behind.
 fn write_snapshot(path: &std::path::Path, size: usize) -> Result<File, RestoreError> {
-    let io = |what| move |source| RestoreError::Io { what, source };
-    let mut f = File::create(path).map_err(io("create"))?;
+    // Errors name the file: `--dir` is the user's.
+    let io = |what| {
+        move |e: std::io::Error| RestoreError::Io {
+            what,
+            source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        }
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(io("create"))?;
+    std::fs::remove_file(path).map_err(io("unlink"))?;
     let mut buf = vec![0u8; 8 << 20];
     let mut at = 0;
     while at < size {
@@ -224,7 +239,35 @@ fn write_snapshot(path: &std::path::Path, size: usize) -> Result<File, RestoreEr
         at += n;
     }
     f.sync_all().map_err(io("sync"))?;
-    File::open(path).map_err(io("open"))
+    Ok(f)
+}
+
+/// Refuses a run whose snapshot file `dir` has no room for, before a byte
+/// is written.
+fn check_disk(dir: &std::path::Path, size: usize) -> Result<(), RestoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| RestoreError::Plan(format!("{}: not a usable path", dir.display())))?;
+    // SAFETY: statvfs is plain integers, for which all zeros is valid.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a struct the call fills.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(RestoreError::Plan(format!(
+            "snapshot directory {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    let free = (st.f_bavail as u128) * (st.f_frsize as u128);
+    if (size as u128) > free {
+        return Err(RestoreError::Plan(format!(
+            "the snapshot needs {} in {} but only {} is free there (--dir)",
+            crate::units::show_size(size),
+            dir.display(),
+            crate::units::approx_size(free.min(usize::MAX as u128) as usize)
+        )));
+    }
+    Ok(())
 }
 
 fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
@@ -501,6 +544,12 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
             plan.size
         )));
     }
+    // Guest RAM and the snapshot in the page cache (on hugetlb the guest
+    // comes from the pool), and the file's room on disk: refused before
+    // anything is written.
+    crate::prepare::check_shape(plan.size, &[FOLIO], if plan.hugetlb { 1 } else { 2 })
+        .map_err(|e| RestoreError::Plan(e.to_string()))?;
+    check_disk(&plan.dir, plan.size)?;
     // Held for the run: every guest, one at a time, comes from the pool.
     let grant = if plan.hugetlb {
         HugetlbGrant::reserve(FOLIO, plan.size / FOLIO).map_err(RestoreError::Plan)?
@@ -510,9 +559,7 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
     let path = plan
         .dir
         .join(format!("foliokit-restore-{}.snap", std::process::id()));
-    let file = write_snapshot(&path, plan.size);
-    let _ = std::fs::remove_file(&path); // the descriptor keeps it
-    let file = file?;
+    let file = write_snapshot(&path, plan.size)?;
     let (named, _) = foliokit::mc::mc_routine(
         CopyStrategy::Auto,
         Shape::batch(FOLIO, plan.size / FOLIO, Reuse::Stream).on_channels(plan.channels),
