@@ -6,10 +6,16 @@ use clap::{Args, ValueEnum};
 /// `B` or `iB` is accepted).
 pub fn parse_size(text: &str) -> Result<usize, String> {
     let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
+    // Any case: 4kb, 4KiB, 2mib (the suffix is ASCII, so the byte cut is
+    // on a char boundary).
+    let lower = t.to_ascii_lowercase();
+    let t = if lower.ends_with("ib") {
+        &t[..t.len() - 2]
+    } else if lower.ends_with('b') {
+        &t[..t.len() - 1]
+    } else {
+        t
+    };
     let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 10),
         Some('M') => (&t[..t.len() - 1], 20),
@@ -17,9 +23,13 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         Some('T') => (&t[..t.len() - 1], 40),
         _ => (t, 0),
     };
-    let n: usize = digits
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (examples: 4096, 4K, 512M, 1G)"))?;
+    let n: usize = digits.parse().map_err(|_| {
+        if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+            format!("'{text}' is too large")
+        } else {
+            format!("'{text}' is not a size (examples: 4096, 4K, 512M, 1G)")
+        }
+    })?;
     let bytes = n
         .checked_mul(1usize << shift)
         .ok_or_else(|| format!("'{text}' is too large"))?;
@@ -33,8 +43,11 @@ pub use foliokit_lab::units::{approx_size, show_size};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
+    /// Aligned columns with the run's notes, for a terminal.
     Table,
+    /// Every figure and note, for `foliokit compare` and scripts.
     Json,
+    /// One row per line under a header, for spreadsheets.
     Csv,
 }
 
@@ -100,5 +113,13 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("x").is_err());
         assert!(parse_size("99999999999T").is_err());
+        for t in ["4kb", "4KB", "4kib", "4KIB", "4KiB"] {
+            assert_eq!(parse_size(t), Ok(4096), "{t}");
+        }
+        assert_eq!(parse_size("2mib"), Ok(2 << 20));
+        assert!(parse_size("99999999999999999999G")
+            .unwrap_err()
+            .contains("too large"));
+        assert!(parse_size("4 G").unwrap_err().contains("not a size"));
     }
 }

@@ -11,7 +11,8 @@ use crate::CliError;
 
 #[derive(Debug, Clone, Args)]
 pub struct CalibrateArgs {
-    /// Batch size for the streaming cells (default: 4 x LLC, at least 256M).
+    /// Batch size for the streaming cells, rounded up to 2M (default: 2 x
+    /// LLC, at least 256M and at most 512M).
     #[arg(long, value_parser = parse_size)]
     pub stream_size: Option<usize>,
     /// Measure and print, but do not write the profile.
@@ -23,8 +24,11 @@ pub struct CalibrateArgs {
 
 pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
     let mut o = CalibrateOptions::default();
-    if let Some(s) = a.stream_size {
-        o.stream_bytes = s.next_multiple_of(2 << 20);
+    // Checked before anything is measured: a size memory cannot hold
+    // would otherwise fail after the resident cells' seconds.
+    match a.stream_size {
+        Some(s) => o = o.with_stream_size(s)?,
+        None => o.check()?,
     }
     let pb = bar(total_ticks(&o), "calibrating");
     let (profile, cells) = calibrate(&o, |label| {

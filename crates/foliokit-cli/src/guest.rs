@@ -34,10 +34,10 @@ pub struct GuestArgs {
     #[arg(long, value_name = "SPEC", requires = "kernel")]
     pub numa: Vec<String>,
     /// Guest CPUs.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64), requires = "kernel")]
     pub guest_cpus: u32,
     /// kvm, tcg (software emulation: correctness only), or auto.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value = "auto", requires = "kernel")]
     pub accel: Accel,
     /// virtme-ng's launcher (default: `vng` on PATH, then
     /// target/vm-cache/venv/bin/vng where `cargo xtask vm-setup` puts it).

@@ -79,7 +79,32 @@ enum BenchCmd {
     Restore(bench::restore::RestoreArgs),
 }
 
+/// What a panic of `print!` says when stdout is closed or full.
+const PRINT_FAILED: &str = "failed printing to stdout";
+
+/// A closed pipe (`foliokit ... | head`) or a full disk under stdout ends
+/// the run with one line, or none for the pipe, as other tools do; the
+/// panic `print!` raises still unwinds, so every guard that restores a
+/// system setting runs. Other panics keep the default report.
+fn quiet_print_failures() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        match msg.strip_prefix(PRINT_FAILED) {
+            Some(rest) if rest.contains("Broken pipe") => {}
+            Some(rest) => eprintln!("foliokit: error: writing the output{rest}"),
+            None => default(info),
+        }
+    }));
+}
+
 fn main() {
+    quiet_print_failures();
     let cli = Cli::parse();
     // The CLI asks for what a library must not assume: the profile
     // `foliokit calibrate` wrote, and channels spread over the CPUs so
@@ -91,7 +116,21 @@ fn main() {
         eprintln!("foliokit: error: {e}");
         std::process::exit(1);
     }
-    let result = match cli.cmd {
+    let run = std::panic::catch_unwind(|| dispatch(cli.cmd));
+    let result = match run {
+        Ok(r) => r,
+        // Said by the hook; the guards ran as it unwound.
+        Err(_) => std::process::exit(1),
+    };
+    if let Err(e) = result {
+        eprintln!("foliokit: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Runs the command.
+fn dispatch(cmd: Cmd) -> Result<(), CliError> {
+    match cmd {
         Cmd::Lab(a) => lab::run(a),
         Cmd::Compare(a) => compare::run(a),
         Cmd::Info(a) => info::run(a),
@@ -109,9 +148,5 @@ fn main() {
             Ok(code) => std::process::exit(code),
             Err(e) => Err(e),
         },
-    };
-    if let Err(e) = result {
-        eprintln!("foliokit: error: {e}");
-        std::process::exit(1);
     }
 }

@@ -19,10 +19,6 @@ pub const EXIT_PARTIAL: i32 = 3;
 /// Exit status when the target exited during the move.
 pub const EXIT_GONE: i32 = 4;
 
-/// Ranges are moved in pieces of at most this many bytes, so the progress
-/// bar moves and a target that exits is noticed within one piece.
-const PIECE: usize = 256 << 20;
-
 #[derive(Debug, Clone, Args)]
 #[command(
     after_help = "Exit status: 0 every present page is on the node (or nothing was to move); \
@@ -63,6 +59,7 @@ pub struct MoveArgs {
     /// Show what would move; move nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Output format: table, or json (every figure).
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
@@ -91,6 +88,9 @@ pub fn run(a: MoveArgs) -> Result<i32, CliError> {
             "say what to move: --range START-END (repeatable), --all-anon or --cold SECS".into(),
         );
     }
+    if a.format == Format::Csv {
+        return Err("move prints a table or JSON (--format table|json), not CSV".into());
+    }
     let target = Target::open(a.pid)?;
     let mut report = ProcessReport {
         pid: a.pid,
@@ -114,15 +114,13 @@ pub fn run(a: MoveArgs) -> Result<i32, CliError> {
         .threads(a.threads as usize)
         .budget(a.budget)
         .dry_run(a.dry_run);
-    let pieces: Vec<(usize, usize)> = ranges
-        .iter()
-        .flat_map(|&(s, e)| (s..e).step_by(PIECE).map(move |p| (p, (p + PIECE).min(e))))
-        .collect();
-    let total: usize = pieces.iter().map(|(s, e)| e - s).sum();
+    // One call per range as given: the library looks only at its mapped
+    // pages, chunk by chunk, and reports it as one range.
+    let total: usize = ranges.iter().map(|(s, e)| e - s).sum();
     let pb = bar(total / 4096, "moving pages");
     let mut status = 0;
     let mut batch = Vec::new();
-    for &(s, e) in &pieces {
+    for &(s, e) in &ranges {
         match migrate_process(&target, &Ranges::Given(vec![(s, e)]), a.to, &o) {
             Ok(r) => {
                 report.secs += r.secs;

@@ -121,9 +121,9 @@ impl<R: TableRow> Render for Report<R> {
         match format {
             Format::Json => serde_json::to_string_pretty(self).expect("report serialises") + "\n",
             Format::Csv => {
-                let mut out = R::csv_columns().join(",") + "\n";
+                let mut out = csv_line(R::csv_columns());
                 for r in &self.rows {
-                    out += &(r.csv().join(",") + "\n");
+                    out += &csv_line(&r.csv());
                 }
                 out
             }
@@ -224,3 +224,37 @@ pub fn pm(s: &Stats, prec: usize) -> String {
 }
 
 pub use foliokit_lab::schema::pct;
+
+/// One CSV record (RFC 4180): a field holding a comma, a quote or a line
+/// break is quoted, its quotes doubled (notes and strategy lists hold
+/// commas).
+pub(crate) fn csv_line<S: AsRef<str>>(fields: &[S]) -> String {
+    let mut out = String::new();
+    for (i, f) in fields.iter().enumerate() {
+        let f = f.as_ref();
+        if i > 0 {
+            out.push(',');
+        }
+        if f.contains([',', '"', '\n', '\r']) {
+            out.push('"');
+            out.push_str(&f.replace('"', "\"\""));
+            out.push('"');
+        } else {
+            out.push_str(f);
+        }
+    }
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod csv_tests {
+    #[test]
+    fn fields_with_commas_quotes_or_breaks_are_quoted() {
+        assert_eq!(super::csv_line(&["a", "b c"]), "a,b c\n");
+        assert_eq!(
+            super::csv_line(&["x, y", "say \"hi\"", "1\n2"]),
+            "\"x, y\",\"say \"\"hi\"\"\",\"1\n2\"\n"
+        );
+    }
+}

@@ -98,7 +98,11 @@ fn compare_calls_changes_only_beyond_the_spread() {
     // A row name longer than `format!` can pad (65535) is cut in the
     // table; it used to panic there.
     let long = "x".repeat(70_000);
-    let c = lab("6.12.0", vec![copy_row(&long, 10.0, 0.1, 5)], vec![]);
+    let c = lab(
+        "6.12.0",
+        vec![copy_row(&long, 10.0, 0.1, 5), copy_row("up", 10.0, 0.5, 5)],
+        vec![],
+    );
     let pc = dir.join("long.json");
     std::fs::write(&pc, c.to_string()).unwrap();
     let out = run_ok(foliokit().arg("compare").args([&pa, &pc]));
@@ -138,4 +142,229 @@ fn compare_takes_lab_directories_and_refuses_results_without_rows() {
         foliokit().arg("compare").args([&a, &empty]),
         "no rows with a measurement",
     );
+}
+
+/// Writes `v` as `name` in `dir` and gives its path.
+fn put(dir: &Scratch, name: &str, v: &Value) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, v.to_string()).unwrap();
+    p
+}
+
+#[test]
+fn compare_escapes_experiment_names_in_the_page() {
+    let dir = Scratch::new("compare-escape");
+    let evil = "<script>alert(1)</script>";
+    let bench = json!({"experiment": evil, "machine": machine("6.12.0"),
+                       "rows": [copy_row("<b>f</b>", 10.0, 0.1, 5)]});
+    let p = put(&dir, "a.json", &bench);
+    let out = dir.join("out");
+    run_ok(
+        foliokit()
+            .arg("compare")
+            .args([&p, &p])
+            .arg("--out")
+            .arg(&out),
+    );
+    let html = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(
+        !html.contains("<script>alert") && !html.contains("<b>f"),
+        "unescaped name in the page"
+    );
+    assert!(html.contains("<a href=\"#_script_alert_1___script_\">&lt;script&gt;"));
+    assert!(html.contains("<h2 id=\"_script_alert_1___script_\">&lt;script&gt;"));
+}
+
+#[test]
+fn compare_names_the_wrongly_typed_field() {
+    let dir = Scratch::new("compare-typed");
+    let good = put(
+        &dir,
+        "good.json",
+        &lab("6.12.0", vec![copy_row("f", 10.0, 0.1, 5)], vec![]),
+    );
+    let mut channels = copy_row("f", 10.0, 0.1, 5);
+    channels["channels"] = json!("2");
+    let bench = json!({"experiment": "copy", "rows": [channels]});
+    let mut size = copy_row("f", 10.0, 0.1, 5);
+    size["folio_size"] = json!(-1);
+    let mut runs = copy_row("f", 10.0, 0.1, 5);
+    runs["gbps"]["runs"] = json!(-3);
+    for (file, want) in [
+        (
+            put(&dir, "channels.json", &bench),
+            "channels.json is not a valid bench JSON: rows[0].channels: invalid type: string \"2\", expected u64",
+        ),
+        (
+            put(&dir, "size.json", &lab("6.12.0", vec![copy_row("g", 1.0, 0.1, 5), size], vec![])),
+            "size.json is not a valid lab results.json: experiments[0].rows[1].folio_size: invalid value: integer `-1`",
+        ),
+        (
+            put(&dir, "runs.json", &lab("6.12.0", vec![], vec![runs])),
+            "runs.json is not a valid lab results.json: experiments[1].rows[0].gbps: invalid value: integer `-3`",
+        ),
+    ] {
+        refused(foliokit().arg("compare").args([&good, &file]), want);
+    }
+}
+
+#[test]
+fn compare_labels_more_than_26_runs_like_spreadsheet_columns() {
+    let dir = Scratch::new("compare-labels");
+    let p = put(
+        &dir,
+        "a.json",
+        &lab("6.12.0", vec![copy_row("f", 10.0, 0.1, 5)], vec![]),
+    );
+    let files = vec![&p; 28];
+    let out = run_ok(foliokit().arg("compare").args(&files));
+    let table = String::from_utf8_lossy(&out.stdout);
+    for want in ["# Z = ", "# AA = ", "# AB = ", "AB/A", "# AB vs A: "] {
+        assert!(table.contains(want), "no {want:?} in: {table}");
+    }
+    assert!(!table.contains("# [ = "), "past Z: {table}");
+    let out = run_ok(foliokit().args(["compare", "--format", "csv"]).args(&files));
+    let head = String::from_utf8_lossy(&out.stdout);
+    let head = head.lines().next().unwrap();
+    assert!(
+        head.contains(",aa_mean,") && head.ends_with(",ab_over_a,ab_change"),
+        "{head}"
+    );
+}
+
+#[test]
+fn compare_takes_no_ratio_of_a_median_that_is_not_positive() {
+    let dir = Scratch::new("compare-invalid");
+    let a = lab(
+        "6.12.0",
+        vec![
+            copy_row("neg", -3.0, 0.1, 5),
+            copy_row("zero", 0.0, 0.1, 5),
+            copy_row("ok", 10.0, 0.1, 5),
+        ],
+        vec![],
+    );
+    let b = lab(
+        "6.12.0",
+        vec![
+            copy_row("neg", 1.0, 0.1, 5),
+            copy_row("zero", 5.0, 0.1, 5),
+            copy_row("ok", 12.0, 0.1, 5),
+        ],
+        vec![],
+    );
+    let (pa, pb) = (put(&dir, "a.json", &a), put(&dir, "b.json", &b));
+    let v = json(
+        foliokit()
+            .args(["compare", "--format", "json"])
+            .args([&pa, &pb]),
+    );
+    for r in v["rows"].as_array().unwrap() {
+        let ok = r["row"].as_str().unwrap().starts_with("ok ");
+        assert_eq!(r["ratios"][0].is_null(), !ok, "{r}");
+        assert_eq!(r["changes"][0] == "not_compared", !ok, "{r}");
+    }
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("copy neg 2M ch1 in ") && notes.contains("copy zero 2M ch1 in "),
+        "{notes}"
+    );
+    let out = run_ok(foliokit().arg("compare").args([&pa, &pb]));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !table.contains("infx") && !table.contains("-0.33x"),
+        "{table}"
+    );
+    assert!(
+        table.contains("# note: copy neg 2M ch1 in ") && table.contains("is not a positive figure"),
+        "{table}"
+    );
+}
+
+#[test]
+fn compare_refuses_an_out_that_is_a_file_before_printing() {
+    let dir = Scratch::new("compare-out-file");
+    let p = put(
+        &dir,
+        "a.json",
+        &lab("6.12.0", vec![copy_row("f", 10.0, 0.1, 5)], vec![]),
+    );
+    let file = put(&dir, "taken", &json!({}));
+    let out = foliokit()
+        .arg("compare")
+        .args([&p, &p])
+        .arg("--out")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "printed before failing: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    refused(
+        foliokit()
+            .arg("compare")
+            .args([&p, &p])
+            .arg("--out")
+            .arg(&file),
+        "exists and is not a directory",
+    );
+}
+
+#[test]
+fn compare_refuses_runs_with_no_row_in_common() {
+    let dir = Scratch::new("compare-unrelated");
+    let a = put(
+        &dir,
+        "a.json",
+        &lab("6.12.0", vec![copy_row("f", 10.0, 0.1, 5)], vec![]),
+    );
+    let b = put(
+        &dir,
+        "b.json",
+        &lab("6.12.0", vec![copy_row("g", 10.0, 0.1, 5)], vec![]),
+    );
+    refused(
+        foliokit().arg("compare").args([&a, &b]),
+        "b.json has no row in common with",
+    );
+}
+
+#[test]
+fn compare_refuses_a_row_label_twice_in_one_run() {
+    let dir = Scratch::new("compare-duplicate");
+    let a = put(
+        &dir,
+        "a.json",
+        &lab("6.12.0", vec![copy_row("f", 10.0, 0.1, 5)], vec![]),
+    );
+    let twice = lab(
+        "6.12.0",
+        vec![copy_row("f", 10.0, 0.1, 5), copy_row("f", 20.0, 0.1, 5)],
+        vec![],
+    );
+    let b = put(&dir, "b.json", &twice);
+    refused(
+        foliokit().arg("compare").args([&a, &b]),
+        "b.json has the row \"f 2M ch1\" of copy more than once",
+    );
+    // Migration rows differing only in direction (table 3, one per
+    // direction) are distinct rows, not duplicates.
+    let dir_row = |d: &str| {
+        let mut r = copy_row("f", 10.0, 0.1, 5);
+        r["direction"] = json!(d);
+        r
+    };
+    let c = put(
+        &dir,
+        "c.json",
+        &lab("6.12.0", vec![dir_row("0->1"), dir_row("1->0")], vec![]),
+    );
+    let v = json(
+        foliokit()
+            .args(["compare", "--format", "json"])
+            .args([&c, &c]),
+    );
+    assert_eq!(v["rows"][1]["row"], "f 2M ch1 1->0", "{v}");
 }

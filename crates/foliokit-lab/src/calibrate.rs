@@ -9,6 +9,10 @@
 
 use serde::Serialize;
 
+use crate::prepare::check_shape;
+use crate::units::show_size;
+use crate::LabError;
+
 use crate::measure::{
     measure_clear, measure_copy, AaControl, CacheMode, CopyCandidate, MeasureError, Measurement,
     Order, Plan, Stats, AA_TOLERANCE,
@@ -71,6 +75,34 @@ impl Default for CalibrateOptions {
                 vec![1]
             },
         }
+    }
+}
+
+impl CalibrateOptions {
+    /// Streaming cells of `bytes` (rounded up to 2 MiB, the largest folio
+    /// class), or why not: a size that overflows when rounded, or that the
+    /// memory available cannot hold (checked before the resident cells
+    /// spend seconds measuring).
+    pub fn with_stream_size(mut self, bytes: usize) -> Result<Self, LabError> {
+        self.stream_bytes = bytes
+            .checked_next_multiple_of(2 << 20)
+            .ok_or_else(|| format!("stream size {} is too large", show_size(bytes)))?;
+        self.check()?;
+        Ok(self)
+    }
+
+    /// Refuses cells whose source and destination do not fit in the memory
+    /// available (the shape check the benches run, on base pages: every
+    /// folio class fits them).
+    pub fn check(&self) -> Result<(), LabError> {
+        let page = foliokit::batch::page_size();
+        for bytes in [self.resident_bytes, self.stream_bytes] {
+            let bytes = bytes.checked_next_multiple_of(2 << 20).ok_or_else(|| {
+                format!("a calibration cell of {} is too large", show_size(bytes))
+            })?;
+            check_shape(bytes, &[page], 2)?;
+        }
+        Ok(())
     }
 }
 
@@ -349,6 +381,20 @@ mod tests {
             stored: None,
             why: String::new(),
         }
+    }
+
+    #[test]
+    fn a_stream_size_that_cannot_be_held_is_refused_up_front() {
+        let o = CalibrateOptions::default();
+        let err = o.clone().with_stream_size(usize::MAX).unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+        // Without /proc/meminfo there is nothing to check against.
+        if crate::units::mem_available().is_some() {
+            let err = o.clone().with_stream_size(usize::MAX / 2).unwrap_err();
+            assert!(err.to_string().contains("memory"), "{err}");
+        }
+        let o = o.with_stream_size(1).unwrap();
+        assert_eq!(o.stream_bytes, 2 << 20);
     }
 
     #[test]

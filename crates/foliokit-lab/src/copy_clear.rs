@@ -134,18 +134,28 @@ struct StrategyTables {
 }
 
 impl StrategyTables {
-    /// Speedups are against `preferred` when it runs, else against the
-    /// first strategy selected (with a note saying so).
-    fn new<S: Strategy>(sel: &Selection<S>, preferred: S, report: &mut Report<Row>) -> Self {
-        let baseline = if sel.run.contains(&preferred) {
-            preferred.name().to_string()
-        } else {
-            let first = sel.run[0].name();
-            report.notes.push(format!(
-                "{} not run; speedups are against {first}",
-                preferred.name()
-            ));
-            first.to_string()
+    /// Speedups are against `preferred` when it runs on some channel count
+    /// (`runs`: the selected strategies that run on at least one), else
+    /// against the first of `runs` (with a note saying so): a baseline that
+    /// never ran would leave every speedup undefined.
+    fn new<S: Strategy>(
+        sel: &Selection<S>,
+        runs: &[S],
+        preferred: S,
+        report: &mut Report<Row>,
+    ) -> Self {
+        let baseline = match runs.first() {
+            _ if runs.contains(&preferred) => preferred.name().to_string(),
+            Some(first) => {
+                report.notes.push(format!(
+                    "{} not run; speedups are against {}",
+                    preferred.name(),
+                    first.name()
+                ));
+                first.name().to_string()
+            }
+            // run() refuses a plan with nothing to run before this.
+            None => preferred.name().to_string(),
         };
         StrategyTables {
             baseline,
@@ -171,6 +181,23 @@ impl StrategyTables {
 
     fn backing(&mut self, folio: usize, buffer: &str, b: &foliokit::mem::Backing) {
         self.backing.push(BackingNote::of(folio, buffer, b));
+    }
+
+    /// Records the baseline's median at `folio` from the group on the
+    /// fewest channels that ran it, once every channel count has run: with
+    /// `-t 2,1` the one-channel figure comes second.
+    fn set_base(&mut self, folio: usize, groups: &[(usize, Measurement)]) {
+        let found = groups
+            .iter()
+            .filter_map(|(t, m)| {
+                let row = m.rows.iter().find(|x| x.function == self.baseline)?;
+                Some((*t, row.gbps.median))
+            })
+            .min_by_key(|&(t, _)| t);
+        if let Some((t, median)) = found {
+            self.base_by_folio.push((folio, median));
+            self.base_channels.get_or_insert(t);
+        }
     }
 
     /// Adds one folio size's measurements as rows, with speedups against
@@ -205,20 +232,13 @@ impl StrategyTables {
             });
         }
         let median = |name: &str| m.iter().find(|x| x.function == name).map(|x| x.gbps.median);
-        let stored = self
+        // set_base() ran first; the baseline is one that runs, so a miss
+        // is a measurement that dropped it.
+        let base = self
             .base_by_folio
             .iter()
             .find(|(f, _)| *f == folio)
-            .map(|b| b.1);
-        let base = match (stored, median(&self.baseline)) {
-            (Some(b), _) => b,
-            (None, Some(b)) => {
-                self.base_by_folio.push((folio, b));
-                self.base_channels.get_or_insert(channels);
-                b
-            }
-            (None, None) => f64::NAN,
-        };
+            .map_or(f64::NAN, |b| b.1);
         report.rows.extend(m.iter().map(|x| {
             let share = LimitShare::of(x.gbps.median, limit);
             Row {
@@ -432,6 +452,11 @@ pub trait FolioOp {
     type Cand;
     /// The candidates of `selection` that run on `channels` channels.
     fn on(&self, selection: &Selection<Self::S>, channels: usize) -> Vec<Self::Cand>;
+    /// Why strategy `s` does not run on `channels` channels, or `None`
+    /// where it does (its plain variant, for copy).
+    fn not_on(&self, _s: Self::S, _channels: usize) -> Option<&'static str> {
+        None
+    }
     /// Measures `cands` on `plan.channels` channels.
     fn measure(
         &self,
@@ -454,9 +479,12 @@ pub fn run<O: FolioOp>(
     progress: &dyn Progress,
 ) -> Result<Report<Row>, LabError> {
     check_shape(p.size, &p.folio_sizes, O::BUFFERS)?;
+    no_repeats("folio size", &p.folio_sizes, |&f| show_size(f))?;
+    no_repeats("channel count", &p.channels, |t| t.to_string())?;
     op.check(p)?;
+    let runs = runnable(op, &p.selection.run, &p.channels)?;
     let mut report = Report::<Row>::new(O::OP, op.title(p), op.params(p));
-    let mut tables = StrategyTables::new(&p.selection, O::BASELINE, &mut report);
+    let mut tables = StrategyTables::new(&p.selection, &runs, O::BASELINE, &mut report);
     report.notes.extend(op.notes(p));
     for &folio in &p.folio_sizes {
         let (mut bufs, note) = with_mthp(folio, || op.alloc(p.size, folio))?;
@@ -464,6 +492,7 @@ pub fn run<O: FolioOp>(
         for (name, b) in op.backing(&bufs, folio) {
             tables.backing(folio, name, &b);
         }
+        let mut groups = Vec::with_capacity(p.channels.len());
         for &t in &p.channels {
             let plan = Plan {
                 folio_size: folio,
@@ -479,13 +508,61 @@ pub fn run<O: FolioOp>(
             progress.begin(steps, &format!("{} {} x{t}", O::OP, show_size(folio)));
             let m = op.measure(&mut bufs, &cands, &plan, &mut || progress.tick())?;
             progress.end();
-            tables.add(&mut report, &m, folio, t);
+            groups.push((t, m));
+        }
+        tables.set_base(folio, &groups);
+        for (t, m) in &groups {
+            tables.add(&mut report, m, folio, *t);
         }
     }
     op.conclude(&mut report, p);
     tables.finish(&mut report);
     report.footer.push(op.seed_line());
     Ok(report)
+}
+
+/// Refuses a list that names a value twice: the rows would repeat with
+/// different figures (and speedups) for one configuration.
+pub fn no_repeats<T: PartialEq>(
+    what: &str,
+    list: &[T],
+    show: impl Fn(&T) -> String,
+) -> Result<(), LabError> {
+    match list
+        .iter()
+        .enumerate()
+        .find(|&(i, x)| list[..i].contains(x))
+    {
+        Some((_, x)) => Err(format!("{what} {} is listed twice", show(x)).into()),
+        None => Ok(()),
+    }
+}
+
+/// The selected strategies that run on at least one of `channels`, or
+/// why a channel count would have nothing to run (an empty table).
+fn runnable<O: FolioOp>(op: &O, run: &[O::S], channels: &[usize]) -> Result<Vec<O::S>, LabError> {
+    for &t in channels {
+        if run.iter().all(|&s| op.not_on(s, t).is_some()) {
+            let mut why: Vec<String> = Vec::new();
+            for &s in run {
+                let w = format!("{} {}", s.name(), op.not_on(s, t).unwrap_or_default());
+                if !why.contains(&w) {
+                    why.push(w);
+                }
+            }
+            return Err(format!(
+                "nothing to {} on {t} channels: {}; add 1 to -t or another function to -f",
+                O::OP,
+                why.join("; ")
+            )
+            .into());
+        }
+    }
+    Ok(run
+        .iter()
+        .copied()
+        .filter(|&s| channels.iter().any(|&t| op.not_on(s, t).is_none()))
+        .collect())
 }
 
 /// Seed 000: folio copies, plain and (with `mc`) machine-check-safe.
@@ -638,15 +715,20 @@ impl FolioOp for ClearBench {
     const BASELINE: ClearStrategy = ClearStrategy::Butterfly;
     const BUFFERS: usize = 1;
 
-    /// Butterfly clears page by page around its hint: it runs on one
-    /// channel only.
     fn on(&self, selection: &Selection<ClearStrategy>, channels: usize) -> Vec<ClearStrategy> {
         selection
             .run
             .iter()
             .copied()
-            .filter(|&s| channels == 1 || s != ClearStrategy::Butterfly)
+            .filter(|&s| self.not_on(s, channels).is_none())
             .collect()
+    }
+
+    /// Butterfly clears page by page around its hint: it runs on one
+    /// channel only.
+    fn not_on(&self, s: ClearStrategy, channels: usize) -> Option<&'static str> {
+        (channels > 1 && s == ClearStrategy::Butterfly)
+            .then_some("clears page by page around its hint page, so it runs on one channel only")
     }
 
     fn check(&self, p: &StrategyPlan<Self::S>) -> Result<(), LabError> {
@@ -726,5 +808,98 @@ impl FolioOp for ClearBench {
 
     fn seed_line(&self) -> String {
         crate::seeds::quote("clear")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::{Measured, Order};
+
+    fn clear_sel(run: &[ClearStrategy]) -> Selection<ClearStrategy> {
+        Selection {
+            run: run.to_vec(),
+            skipped: Vec::new(),
+        }
+    }
+
+    fn group(rows: &[(&str, f64)]) -> Measurement {
+        Measurement {
+            rows: rows
+                .iter()
+                .map(|&(f, g)| Measured {
+                    function: f.into(),
+                    resolved: f.into(),
+                    gbps: Stats::of(&[g]).unwrap(),
+                })
+                .collect(),
+            limits: None,
+            reps: 1,
+            aa: None,
+            order: Order::new(rows.len(), 1),
+        }
+    }
+
+    #[test]
+    fn a_channel_count_with_nothing_to_run_is_refused() {
+        use ClearStrategy::{Butterfly, Libc};
+        let op = ClearBench { hint_page: 0 };
+        let err = runnable(&op, &[Butterfly], &[2]).unwrap_err().to_string();
+        assert!(err.contains("nothing to clear on 2 channels"), "{err}");
+        assert!(err.contains("one channel only"), "{err}");
+        assert_eq!(runnable(&op, &[Butterfly, Libc], &[2]).unwrap(), [Libc]);
+        assert_eq!(
+            runnable(&op, &[Butterfly, Libc], &[2, 1]).unwrap(),
+            [Butterfly, Libc]
+        );
+    }
+
+    #[test]
+    fn the_baseline_is_one_that_runs() {
+        use ClearStrategy::{Butterfly, Libc};
+        let mut report = Report::<Row>::new("clear", String::new(), json!({}));
+        let t = StrategyTables::new(
+            &clear_sel(&[Butterfly, Libc]),
+            &[Libc],
+            Butterfly,
+            &mut report,
+        );
+        assert_eq!(t.baseline, "libc");
+        assert!(report.notes[0].contains("speedups are against libc"));
+        let t = StrategyTables::new(
+            &clear_sel(&[Butterfly, Libc]),
+            &[Butterfly, Libc],
+            Butterfly,
+            &mut report,
+        );
+        assert_eq!(t.baseline, "butterfly");
+    }
+
+    #[test]
+    fn speedups_use_the_baseline_measured_after_them() {
+        use ClearStrategy::{Butterfly, Libc};
+        let mut report = Report::<Row>::new("clear", String::new(), json!({}));
+        let sel = clear_sel(&[Butterfly, Libc]);
+        let mut t = StrategyTables::new(&sel, &sel.run, Butterfly, &mut report);
+        // -t 2,1: butterfly only ran in the second group.
+        let groups = [
+            (2, group(&[("libc", 60.0)])),
+            (1, group(&[("butterfly", 30.0), ("libc", 90.0)])),
+        ];
+        t.set_base(2 << 20, &groups);
+        for (c, m) in &groups {
+            t.add(&mut report, m, 2 << 20, *c);
+        }
+        let speedups: Vec<f64> = report.rows.iter().map(|r| r.speedup).collect();
+        assert_eq!(speedups, [2.0, 1.0, 3.0]);
+        t.finish(&mut report);
+        assert!(report.footer[0].contains("'butterfly' on one channel"));
+    }
+
+    #[test]
+    fn repeated_values_are_refused() {
+        assert!(no_repeats("channel count", &[1, 2], |t: &usize| t.to_string()).is_ok());
+        let err = no_repeats("channel count", &[1, 2, 1], |t: &usize| t.to_string()).unwrap_err();
+        assert_eq!(err.to_string(), "channel count 1 is listed twice");
     }
 }

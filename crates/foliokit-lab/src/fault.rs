@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::time::Instant;
 
+use crate::copy_clear::no_repeats;
 use crate::hugetlb::HugetlbGrant;
 use crate::measure::{gbps, probe, LimitOp, Limits, Probe, Stats, Stores};
 use crate::prepare::check_shape;
@@ -71,6 +72,58 @@ fn touch(base: usize, lo: usize, hi: usize, page: usize, random: bool, seed: u64
     }
 }
 
+/// Refuses page sizes other than the base page, the PMD THP size and 1G:
+/// an mTHP size is not a fault unit a demand pass can step by (its rows
+/// would touch one 4K page in 16 and report the rest as faulted).
+fn check_pages(pages: &[usize], base: usize, pmd: usize) -> Result<(), LabError> {
+    const GIB: usize = 1 << 30;
+    match pages.iter().find(|&&p| p != base && p != pmd && p != GIB) {
+        Some(&p) => Err(format!(
+            "page size {} is not one fault runs on: {} (base page), {} (THP) or 1G (hugetlb)",
+            show_size(p),
+            show_size(base),
+            show_size(pmd)
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// The stride of a demand pass over a region that asked for `page`: one
+/// write per fault, so per page of the backing the region can have. A 1G
+/// request hugetlb did not serve falls back to PMD THP, and a THP size
+/// sysfs does not allow via madvise to base pages: stepping by the asked
+/// size there would leave most of the region untouched.
+fn touch_step(
+    page: usize,
+    base: usize,
+    pmd: usize,
+    hugetlb: bool,
+    thp_allows: impl Fn(usize) -> bool,
+) -> usize {
+    if page == base || hugetlb {
+        return page;
+    }
+    let want = page.min(pmd);
+    if thp_allows(want) {
+        want
+    } else {
+        base
+    }
+}
+
+/// The `touch_step` of region `r`, mapped for `page`.
+fn region_step(r: &Region, page: usize) -> usize {
+    let thp = foliokit::mem::system::thp_state();
+    touch_step(
+        page,
+        foliokit::batch::page_size(),
+        thp.pmd_size.unwrap_or(2 << 20),
+        r.backing().obtained.starts_with("hugetlb"),
+        |s| thp.madvise_allows(s),
+    )
+}
+
 /// One loop: map, fault in with `threads` threads, and time both; unmapping
 /// happens after the clock stops. Returns the GB/s and the region's backing.
 fn one_pass(
@@ -90,19 +143,34 @@ fn one_pass(
             unsafe { populate_chunked(r.as_mut_ptr(), len, threads, page) }?;
         }
         _ => {
+            let step = region_step(&r, page);
             let base = r.as_mut_ptr() as usize;
-            let per = len.div_ceil(threads).next_multiple_of(page);
+            let per = len.div_ceil(threads).next_multiple_of(step);
             std::thread::scope(|s| {
                 for t in 1..threads {
                     let (lo, hi) = ((t * per).min(len), ((t + 1) * per).min(len));
-                    s.spawn(move || touch(base, lo, hi, page, a.random, seed + t as u64));
+                    s.spawn(move || touch(base, lo, hi, step, a.random, seed + t as u64));
                 }
-                touch(base, 0, per.min(len), page, a.random, seed);
+                touch(base, 0, per.min(len), step, a.random, seed);
             });
         }
     }
     let secs = t0.elapsed().as_secs_f64();
     Ok((gbps(len, secs), r))
+}
+
+/// Sets each row's speedup over the 1-thread row of the same function
+/// (all `rows` are of one page size); undefined without such a row.
+fn speedups(rows: &mut [FaultRow]) {
+    let single: Vec<(String, f64)> = rows
+        .iter()
+        .filter(|r| r.channels == 1)
+        .map(|r| (r.function.clone(), r.gbps.median))
+        .collect();
+    for r in rows.iter_mut() {
+        let one = single.iter().find(|(f, _)| *f == r.function);
+        r.speedup = one.map_or(f64::NAN, |(_, m)| r.gbps.median / m);
+    }
 }
 
 /// Runs the experiment.
@@ -112,6 +180,16 @@ pub fn run(a: &FaultPlan, progress: &dyn Progress) -> Result<Report<FaultRow>, L
             return Err(format!("unknown fault function '{f}' (known: demand, populate)").into());
         }
     }
+    if a.loops == 0 || a.threads.contains(&0) {
+        return Err("loops and thread counts must be at least 1".into());
+    }
+    let pmd = foliokit::mem::system::thp_state()
+        .pmd_size
+        .unwrap_or(2 << 20);
+    check_pages(&a.page, foliokit::batch::page_size(), pmd)?;
+    no_repeats("page size", &a.page, |&p| show_size(p))?;
+    no_repeats("fault function", &a.function, |f: &String| format!("'{f}'"))?;
+    no_repeats("thread count", &a.threads, |t: &usize| t.to_string())?;
     let limits_on = a.limits;
     // The probes need a faulted buffer of the same size beside the passes.
     check_shape(a.size, &a.page, 1 + usize::from(limits_on))?;
@@ -162,7 +240,7 @@ pub fn run(a: &FaultPlan, progress: &dyn Progress) -> Result<Report<FaultRow>, L
             None
         };
         let piece = page.max(2 << 20);
-        let mut single: Vec<f64> = vec![f64::NAN; nf];
+        let first_row = report.rows.len();
         for &t in &a.threads {
             let mut first = Vec::new();
             for f in &a.function {
@@ -203,21 +281,22 @@ pub fn run(a: &FaultPlan, progress: &dyn Progress) -> Result<Report<FaultRow>, L
                 });
             }
             for (c, f) in a.function.iter().enumerate() {
-                let gbps = Stats::of(&rates[c]).expect("loops >= 1");
-                if t == 1 {
-                    single[c] = gbps.median;
-                }
+                let Some(gbps) = Stats::of(&rates[c]) else {
+                    continue;
+                };
                 report.rows.push(FaultRow {
                     function: f.clone(),
                     folio_size: page,
                     channels: t,
                     first_touch_gbps: first[c],
                     gbps,
-                    speedup: gbps.median / single[c],
+                    speedup: f64::NAN,
                     limit: LimitShare::of(gbps.median, limit),
                 });
             }
         }
+        // Once every thread count has run: `-t 2,1` measures one thread last.
+        speedups(&mut report.rows[first_row..]);
     }
     progress.end();
     // One backing line per page size and method is enough for the table.
@@ -246,4 +325,65 @@ pub fn run(a: &FaultPlan, progress: &dyn Progress) -> Result<Report<FaultRow>, L
         .push("speedup: median over the 1-thread median of the same function and page size".into());
     report.footer.push(crate::seeds::quote("fault"));
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K4: usize = 4 << 10;
+    const M2: usize = 2 << 20;
+    const G1: usize = 1 << 30;
+
+    #[test]
+    fn only_base_thp_and_hugetlb_pages() {
+        assert!(check_pages(&[K4, M2, G1], K4, M2).is_ok());
+        let err = check_pages(&[K4, 64 << 10], K4, M2)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "page size 64K is not one fault runs on: 4K (base page), 2M (THP) or 1G (hugetlb)"
+        );
+    }
+
+    #[test]
+    fn demand_steps_by_the_backing_the_region_can_have() {
+        let yes = |_| true;
+        let no = |_| false;
+        assert_eq!(touch_step(K4, K4, M2, false, no), K4);
+        assert_eq!(touch_step(M2, K4, M2, false, yes), M2);
+        // THP not allowed via madvise: base pages.
+        assert_eq!(touch_step(M2, K4, M2, false, no), K4);
+        // 1G from hugetlb, or fallen back to THP, or to base pages.
+        assert_eq!(touch_step(G1, K4, M2, true, no), G1);
+        assert_eq!(touch_step(G1, K4, M2, false, yes), M2);
+        assert_eq!(touch_step(G1, K4, M2, false, no), K4);
+    }
+
+    #[test]
+    fn speedups_are_over_the_one_thread_row_wherever_it_ran() {
+        let row = |function: &str, channels, g| FaultRow {
+            function: function.into(),
+            folio_size: M2,
+            channels,
+            first_touch_gbps: 0.0,
+            gbps: Stats::of(&[g]).unwrap(),
+            speedup: f64::NAN,
+            limit: LimitShare::of(g, None),
+        };
+        // -t 2,1 -f demand,populate: the 1-thread rows come last.
+        let mut rows = vec![
+            row("demand", 2, 6.0),
+            row("populate", 2, 9.0),
+            row("demand", 1, 4.0),
+            row("populate", 1, 3.0),
+        ];
+        speedups(&mut rows);
+        let s: Vec<f64> = rows.iter().map(|r| r.speedup).collect();
+        assert_eq!(s, [1.5, 3.0, 1.0, 1.0]);
+        let mut rows = vec![row("demand", 2, 6.0)];
+        speedups(&mut rows);
+        assert!(rows[0].speedup.is_nan());
+    }
 }

@@ -32,6 +32,7 @@ pub struct InitArgs {
     /// etc. over the array) that give every row its `% limit`.
     #[arg(long)]
     pub no_limits: bool,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }

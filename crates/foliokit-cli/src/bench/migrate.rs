@@ -99,10 +99,18 @@ pub fn parse_duration(t: &str) -> Result<Duration, String> {
         "s" | "" => v,
         _ => return Err(format!("unknown unit in '{t}' (use us, ms or s)")),
     };
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err("a latency budget must be positive".into());
+    // NaN fails the comparison too; try_from keeps a budget past
+    // Duration::MAX an error instead of a panic.
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(format!("'{t}': a latency budget must be positive"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    let d = Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("'{t}' is too long for a latency budget"))?;
+    // Below a nanosecond it rounds to nothing.
+    if d.is_zero() {
+        return Err(format!("'{t}': a latency budget must be positive"));
+    }
+    Ok(d)
 }
 
 impl TableRow for MigrateRow {
@@ -218,5 +226,13 @@ mod tests {
         assert!(parse_duration("0ms").is_err());
         assert!(parse_duration("3h").is_err());
         assert!(parse_duration("fast").is_err());
+        // Past Duration::MAX, negative, NaN, infinite, below a nanosecond:
+        // errors, not panics.
+        assert!(parse_duration("100000000000000000000s").is_err());
+        assert!(parse_duration("1e300").is_err());
+        assert!(parse_duration("-5ms").is_err());
+        assert!(parse_duration("NaN").is_err());
+        assert!(parse_duration("inf").is_err());
+        assert!(parse_duration("0.0000001us").is_err());
     }
 }

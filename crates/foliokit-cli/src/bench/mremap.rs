@@ -21,6 +21,7 @@ pub struct MremapArgs {
     /// Skip the 1 GiB PTE/PMD/PUD mremap cases.
     #[arg(long)]
     pub no_align: bool,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }

@@ -43,6 +43,7 @@ pub struct RestoreArgs {
     /// Directory for the snapshot file (removed at once; the bench keeps it open).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     pub dir: std::path::PathBuf,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }

@@ -23,6 +23,7 @@ use serde_json::json;
 use std::time::Duration;
 
 use crate::census::census;
+use crate::copy_clear::no_repeats;
 use crate::hugetlb::PooledRegion;
 use crate::measure::Stats;
 use crate::mthp::{arm_interrupt_restore, MthpSettings};
@@ -33,6 +34,37 @@ use crate::units::show_size;
 use crate::LabError;
 
 const PAGE: usize = 4096;
+
+/// The tables this bench has.
+const TABLES: [u8; 4] = [1, 2, 3, 4];
+
+/// Table 2's (and 3's) source folio size.
+const TABLE2_FOLIO: usize = 2 << 20;
+
+/// Refuses an empty list or a table number this bench does not have: it
+/// would run nothing and still succeed.
+fn check_tables(tables: &[u8]) -> Result<(), LabError> {
+    let names = "1, 2, 3 and 4";
+    match tables.iter().find(|t| !TABLES.contains(t)) {
+        Some(t) => Err(format!("there is no table {t}: the tables are {names}").into()),
+        None if tables.is_empty() => Err(format!("no table to run: the tables are {names}").into()),
+        None => Ok(()),
+    }
+}
+
+/// Table 2's batch sizes as they run, in the order asked: each clamped to
+/// `lo..=hi` pages, repeats dropped (clamped sizes measure the same thing,
+/// so they become one row instead of rows with the same label).
+fn clamp_batches(asked: &[usize], lo: usize, hi: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    for &b in asked {
+        let b = b.clamp(lo.min(hi), hi);
+        if !out.contains(&b) {
+            out.push(b);
+        }
+    }
+    out
+}
 
 /// The tables to run and their shapes.
 #[derive(Debug, Clone)]
@@ -486,22 +518,26 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
     let main_dir = Direction { from, to: node };
     let main_label = main_dir.label(&memory_only);
     let table3_dirs = directions(&nodes, &memory_only, a.from, a.node, main_dir);
+    check_tables(&a.tables)?;
     check_shape(a.size, &a.page, 2)?;
+    no_repeats("folio size", &a.page, |&f| show_size(f))?;
+    no_repeats("channel count", &a.channels, |c| c.to_string())?;
     if a.batch.contains(&0) {
         return Err("batch sizes must be at least one page".into());
     }
     let channels = a.channels.clone();
-    // A batch cannot exceed the run: larger sizes all measure the same
-    // thing, so they become one row (and one note) instead of duplicates.
+    // A batch cannot exceed the run, and relocation ends batches on folio
+    // boundaries (move_pages takes any count): sizes outside that measure
+    // the same thing as its bound, so they become one row (and one note).
     let run_pages = (a.size / PAGE).max(1);
-    let mut batches: Vec<usize> = Vec::new();
-    for &b in &a.batch {
-        let b = b.min(run_pages);
-        if !batches.contains(&b) {
-            batches.push(b);
-        }
-    }
+    let folio_pages = if a.path == Path::Kernel {
+        1
+    } else {
+        TABLE2_FOLIO / PAGE
+    };
+    let batches = clamp_batches(&a.batch, folio_pages, run_pages);
     let clamped = a.batch.iter().any(|&b| b > run_pages);
+    let raised = a.batch.iter().any(|&b| b < folio_pages.min(run_pages));
     let title = format!(
         "migrate: {} per run, node {main_label} (tables 1-2), {} runs per row; relocation = UFFDIO_MOVE out + channel copy + UFFDIO_MOVE in",
         show_size(a.size),
@@ -610,7 +646,7 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
         }
     }
     if a.tables.contains(&2) {
-        let folio = 2 << 20;
+        let folio = TABLE2_FOLIO;
         let (mut src, obtained) = source(a.size, folio)?;
         for &c in &channels {
             let mut first_gbps = None;
@@ -637,7 +673,7 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
         }
     }
     if a.tables.contains(&3) {
-        let folio = 2 << 20;
+        let folio = TABLE2_FOLIO;
         let (mut src, obtained) = source(a.size, folio)?;
         let batch_pages = a.table_batch;
         for &dir in &table3_dirs {
@@ -701,6 +737,14 @@ pub fn run(a: &MigratePlan, progress: &dyn Progress) -> Result<Report<MigrateRow
                 show_size(a.size)
             ));
         }
+        if raised {
+            footer.push(format!(
+                "table 2: batch sizes below {} pages were measured as {}: relocation moves whole {} folios",
+                folio_pages.min(run_pages),
+                folio_pages.min(run_pages),
+                show_size(TABLE2_FOLIO)
+            ));
+        }
     }
     if has(3) {
         footer.push("table 3: speedup of relocation over move_pages in the same direction with the same channels; moved = pages that changed node per run, placement checked on a sample".into());
@@ -753,6 +797,31 @@ mod tests {
             vec![d(0, 1)]
         );
         assert_eq!(d(0, 2).label(&[2]), "0 -> 2 (memory-only)");
+    }
+
+    #[test]
+    fn only_existing_tables() {
+        assert!(check_tables(&[1, 2, 3, 4]).is_ok());
+        assert_eq!(
+            check_tables(&[1, 9]).unwrap_err().to_string(),
+            "there is no table 9: the tables are 1, 2, 3 and 4"
+        );
+        assert!(check_tables(&[0]).is_err());
+        assert!(check_tables(&[]).is_err());
+    }
+
+    #[test]
+    fn batches_clamp_to_a_folio_and_the_run_without_repeats() {
+        // -b 1,2,512 on 2M folios: one row, not three labelled 512.
+        assert_eq!(clamp_batches(&[1, 2, 512], 512, 1024), [512]);
+        assert_eq!(
+            clamp_batches(&[512, 4096, 1024, 8192], 512, 1024),
+            [512, 1024]
+        );
+        // The kernel path takes any count.
+        assert_eq!(clamp_batches(&[1, 2, 512], 1, 1024), [1, 2, 512]);
+        // A run smaller than a folio: the run bounds both ends.
+        assert_eq!(clamp_batches(&[1, 4096], 512, 256), [256]);
     }
 
     #[test]
