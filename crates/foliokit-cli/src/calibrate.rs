@@ -18,6 +18,7 @@ pub struct CalibrateArgs {
     /// Measure and print, but do not write the profile.
     #[arg(long)]
     pub dry_run: bool,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }

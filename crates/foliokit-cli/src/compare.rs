@@ -31,6 +31,7 @@ pub struct CompareArgs {
     /// Also write index.html (side-by-side plots) and compare.json here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }

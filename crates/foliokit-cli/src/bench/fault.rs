@@ -35,6 +35,7 @@ pub struct FaultArgs {
     /// faulted buffer of the same size, on the same thread count).
     #[arg(long)]
     pub no_limits: bool,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }

@@ -59,6 +59,7 @@ pub struct MigrateArgs {
     /// the kernel path for the rest), or `kernel`.
     #[arg(long, value_enum, default_value = "relocate")]
     pub path: PathArg,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
     #[command(flatten)]
