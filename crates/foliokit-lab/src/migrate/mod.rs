@@ -63,6 +63,8 @@ fn clamp_batches(asked: &[usize], lo: usize, hi: usize) -> Vec<usize> {
             out.push(b);
         }
     }
+    // Smallest first: table 2's speedups are over its smallest batch.
+    out.sort_unstable();
     out
 }
 
@@ -822,6 +824,8 @@ mod tests {
         assert_eq!(clamp_batches(&[1, 2, 512], 1, 1024), [1, 2, 512]);
         // A run smaller than a folio: the run bounds both ends.
         assert_eq!(clamp_batches(&[1, 4096], 512, 256), [256]);
+        // Smallest first, whatever the order asked: table 2's base.
+        assert_eq!(clamp_batches(&[4096, 512], 1, 8192), [512, 4096]);
     }
 
     #[test]
