@@ -259,7 +259,11 @@ pub(crate) fn check_overlap(
 /// pointer lists the raw batch APIs and copy channels take). Computing the
 /// addresses touches no memory.
 pub fn folio_starts(base: *mut u8, len: usize, folio_size: usize) -> Vec<*mut u8> {
-    (0..len / folio_size.max(1))
+    // No folio of size 0: no list (not one entry per byte).
+    if folio_size == 0 {
+        return Vec::new();
+    }
+    (0..len / folio_size)
         .map(|i| base.wrapping_add(i * folio_size))
         .collect()
 }

@@ -316,3 +316,33 @@ fn raw_mc_copies_match_the_reference_and_refuse_overlap() {
         unsafe { copy_mc_raw(dangling, dangling, 0, s) }.expect("empty mc copy");
     }
 }
+
+/// A thread that blocks SIGBUS (one that takes signals through signalfd)
+/// still gets a fault reported: the kernel would otherwise kill the
+/// process for a fault it raises while SIGBUS is blocked. Its mask is as
+/// it was afterwards.
+#[test]
+fn a_thread_that_blocks_sigbus_still_gets_its_fault_reported() {
+    std::thread::spawn(|| {
+        // SAFETY: sigset_t is plain data; the calls change this thread's mask.
+        let blocked = unsafe {
+            let mut bus: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut bus);
+            libc::sigaddset(&mut bus, libc::SIGBUS);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &bus, std::ptr::null_mut());
+            move || {
+                let mut now: libc::sigset_t = std::mem::zeroed();
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut now);
+                libc::sigismember(&now, libc::SIGBUS) == 1
+            }
+        };
+        let file = TruncatedFile::new(2 * PAGE, 17, None);
+        file.truncate(PAGE);
+        let mut dst = vec![0u8; 2 * PAGE];
+        let f = fault(copy_mc(&mut dst, file.as_slice(), CopyStrategy::Movsb).unwrap_err());
+        assert_eq!((f.not_copied, f.bad_page), (PAGE, 1));
+        assert!(blocked(), "the thread's mask was not put back");
+    })
+    .join()
+    .unwrap();
+}

@@ -435,3 +435,26 @@ fn populate_bad_input() {
         }
     });
 }
+
+/// Empty inputs are no work, not errors: an empty array's dangling pointer
+/// has no alignment to check, an empty range holds no resident page, and
+/// a zero folio size lists no folio.
+#[test]
+fn empty_inputs_are_no_work() {
+    let mut none: Vec<u8> = Vec::new();
+    let mut t = [0u8; 16];
+    assert_eq!(
+        foliokit::nt::fill_from_template(&mut none, &mut t, |_, _| {}),
+        Ok(())
+    );
+    assert_eq!(
+        foliokit::nt::fill_from_template_cached(&mut none, &mut t, |_, _| {}),
+        Ok(())
+    );
+    let r = foliokit::mem::Region::new(2 * 4096, 4096).unwrap();
+    // SAFETY: a pointer inside our region; no byte is read.
+    let p = unsafe { r.as_ptr().add(1) };
+    assert_eq!(foliokit::mem::resident_pages(p, 0).unwrap(), 0);
+    let starts = foliokit::batch::folio_starts(r.as_ptr().cast_mut(), 1 << 20, 0);
+    assert!(starts.is_empty());
+}

@@ -57,7 +57,10 @@ fn do_install() -> Result<(), i32> {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut sa.sa_mask);
+        // Every signal blocked while it runs: an application's handler
+        // must not land on this handler's (alternate, small) stack. A
+        // handler it chains to gets the mask it would have had.
+        libc::sigfillset(&mut sa.sa_mask);
         if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
             return Err(*libc::__errno_location());
         }
@@ -88,9 +91,50 @@ pub fn state() -> HandlerState {
     }
 }
 
-/// Clears this thread's record of the last recovered fault.
-pub fn reset_last_fault() {
-    LAST_FAULT.with(|c| c.set((0, 0)));
+/// Clears this thread's record of the last recovered fault, returning
+/// what it held: an mc copy in a signal handler that interrupted another
+/// between its fault and its reading of the record puts it back.
+pub fn reset_last_fault() -> (i32, usize) {
+    LAST_FAULT.with(|c| c.replace((0, 0)))
+}
+
+/// Puts back a record [`reset_last_fault`] returned.
+pub fn restore_last_fault(v: (i32, usize)) {
+    LAST_FAULT.with(|c| c.set(v));
+}
+
+/// SIGBUS unblocked on this thread while it lives, restored after: the
+/// kernel kills the process for a fault it raises while SIGBUS is blocked
+/// (a thread that takes signals through signalfd blocks it), so an mc copy
+/// could not recover there.
+pub struct SigbusUnblocked(Option<libc::sigset_t>);
+
+impl SigbusUnblocked {
+    pub fn new() -> SigbusUnblocked {
+        // SAFETY: sigset_t is plain data, valid zeroed; the calls read and
+        // write only these sets and this thread's mask.
+        unsafe {
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut old);
+            if libc::sigismember(&old, libc::SIGBUS) != 1 {
+                return SigbusUnblocked(None);
+            }
+            let mut bus: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut bus);
+            libc::sigaddset(&mut bus, libc::SIGBUS);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &bus, std::ptr::null_mut());
+            SigbusUnblocked(Some(old))
+        }
+    }
+}
+
+impl Drop for SigbusUnblocked {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            // SAFETY: puts back the mask read in `new`.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+        }
+    }
 }
 
 /// `(si_code, si_addr)` of the last fault this thread recovered from.
@@ -105,7 +149,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let uc = ctx.cast::<libc::ucontext_t>();
         let pc_slot = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
         let pc = *pc_slot as usize;
-        if let Some(fixup) = fixup_for(pc) {
+        // Only a fault the kernel raised for this access is ours: a SIGBUS
+        // sent by kill() (si_code <= 0) or an asynchronous poison report
+        // (BUS_MCEERR_AO) that happens to land mid-copy goes on.
+        let code = (*info).si_code;
+        let ours = code > 0 && code != libc::BUS_MCEERR_AO;
+        if let Some(fixup) = fixup_for(pc).filter(|_| ours) {
             LAST_FAULT.with(|c| c.set(((*info).si_code, (*info).si_addr() as usize)));
             *pc_slot = fixup as i64;
             return;
@@ -123,11 +172,22 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
     // SAFETY: the previous handler's address came from sigaction itself, and
     // its flags say which signature it has.
     unsafe {
-        // The previous handler runs with the signals it asked to have
-        // blocked, as the kernel would have run it.
+        // The previous handler runs with the mask the kernel would have
+        // given it: the interrupted code's, plus its own sa_mask, plus
+        // SIGBUS unless SA_NODEFER (this handler runs with all blocked).
         let with_its_mask = |p: &libc::sigaction, call: &dyn Fn()| {
+            let uc = ctx.cast::<libc::ucontext_t>();
+            let mut m: libc::sigset_t = (*uc).uc_sigmask;
+            for s in 1..=libc::SIGRTMAX() {
+                if libc::sigismember(&p.sa_mask, s) == 1 {
+                    libc::sigaddset(&mut m, s);
+                }
+            }
+            if p.sa_flags & libc::SA_NODEFER == 0 {
+                libc::sigaddset(&mut m, sig);
+            }
             let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_BLOCK, &p.sa_mask, &mut old);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &m, &mut old);
             call();
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         };
@@ -135,14 +195,19 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
         // kernel delivers it with the default action instead, and returning
         // would run the faulting instruction again, forever.
         let ignored = |p: &libc::sigaction| p.sa_sigaction == libc::SIG_IGN && (*info).si_code <= 0;
+        // SIG_DFL and SIG_IGN are values, not functions, whatever the
+        // flags say: they are tested first.
+        let special = |p: &libc::sigaction| {
+            p.sa_sigaction == libc::SIG_DFL || p.sa_sigaction == libc::SIG_IGN
+        };
         match previous {
-            Some(p) if p.sa_flags & libc::SA_SIGINFO != 0 => {
+            Some(p) if !special(&p) && p.sa_flags & libc::SA_SIGINFO != 0 => {
                 let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                     std::mem::transmute(p.sa_sigaction);
                 with_its_mask(&p, &|| f(sig, info, ctx));
             }
             Some(p) if ignored(&p) => {}
-            Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
+            Some(p) if !special(&p) => {
                 let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
                 with_its_mask(&p, &|| f(sig));
             }

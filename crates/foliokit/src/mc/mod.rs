@@ -226,14 +226,16 @@ fn mc_fn(_s: CopyStrategy) -> Result<McFn, McError> {
 /// `dst` valid for writes and `src` mapped for `len` bytes, disjoint.
 unsafe fn run_one(f: McFn, dst: *mut u8, src: *const u8, len: usize) -> Result<(), McError> {
     #[cfg(target_arch = "x86_64")]
-    handler::reset_last_fault();
+    let outer = handler::reset_last_fault();
     // SAFETY: forwarded contract; the handler is installed (mc_fn did it).
     let not_copied = unsafe { f(dst, src, len) };
+    #[cfg(target_arch = "x86_64")]
+    let (code, addr) = handler::last_fault();
+    #[cfg(target_arch = "x86_64")]
+    handler::restore_last_fault(outer);
     if not_copied == 0 {
         return Ok(());
     }
-    #[cfg(target_arch = "x86_64")]
-    let (code, addr) = handler::last_fault();
     #[cfg(not(target_arch = "x86_64"))]
     let (code, addr) = (0, 0);
     let page = page_size();
@@ -314,6 +316,8 @@ pub unsafe fn copy_mc_raw(
     batch::check_raw_pair(dst as usize, src as usize, len)?;
     let s = resolve_mc(strategy, Shape::single(dst as usize, len))?;
     let f = mc_fn(s)?;
+    #[cfg(target_arch = "x86_64")]
+    let _unblocked = handler::SigbusUnblocked::new();
     // SAFETY: validity and the concurrency rules are the caller's
     // contract; the ranges were checked to be disjoint and not to wrap; a
     // SIGBUS reading `src` is turned into a short copy by the handler
@@ -359,6 +363,8 @@ pub fn copy_folios_mc(
     let n = batch::check_contiguous_copy(dst, src, folio_size)?;
     let s = resolve_mc(opts.strategy, Shape::batch(folio_size, n, opts.reuse))?;
     let f = mc_fn(s)?;
+    #[cfg(target_arch = "x86_64")]
+    let _unblocked = handler::SigbusUnblocked::new();
     let (d, sp) = (dst.as_mut_ptr(), src.as_ptr());
     let mut faults = Vec::new();
     for i in 0..n {

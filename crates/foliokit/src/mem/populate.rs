@@ -232,6 +232,9 @@ fn kernel_populates() -> bool {
 
 /// How many of the pages in `[ptr, ptr + len)` are resident (mincore).
 pub fn resident_pages(ptr: *const u8, len: usize) -> io::Result<usize> {
+    if len == 0 {
+        return Ok(0);
+    }
     let page = page_size();
     let start = ptr as usize & !(page - 1);
     let end = (ptr as usize)
