@@ -83,29 +83,29 @@ pub fn memcpy_nt(dst: &mut [u8], src: &[u8]) -> Result<(), NtError> {
             src: src.len(),
         });
     }
-    let mut w = NtWriter::new(dst);
-    w.write_at(0, src)?;
-    w.finish();
-    Ok(())
+    NtWriter::with(dst, |w| w.write_at(0, src))
 }
 
-/// Exclusive streaming access to a buffer; drains when finished or dropped.
+/// Exclusive streaming access to a buffer, lent to a closure: the stores
+/// are drained when it returns (or unwinds), before the buffer can be read.
 ///
 /// ```
 /// let mut buf = vec![0u8; 256];
-/// let mut w = foliokit::nt::NtWriter::new(&mut buf);
-/// w.write_at(64, &[7u8; 64]).unwrap();
-/// let done = w.finish(); // drained: safe to read
-/// assert_eq!(done[64], 7);
+/// foliokit::nt::NtWriter::with(&mut buf, |w| w.write_at(64, &[7u8; 64])).unwrap();
+/// assert_eq!(buf[64], 7); // drained: safe to read
 /// ```
 ///
-/// A writer cannot cross threads, since the drain must run on the thread
-/// that issued the stores:
+/// The writer is only ever lent (`&mut`), never owned by the caller: an
+/// owned writer could be leaked (`std::mem::forget`), and the buffer read
+/// by another thread with stores still in flight, from safe code. Nor can
+/// it cross threads, since the drain must run on the thread that issued
+/// the stores:
 ///
 /// ```compile_fail
 /// let mut buf = vec![0u8; 64];
-/// let w = foliokit::nt::NtWriter::new(&mut buf);
-/// std::thread::scope(|s| { s.spawn(move || drop(w)); });
+/// foliokit::nt::NtWriter::with(&mut buf, |w| {
+///     std::thread::scope(|s| { s.spawn(|| w.capacity()); });
+/// });
 /// ```
 pub struct NtWriter<'a> {
     dst: &'a mut [u8],
@@ -114,12 +114,16 @@ pub struct NtWriter<'a> {
 }
 
 impl<'a> NtWriter<'a> {
-    /// A writer that holds `dst` until [`NtWriter::finish`] or drop.
-    pub fn new(dst: &'a mut [u8]) -> Self {
-        NtWriter {
+    /// Lends a writer over `dst` to `f`, then drains (also when `f`
+    /// unwinds), and returns what `f` returned.
+    pub fn with<R>(dst: &'a mut [u8], f: impl FnOnce(&mut NtWriter<'a>) -> R) -> R {
+        // Dropped at the end of this function on every way out: its Drop
+        // drains.
+        let mut w = NtWriter {
             dst,
             _not_send: PhantomData,
-        }
+        };
+        f(&mut w)
     }
 
     /// The buffer's length in bytes.
@@ -141,18 +145,11 @@ impl<'a> NtWriter<'a> {
                 })?;
         let d = &mut self.dst[offset..end];
         // SAFETY: `d` and `src` are valid, equally long and disjoint (`&mut`
-        // vs `&`). The destination cannot be read until `self` drains: it is
-        // mutably borrowed by the writer, which drains on finish and drop.
+        // vs `&`). The destination cannot be read until the writer drains:
+        // it is borrowed by the writer, which `with` drops (draining) before
+        // the borrow ends.
         unsafe { arch::stream_nodrain(d.as_mut_ptr(), src.as_ptr(), src.len()) };
         Ok(())
-    }
-
-    /// Drains and gives the buffer back, readable.
-    pub fn finish(self) -> &'a mut [u8] {
-        drain();
-        let mut this = std::mem::ManuallyDrop::new(self);
-        // Drained above; the Drop impl (which would drain again) is skipped.
-        std::mem::take(&mut this.dst)
     }
 }
 

@@ -28,10 +28,9 @@ fn memcpy_nt_rejects_mismatched_lengths_untouched() {
 }
 
 #[test]
-fn writer_bounds_finish_and_drop() {
+fn writer_bounds_and_drain_on_every_way_out() {
     let mut buf = vec![0u8; 1024];
-    {
-        let mut w = NtWriter::new(&mut buf);
+    NtWriter::with(&mut buf, |w| {
         assert_eq!(
             w.write_at(1000, &[1u8; 25]),
             Err(NtError::OutOfBounds {
@@ -42,13 +41,13 @@ fn writer_bounds_finish_and_drop() {
         );
         assert!(w.write_at(usize::MAX, &[1u8; 2]).is_err());
         w.write_at(512, &[3u8; 512]).unwrap();
-        // Dropped here without finish: the drop drains.
-    }
+    });
     assert!(buf[..512].iter().all(|&b| b == 0) && buf[512..].iter().all(|&b| b == 3));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut w = NtWriter::new(&mut buf);
-        w.write_at(0, &[5u8; 64]).unwrap();
-        panic!("unwinding through a writer");
+        NtWriter::with(&mut buf, |w| {
+            w.write_at(0, &[5u8; 64]).unwrap();
+            panic!("unwinding through a writer");
+        })
     }));
     assert!(r.is_err());
     assert!(buf[..64].iter().all(|&b| b == 5));
@@ -56,8 +55,8 @@ fn writer_bounds_finish_and_drop() {
 
 #[test]
 fn drained_data_is_visible_to_a_thread_that_synchronises() {
-    // The publication pattern the writer exists for: stream, finish (drain),
-    // then release; the acquirer must see every byte.
+    // The publication pattern the writer exists for: stream, drain (the end
+    // of `with`), then release; the acquirer must see every byte.
     let mut region = Region::new(8 << 20, PAGE).unwrap();
     let ready = AtomicBool::new(false);
     let want = pattern(region.len(), 4);
@@ -72,11 +71,11 @@ fn drained_data_is_visible_to_a_thread_that_synchronises() {
             let seen = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
             assert!(seen == &want[..], "reader saw stale lines");
         });
-        let mut w = NtWriter::new(region.as_mut_slice());
-        for (i, chunk) in want.chunks(64).enumerate() {
-            w.write_at(i * 64, chunk).unwrap();
-        }
-        w.finish();
+        NtWriter::with(region.as_mut_slice(), |w| {
+            for (i, chunk) in want.chunks(64).enumerate() {
+                w.write_at(i * 64, chunk).unwrap();
+            }
+        });
         ready.store(true, Ordering::Release);
     });
 }
