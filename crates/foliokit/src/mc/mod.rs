@@ -56,8 +56,9 @@ pub struct McFault {
     pub addr: usize,
 }
 
-/// Why an mc copy did not complete. Only [`McError::Fault`] happens after
-/// bytes were written; the others are returned before anything is.
+/// Why an mc copy did not complete. Only [`McError::Fault`] and
+/// [`McError::DestinationFault`] happen after bytes were written; the
+/// others are returned before anything is.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum McError {
@@ -373,7 +374,13 @@ pub fn copy_folios_mc(
         match unsafe { run_one(f, d.add(off), sp.add(off), folio_size) } {
             Ok(()) => {}
             Err(McError::Fault(fault)) => faults.push(FolioFault { index: i, fault }),
-            // The destination broke its contract: the batch ends there.
+            // The destination broke its contract: the batch ends there,
+            // reported as a copy of the whole range would be.
+            Err(McError::DestinationFault(mut f)) => {
+                f.bad_page += off / page_size();
+                f.not_copied += (n - i - 1) * folio_size;
+                return Err(McError::DestinationFault(f));
+            }
             Err(e) => return Err(e),
         }
     }
