@@ -276,7 +276,9 @@ impl Region {
         if len == 0 {
             return Err(MemError::Empty);
         }
-        if !page_size.is_power_of_two() {
+        // A huge page size: above the base page (a size of 0 in the flags
+        // would ask for the default huge page size, not this one).
+        if !page_size.is_power_of_two() || page_size <= crate::batch::page_size() {
             return Err(MemError::NoHugetlb {
                 size: page_size,
                 pages: 0,
@@ -423,6 +425,21 @@ impl Drop for Region {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sizes that are not huge page sizes are refused before mapping (1
+    /// used to map the default huge page size and record a 1-byte page).
+    #[test]
+    fn hugetlb_refuses_sizes_that_are_no_huge_page() {
+        for size in [0, 1, 3, 4096, 3 << 20] {
+            assert!(
+                matches!(
+                    Region::hugetlb(1 << 21, size, false),
+                    Err(MemError::NoHugetlb { .. })
+                ),
+                "{size}"
+            );
+        }
+    }
 
     #[test]
     fn human_sizes() {
