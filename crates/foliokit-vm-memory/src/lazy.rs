@@ -51,8 +51,10 @@ pub struct LazyRestoreReport {
     /// [`LazyReport::bad_outcome`] (SIGBUS `BUS_MCEERR_AR` where the kernel
     /// can install poison markers).
     pub bad: Vec<BadRange>,
-    /// Guest ranges the snapshot recorded as unreadable at save: never
-    /// filled, they read zeros (as the eager restore leaves them).
+    /// Guest ranges the snapshot recorded as unreadable at save: they read
+    /// zeros (as the eager restore leaves them); their whole pages are
+    /// never filled, a page they cover in part is filled from the snapshot
+    /// (which holds zeros for them).
     pub bad_at_save: Vec<BadRange>,
     /// The snapshot's trailer could not be read (see
     /// [`crate::RestoreReport::trailer_missing`]).
@@ -90,11 +92,21 @@ impl LazyRestore<'_> {
             ..
         } = self;
         let report = fill.wait();
+        // The fill merges bad ranges contiguous in host addresses, which may
+        // run across adjacent mappings of distant guest regions: split them
+        // per region, then list them in guest order as the eager restore.
+        let mut parts: Vec<_> = report
+            .bad
+            .iter()
+            .flat_map(|b| {
+                split(&map, Side::Host, b.addr as u64, b.len as u64)
+                    .map(move |(_, g, len)| (g, len as u64, b.kind))
+            })
+            .collect();
+        parts.sort_by_key(|p| p.0);
         let mut bad = Vec::new();
-        for b in &report.bad {
-            if let Some(&(h, g, _)) = map.iter().find(|&&(h, _, l)| b.addr >= h && b.addr < h + l) {
-                crate::push_bad(&mut bad, g + (b.addr - h) as u64, b.len as u64, b.kind);
-            }
+        for (g, len, kind) in parts {
+            crate::push_bad(&mut bad, g, len, kind);
         }
         LazyRestoreReport {
             fill: report,
@@ -166,16 +178,20 @@ pub fn restore_lazy<'m, B: Bitmap>(
     let mut fill = opts.fill.clone();
     fill.first = opts.first.iter().filter_map(|&a| host_of(a)).collect();
     // Each bad range as the eager restore reads it: its part in each
-    // region (host addresses are contiguous only within one).
+    // region (host addresses are contiguous only within one), rounded in to
+    // whole pages, since the fill skips whole pages and the eager restore
+    // writes every byte outside the range (the snapshot holds zeros for
+    // the range's own bytes, so filling a partly bad page is what eager
+    // leaves in fresh guest RAM).
+    let page = foliokit::batch::page_size();
     fill.skip = plan
         .bad_at_save
         .iter()
-        .flat_map(|b| {
-            let end = b.addr.0.saturating_add(b.len);
-            map.iter().filter_map(move |&(h, g, l)| {
-                let (lo, hi) = (b.addr.0.max(g), end.min(g + l as u64));
-                (lo < hi).then(|| (h + (lo - g) as usize, (hi - lo) as usize))
-            })
+        .flat_map(|b| split(&map, Side::Guest, b.addr.0, b.len))
+        .filter_map(|(h, _, len)| {
+            let lo = h.div_ceil(page) * page;
+            let hi = (h + len) / page * page;
+            (lo < hi).then(|| (lo, hi - lo))
         })
         .collect();
     // SAFETY: the segments are guest RAM regions borrowed for 'm (the
@@ -212,6 +228,36 @@ pub fn restore_lazy<'m, B: Bitmap>(
         trailer_missing: plan.trailer_missing,
         start_secs: t0.elapsed().as_secs_f64(),
         _mem: PhantomData,
+    })
+}
+
+/// Which address space [`split`] is given a range in.
+#[derive(Clone, Copy)]
+enum Side {
+    Host,
+    Guest,
+}
+
+/// The parts of `[start, start + len)` (host or guest addresses, per
+/// `side`) in each `(host, guest, length)` mapping of `map`, as
+/// `(host, guest, length)`.
+fn split(
+    map: &[(usize, u64, usize)],
+    side: Side,
+    start: u64,
+    len: u64,
+) -> impl Iterator<Item = (usize, u64, usize)> + '_ {
+    let end = start.saturating_add(len);
+    map.iter().filter_map(move |&(h, g, l)| {
+        let base = match side {
+            Side::Host => h as u64,
+            Side::Guest => g,
+        };
+        let (lo, hi) = (start.max(base), end.min(base + l as u64));
+        (lo < hi).then(|| {
+            let d = lo - base;
+            (h + d as usize, g + d, (hi - lo) as usize)
+        })
     })
 }
 

@@ -115,8 +115,9 @@ pub enum Error {
         /// Its length.
         len: u64,
     },
-    /// Prefault writes, and this region is not mapped writable.
-    #[error("guest region at {:#x} is not mapped writable, and prefault faults pages in for writing", .addr.0)]
+    /// Prefault or restore writes, and this region is not mapped writable.
+    /// Nothing was written.
+    #[error("guest region at {:#x} is not mapped writable", .addr.0)]
     NotWritable {
         /// Start of the region.
         addr: GuestAddress,
@@ -245,6 +246,20 @@ fn pieces<B: Bitmap>(
         cur += n;
     }
     Ok(out)
+}
+
+/// Refuses pieces of a region not mapped writable, before anything writes
+/// to them (a write would raise SIGSEGV, which nothing here catches).
+fn check_writable<B: Bitmap>(parts: &[Piece<'_, B>]) -> Result<()> {
+    match parts
+        .iter()
+        .find(|p| p.region.prot() & libc::PROT_WRITE == 0)
+    {
+        Some(p) => Err(Error::NotWritable {
+            addr: p.region.start_addr(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Appends a bad range, merging it with the previous one when they touch

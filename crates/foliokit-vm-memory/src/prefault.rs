@@ -3,7 +3,7 @@
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use crate::{pieces, Error, Result};
+use crate::{check_writable, pieces, Error, Result};
 
 /// What a prefault did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -50,14 +50,7 @@ pub fn prefault_range<B: Bitmap>(
     channels: usize,
 ) -> Result<PrefaultReport> {
     let parts = pieces(mem, addr, len)?;
-    if let Some(p) = parts
-        .iter()
-        .find(|p| p.region.prot() & libc::PROT_WRITE == 0)
-    {
-        return Err(Error::NotWritable {
-            addr: p.region.start_addr(),
-        });
-    }
+    check_writable(&parts)?;
     let page = foliokit::batch::page_size();
     let mut report = PrefaultReport::default();
     for p in parts {

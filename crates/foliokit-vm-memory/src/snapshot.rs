@@ -26,7 +26,9 @@ use foliokit::{CopyStrategy, McError};
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use crate::{io_err, pieces, push_bad, region_host, BadRange, Error, FaultKind, Result};
+use crate::{
+    check_writable, io_err, pieces, push_bad, region_host, BadRange, Error, FaultKind, Result,
+};
 
 const MAGIC: &[u8; 8] = b"FKVMSNAP";
 const TRAILER_MAGIC: &[u8; 8] = b"FKVMBAD\0";
@@ -176,6 +178,13 @@ pub fn snapshot<B: Bitmap, W: Write + ?Sized>(
     let t0 = Instant::now();
     let page = foliokit::batch::page_size();
     let regions: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
+    // Restore refuses more regions than this; refuse to write such a file.
+    if regions.len() as u64 > MAX_REGIONS {
+        return Err(bad_format(format!(
+            "{} guest regions, at most {MAX_REGIONS} fit a snapshot",
+            regions.len()
+        )));
+    }
     let layout = Layout::new(page as u64, &regions)
         .ok_or_else(|| bad_format("guest memory too large to describe"))?;
     let header = layout.header();
@@ -439,6 +448,7 @@ fn restore_image<B: Bitmap>(
                 len: l,
             });
         }
+        check_writable(&parts)?;
         if let Some(p) = parts.into_iter().next() {
             targets.push((p, o));
         }
@@ -449,6 +459,11 @@ fn restore_image<B: Bitmap>(
     let host_page = foliokit::batch::page_size();
     let mut bad = Vec::new();
     let mut restored = 0u64;
+    // The known end when the copies began, and the file offset every copy
+    // so far reached (regions lie in the file in this order).
+    let start_end = img.known_end;
+    let mut copied_to = 0u64;
+    let mut written = Vec::with_capacity(targets.len());
     for (p, o) in targets {
         let g = p.addr.0;
         let len = p.len as u64;
@@ -492,12 +507,14 @@ fn restore_image<B: Bitmap>(
                         bitmap.mark_dirty(p.offset + pos as usize, n as usize);
                         restored += n;
                         pos += n;
+                        copied_to = src_off + n;
                     }
                     Err(McError::Fault(f)) => {
                         let done = n - f.not_copied as u64;
                         if done > 0 {
                             bitmap.mark_dirty(p.offset + pos as usize, done as usize);
                             restored += done;
+                            copied_to = src_off + done;
                         }
                         let fault_addr = src as usize + done as usize;
                         let next = (fault_addr / host_page + 1) * host_page;
@@ -512,6 +529,48 @@ fn restore_image<B: Bitmap>(
                 }
             }
         }
+        written.push((g, len, o));
+    }
+    // A file cut mid-page while the copies ran: the part of that page past
+    // the cut reads as zeros, not SIGBUS, so bytes copied past the end the
+    // file now has may be zeros, not the snapshot's. Report them, as the
+    // restore of a file already cut there would (a cut in the last page
+    // copied raises no fault: ask the file once more).
+    img.refresh_end();
+    if img.known_end < start_end.min(copied_to) {
+        let (lost_from, lost_to) = (img.known_end, copied_to);
+        let mut lost = Vec::new();
+        for &(g, len, o) in &written {
+            let (lo, hi) = (lost_from.max(o), lost_to.min(o + len));
+            if lo < hi {
+                lost.push((g + (lo - o), g + (hi - o)));
+            }
+        }
+        // Only bytes this restore wrote: not those bad at save nor those
+        // already reported.
+        for (mut at, end) in lost {
+            let mut holes: Vec<(u64, u64)> = bad_at_save
+                .iter()
+                .chain(&bad)
+                .map(|b| (b.addr.0, b.addr.0 + b.len))
+                .filter(|&(a, e)| a < end && e > at)
+                .collect();
+            holes.sort_unstable();
+            for (a, e) in holes.into_iter().chain([(end, end)]) {
+                if a > at {
+                    restored -= a.min(end) - at;
+                    push_bad(&mut bad, at, a.min(end) - at, FaultKind::Vanished);
+                }
+                at = at.max(e);
+            }
+        }
+        // Back to guest order, touching ranges of one kind merged.
+        bad.sort_by_key(|b| b.addr.0);
+        let mut merged = Vec::with_capacity(bad.len());
+        for b in bad {
+            push_bad(&mut merged, b.addr.0, b.len, b.kind);
+        }
+        bad = merged;
     }
     Ok(RestoreReport {
         restored,
@@ -531,8 +590,16 @@ fn file_layout(file: &File) -> Result<(Layout, u64)> {
         .len();
     // The header through read(2) first: its size says how much to map.
     let mut fixed = [0u8; HEADER_FIXED as usize];
-    file.read_exact_at(&mut fixed, 0)
-        .map_err(|_| bad_format("the header is missing or unreadable"))?;
+    // A file too short for the header is not a snapshot; any other read
+    // error (a directory, a write-only descriptor) is the file's, not the
+    // format's.
+    file.read_exact_at(&mut fixed, 0).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            bad_format("the header is missing")
+        } else {
+            io_err("reading the snapshot header")(e)
+        }
+    })?;
     let n = u64_at(&fixed, 3).min(MAX_REGIONS);
     let head_len = (HEADER_FIXED + n * ENTRY).min(size) as usize;
     let mut head = vec![0u8; head_len];
@@ -565,6 +632,25 @@ pub(crate) fn lazy_plan(file: &File) -> Result<LazyPlan> {
         .map_err(|_| bad_format("snapshot larger than the address space"))?;
     let source =
         foliokit::lazy::Source::map_file(file, map_len).map_err(io_err("mapping the snapshot"))?;
+    // A file cut inside a page of region data: the mapping reads zeros past
+    // the cut in that page, which the fill would install as the guest's
+    // bytes. Make that page raise SIGBUS instead, so the fill reports and
+    // poisons it as every page lost past the cut (the whole page: its
+    // bytes before the cut are not installed either).
+    let page = foliokit::batch::page_size() as u64;
+    if size % page != 0
+        && layout
+            .regions
+            .iter()
+            .any(|&(_, l, o)| o <= size && size < o + l)
+    {
+        let at = source.as_ptr().wrapping_add((size / page * page) as usize);
+        // SAFETY: the page holding `size` lies inside the mapping (map_len
+        // >= data_end > size), which `source` owns and unmaps whole on
+        // drop; no fill reads it yet.
+        unsafe { vanish_page(at, page as usize) }
+            .map_err(io_err("hiding the snapshot's cut page"))?;
+    }
     let img = Image {
         ptr: source.as_ptr(),
         mapped: map_len as u64,
@@ -580,11 +666,47 @@ pub(crate) fn lazy_plan(file: &File) -> Result<LazyPlan> {
     })
 }
 
+/// Replaces the `len`-byte page at `at` with a read-only shared mapping of
+/// an empty memfd, so that reading it raises SIGBUS (`BUS_ADRERR`, read as
+/// [`FaultKind::Vanished`]), as a page past the end of a file does.
+///
+/// # Safety
+/// `[at, at + len)` must be page-aligned and inside a mapping the caller
+/// owns, which nothing reads or references meanwhile.
+unsafe fn vanish_page(at: *const u8, len: usize) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: a plain syscall with a static name.
+    let fd = unsafe { libc::memfd_create(c"foliokit-vm-memory-cut".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just created, owned by nothing else; the mapping
+    // keeps the memfd alive after it is closed.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: the caller guarantees [at, at + len) is its own unused mapping;
+    // MAP_FIXED replaces just that range.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Restores a snapshot from `file` into `mem`, reading it through a
 /// read-only mapping with machine-check-safe copies.
 ///
-/// Every region of the snapshot must lie inside one region of `mem`
-/// (checked before anything is written: [`Error::Layout`]). Snapshot pages
+/// Every region of the snapshot must lie inside one region of `mem`, mapped
+/// writable (checked before anything is written: [`Error::Layout`],
+/// [`Error::NotWritable`]). Snapshot pages
 /// that cannot be read — past the end of a file cut short, or raising
 /// SIGBUS (a truncation while restoring, page-cache poison) — are reported
 /// as guest ranges in [`RestoreReport::bad`] and left unwritten; the rest

@@ -1339,3 +1339,172 @@ fn pages_moved_by_mremap_during_the_fill_keep_their_snapshot_bytes() {
         },
     );
 }
+
+#[test]
+fn bad_ranges_over_adjacent_host_mappings_are_reported_at_their_guest_addresses() {
+    in_child(
+        "bad_ranges_over_adjacent_host_mappings_are_reported_at_their_guest_addresses",
+        LIMIT,
+        || {
+            const LEN: usize = 2 << 20;
+            let r = [(GuestAddress(0), LEN), (GuestAddress(B), LEN)];
+            let src = Ram::from_ranges(&r).unwrap();
+            src.write_slice(&pattern(LEN, 1), GuestAddress(0)).unwrap();
+            src.write_slice(&pattern(LEN, 2), GuestAddress(B)).unwrap();
+            let path = temp_path("adjacent");
+            snapshot_to_file(&src, &path).expect("snapshot");
+            // Every region's bytes are lost.
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.set_len(PAGE).unwrap();
+            // One mapping, guest B in its first half and guest 0 in its
+            // second: the host ranges touch, in the other order.
+            // SAFETY: a fresh private anonymous mapping, unmapped below.
+            let host = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    2 * LEN,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(host, libc::MAP_FAILED);
+            let host = host.cast::<u8>();
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+            let region = |at: *mut u8, g: u64| {
+                // SAFETY: `at .. at + LEN` lies in the mapping above, which
+                // outlives the region (build_raw does not unmap it).
+                let m = unsafe {
+                    vm_memory::MmapRegion::<AtomicBitmap>::build_raw(
+                        at,
+                        LEN,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        flags,
+                    )
+                }
+                .unwrap();
+                vm_memory::GuestRegionMmap::new(m, GuestAddress(g)).unwrap()
+            };
+            let mem = Ram::from_regions(vec![region(host.wrapping_add(LEN), 0), region(host, B)])
+                .unwrap();
+            if let Some(h) = start(&mem, &path, &LazyRestoreOptions::default()) {
+                let rep = h.wait();
+                let eager =
+                    foliokit_vm_memory::restore_from_path(&Ram::from_ranges(&r).unwrap(), &path)
+                        .expect("eager restore");
+                let want = vec![
+                    foliokit_vm_memory::BadRange {
+                        addr: GuestAddress(0),
+                        len: LEN as u64,
+                        kind: FaultKind::Vanished,
+                    },
+                    foliokit_vm_memory::BadRange {
+                        addr: GuestAddress(B),
+                        len: LEN as u64,
+                        kind: FaultKind::Vanished,
+                    },
+                ];
+                assert_eq!(eager.bad, want);
+                assert_eq!(rep.bad, want);
+            }
+            drop(mem);
+            // SAFETY: the mapping made above; its regions are dropped.
+            unsafe { libc::munmap(host.cast(), 2 * LEN) };
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
+#[test]
+fn an_unaligned_range_bad_at_save_leaves_the_rest_of_its_pages_restored() {
+    in_child(
+        "an_unaligned_range_bad_at_save_leaves_the_rest_of_its_pages_restored",
+        LIMIT,
+        || {
+            const LEN: usize = 1 << 20;
+            let r = [(GuestAddress(0), LEN)];
+            let src = Ram::from_ranges(&r).unwrap();
+            let data = pattern(LEN, 3);
+            src.write_slice(&data, GuestAddress(0)).unwrap();
+            // 16 bytes inside guest page 1 bad at save: saved as zeros and
+            // listed in the trailer, as the snapshot writes them.
+            let (bad_at, bad_len) = (PAGE + 0x10, 0x10u64);
+            src.write_slice(&[0u8; 0x10], GuestAddress(bad_at)).unwrap();
+            let mut image = Vec::new();
+            foliokit_vm_memory::snapshot(&src, &mut image).expect("snapshot");
+            image.truncate(image.len() - 16);
+            image.extend_from_slice(b"FKVMBAD\0");
+            for v in [1u64, bad_at, bad_len, 1] {
+                image.extend_from_slice(&v.to_le_bytes());
+            }
+            let path = temp_path("unaligned-bad");
+            std::fs::write(&path, &image).unwrap();
+            let eager = Ram::from_ranges(&r).unwrap();
+            let e = foliokit_vm_memory::restore_from_path(&eager, &path).expect("eager");
+            let lazy = Ram::from_ranges(&r).unwrap();
+            if let Some(h) = start(&lazy, &path, &LazyRestoreOptions::default()) {
+                let l = h.wait();
+                assert_eq!(l.bad_at_save, e.bad_at_save);
+                assert_eq!(l.bad_at_save.len(), 1);
+                let mut want = data.clone();
+                want[bad_at as usize..][..bad_len as usize].fill(0);
+                assert!(read(&eager, 0, LEN) == want);
+                assert!(read(&lazy, 0, LEN) == want);
+            }
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}
+
+#[test]
+fn a_snapshot_cut_mid_page_poisons_and_reports_that_page() {
+    in_child(
+        "a_snapshot_cut_mid_page_poisons_and_reports_that_page",
+        LIMIT,
+        || {
+            const LEN: u64 = 1 << 20;
+            let r = [(GuestAddress(0), LEN as usize)];
+            let src = Ram::from_ranges(&r).unwrap();
+            let data = pattern(LEN as usize, 5);
+            src.write_slice(&data, GuestAddress(0)).unwrap();
+            let path = temp_path("cut-mid-page");
+            snapshot_to_file(&src, &path).expect("snapshot");
+            // The region's bytes start one page in; cut 100 bytes into
+            // guest page 0x10.
+            let lost_page = 0x10 * PAGE;
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.set_len(PAGE + lost_page + 100).unwrap();
+            let eager = Ram::from_ranges(&r).unwrap();
+            let e = foliokit_vm_memory::restore_from_path(&eager, &path).expect("eager");
+            assert_eq!(
+                e.bad.first().map(|b| b.addr),
+                Some(GuestAddress(lost_page + 100))
+            );
+            let lazy = Ram::from_ranges(&r).unwrap();
+            if let Some(h) = start(&lazy, &path, &LazyRestoreOptions::default()) {
+                let l = h.wait();
+                // The whole page is lost (poisoned), so reported whole.
+                assert_eq!(
+                    l.bad,
+                    vec![foliokit_vm_memory::BadRange {
+                        addr: GuestAddress(lost_page),
+                        len: LEN - lost_page,
+                        kind: FaultKind::Vanished,
+                    }]
+                );
+                assert_eq!(
+                    read(&lazy, 0, lost_page as usize),
+                    data[..lost_page as usize]
+                );
+                if l.fill.bad_outcome == BadOutcome::Poisoned {
+                    assert!(
+                        read_mc(&lazy, lost_page).is_err(),
+                        "the cut page reads as data"
+                    );
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+        },
+    );
+}

@@ -532,3 +532,168 @@ fn a_snapshot_cut_mid_page_loses_exactly_the_bytes_past_the_cut() {
     let dirty = dirty_pages(&fresh, B + B_LEN - 3 * PAGE, 3 * PAGE);
     assert_eq!(dirty, vec![B + B_LEN - 3 * PAGE]);
 }
+
+/// A one-region guest of `len` bytes mapped read-only.
+fn read_only_vm(len: usize) -> GuestMemoryMmap<AtomicBitmap> {
+    let ro = MmapRegion::<AtomicBitmap>::build(
+        None,
+        len,
+        libc::PROT_READ,
+        libc::MAP_ANONYMOUS | libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+    )
+    .unwrap();
+    GuestMemoryMmap::from_regions(vec![GuestRegionMmap::new(ro, GuestAddress(0)).unwrap()]).unwrap()
+}
+
+#[test]
+fn restore_into_read_only_guest_memory_is_refused_before_writing() {
+    let src = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    fill(&src, 3);
+    let mut image = Vec::new();
+    snapshot(&src, &mut image).expect("snapshot");
+    let ro = read_only_vm(1 << 20);
+    let e = restore_from_bytes(&ro, &image).unwrap_err();
+    assert!(
+        matches!(e, Error::NotWritable { addr } if addr == GuestAddress(0)),
+        "{e}"
+    );
+    let path = temp_path("read-only");
+    std::fs::write(&path, &image).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    let e = restore_from_file(&ro, &f).unwrap_err();
+    assert!(matches!(e, Error::NotWritable { .. }), "{e}");
+    let _ = std::fs::remove_file(&path);
+    assert!(read(&ro, 0, 1 << 20).iter().all(|&b| b == 0));
+}
+
+#[test]
+fn unreadable_snapshot_files_are_io_errors_and_short_ones_format_errors() {
+    let (_, image, _) = snapshot_of(4);
+    let path = temp_path("io-errors");
+    std::fs::write(&path, &image).unwrap();
+    let mem = vm();
+    // A descriptor open for writing only cannot be read.
+    let wo = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let e = restore_from_file(&mem, &wo).unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    // Nor can a directory.
+    let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+    let e = restore_from_file(&mem, &dir).unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    // A file shorter than the header is not a snapshot.
+    std::fs::write(&path, &image[..10]).unwrap();
+    let short = std::fs::File::open(&path).unwrap();
+    let e = restore_from_file(&mem, &short).unwrap_err();
+    assert!(matches!(e, Error::Format(_)), "{e}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn snapshot_refuses_more_regions_than_restore_takes_before_writing() {
+    // One page each, a page apart: 65537 regions, one past the limit.
+    let r: Vec<_> = (0..(1u64 << 16) + 1)
+        .map(|i| (GuestAddress(i * 2 * PAGE), PAGE as usize))
+        .collect();
+    let mem = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&r).expect("guest memory");
+    let mut image = Vec::new();
+    let e = snapshot(&mem, &mut image).unwrap_err();
+    assert!(matches!(e, Error::Format(_)), "{e}");
+    assert!(image.is_empty(), "{} bytes written", image.len());
+}
+
+/// Registers the page at `at` with a new userfaultfd (missing faults), or
+/// says why it cannot here and returns None.
+fn uffd_page(at: *mut u8) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    const UFFD_USER_MODE_ONLY: libc::c_long = 1;
+    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+    let mut fd = -1;
+    for flags in [
+        libc::O_CLOEXEC as libc::c_long | UFFD_USER_MODE_ONLY,
+        libc::O_CLOEXEC as libc::c_long,
+    ] {
+        // SAFETY: a plain syscall.
+        fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as i32;
+        if fd >= 0 {
+            break;
+        }
+    }
+    if fd < 0 {
+        eprintln!(
+            "SKIP: no userfaultfd here: {}",
+            std::io::Error::last_os_error()
+        );
+        return None;
+    }
+    // SAFETY: a descriptor just created, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut api = [0xaau64, 0, 0];
+    let mut reg = [at as u64, PAGE, 1, 0];
+    // SAFETY: the ioctls' argument structs (uffdio_api, uffdio_register),
+    // ours for the call.
+    let ok = unsafe {
+        libc::ioctl(fd.as_raw_fd(), UFFDIO_API, api.as_mut_ptr()) == 0
+            && libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER, reg.as_mut_ptr()) == 0
+    };
+    if !ok {
+        eprintln!(
+            "SKIP: userfaultfd refused: {}",
+            std::io::Error::last_os_error()
+        );
+        return None;
+    }
+    Some(fd)
+}
+
+/// A snapshot file cut mid-page while the restore copies it, after the
+/// copy passed the cut: the bytes copied past the cut (the cut page's
+/// tail reads zeros) are reported, not counted restored.
+#[test]
+fn a_snapshot_cut_mid_page_during_the_restore_reports_the_bytes_past_the_cut() {
+    use std::os::fd::AsRawFd;
+    const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
+    const LEN: u64 = 1 << 20;
+    let r = [(GuestAddress(0), LEN as usize)];
+    let src = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&r).unwrap();
+    fill(&src, 8);
+    let path = temp_path("cut-during-restore");
+    snapshot_to_file(&src, &path).expect("snapshot");
+    let file = std::fs::File::open(&path).unwrap();
+    let fresh = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&r).unwrap();
+    // The restore stops at guest page 0x11 until the file is cut 100 bytes
+    // into guest page 0x10 (already copied; its data start one page in).
+    let (cut_page, stop) = (0x10 * PAGE, 0x11 * PAGE);
+    let Some(uffd) = uffd_page(host(&fresh, stop)) else {
+        let _ = std::fs::remove_file(&path);
+        return;
+    };
+    let at = host(&fresh, stop) as u64;
+    let p2 = path.clone();
+    let cutter = std::thread::spawn(move || {
+        let mut msg = [0u8; 32];
+        // SAFETY: reads one uffd_msg into our buffer.
+        let n = unsafe { libc::read(uffd.as_raw_fd(), msg.as_mut_ptr().cast(), 32) };
+        assert_eq!(n, 32, "{}", std::io::Error::last_os_error());
+        let f = std::fs::OpenOptions::new().write(true).open(&p2).unwrap();
+        f.set_len(PAGE + cut_page + 100).unwrap();
+        let mut zero = [at, PAGE, 0, 0];
+        // SAFETY: uffdio_zeropage for the registered page, ours for the call.
+        let rc = unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_ZEROPAGE, zero.as_mut_ptr()) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    });
+    let rep = restore_from_file(&fresh, &file).expect("restore");
+    cutter.join().unwrap();
+    let lost = cut_page + 100;
+    assert_eq!(
+        rep.bad,
+        vec![BadRange {
+            addr: GuestAddress(lost),
+            len: LEN - lost,
+            kind: FaultKind::Vanished
+        }]
+    );
+    assert_eq!(rep.restored, lost);
+    assert!(read(&fresh, 0, lost) == read(&src, 0, lost));
+    let _ = std::fs::remove_file(&path);
+}
