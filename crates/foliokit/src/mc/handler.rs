@@ -191,10 +191,13 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
             call();
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         };
-        // A fault the kernel raised (si_code > 0) cannot be ignored: the
-        // kernel delivers it with the default action instead, and returning
-        // would run the faulting instruction again, forever.
-        let ignored = |p: &libc::sigaction| p.sa_sigaction == libc::SIG_IGN && (*info).si_code <= 0;
+        // A fault the kernel raised for an access (si_code > 0, other than
+        // an asynchronous poison report) recurs when the handler returns,
+        // and cannot be ignored: the kernel delivers it with the default
+        // action instead, where returning would fault again, forever.
+        let code = (*info).si_code;
+        let recurs = code > 0 && code != libc::BUS_MCEERR_AO;
+        let ignored = |p: &libc::sigaction| p.sa_sigaction == libc::SIG_IGN && !recurs;
         // SIG_DFL and SIG_IGN are values, not functions, whatever the
         // flags say: they are tested first.
         let special = |p: &libc::sigaction| {
@@ -214,11 +217,12 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
             _ => {
                 // Default action: restore it; a synchronous fault then recurs
                 // on return and kills the process as it would have anyway; a
-                // signal sent by kill() is raised again.
+                // signal that will not recur (sent by kill(), or an
+                // asynchronous poison report) is raised again.
                 let mut dfl: libc::sigaction = std::mem::zeroed();
                 dfl.sa_sigaction = libc::SIG_DFL;
                 libc::sigaction(sig, &dfl, std::ptr::null_mut());
-                if (*info).si_code <= 0 {
+                if !recurs {
                     libc::raise(sig);
                 }
             }
