@@ -99,8 +99,9 @@ int fk_clear_folios(void *dst, size_t len, size_t folio_size,
  * bad_page may be NULL. dst must not fault: if a dst page raises SIGBUS
  * anyway (a file truncated under it, no huge page left for it), -ENXIO,
  * with *bad_page counted from the page holding dst. Other errors:
- * -EINVAL (overlap), -ENOENT, -EOPNOTSUPP (no such strategy, or no mc
- * routines on this CPU).
+ * -EINVAL (overlap), -ENOENT, -EOPNOTSUPP (no such strategy, no mc
+ * routines on this CPU, or SIGBUS blocked on the calling thread, where the
+ * kernel would kill the process at a fault).
  *
  * The SIGBUS handler. fk_init (or, without it, the first fk_copy_mc
  * call) installs a process-wide SIGBUS handler (SA_SIGINFO | SA_ONSTACK)

@@ -93,12 +93,13 @@ impl Drop for HugetlbGrant {
         // Shrink by what we added, not back to a remembered total, so that
         // grants for several regions can be released in any order.
         let path = format!("{}/nr_hugepages", self.dir);
-        // Off the interrupt list first: an interrupt now must not shrink
-        // the pool a second time.
-        crate::mthp::shrink_pool_on_interrupt(self.id, path.clone().into(), 0);
-        if let Some(now) = read_usize(&path) {
-            let _ = std::fs::write(&path, now.saturating_sub(self.added).to_string());
-        }
+        // With the interrupt handler held off: it shrinks a grant still on
+        // its list, so exactly one of the two shrinks the pool.
+        crate::mthp::release_pool(self.id, || {
+            if let Some(now) = read_usize(&path) {
+                let _ = std::fs::write(&path, now.saturating_sub(self.added).to_string());
+            }
+        });
     }
 }
 

@@ -161,7 +161,14 @@ pub fn shrink_pool_on_interrupt(id: u64, nr_hugepages: std::path::PathBuf, added
 fn arm() {
     static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     INSTALLED.get_or_init(|| {
-        // The `termination` feature: SIGTERM and SIGHUP too.
+        // The `termination` feature: SIGTERM and SIGHUP too; but a SIGHUP
+        // the process ignores (nohup) stays ignored.
+        // SAFETY: reading the current disposition into a zeroed struct.
+        let hup_ignored = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+        };
         let _ = ctrlc::set_handler(|| {
             let saved = RESTORE_ON_INTERRUPT
                 .lock()
@@ -181,7 +188,22 @@ fn arm() {
             eprintln!("foliokit: interrupted; system settings restored");
             std::process::exit(130);
         });
+        if hup_ignored {
+            // SAFETY: setting SIGHUP back to ignored, as nohup left it.
+            unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
+        }
     });
+}
+
+/// Runs `shrink` for grant `id` with the interrupt handler held off, and
+/// forgets the grant: an interrupt then either waits and finds it gone
+/// (shrunk here) or came first and shrank it, never both or neither.
+pub fn release_pool(id: u64, shrink: impl FnOnce()) {
+    let mut pools = POOLS_ON_INTERRUPT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(i) = pools.iter().position(|(g, ..)| *g == id) {
+        pools.remove(i);
+        shrink();
+    }
 }
 
 #[cfg(test)]

@@ -151,6 +151,16 @@ pub enum Error {
     /// [`restore_raw`]) an image overlapping guest RAM.
     #[error("poison-safe copy could not run: {0}")]
     Copy(foliokit::McError),
+    /// Writing guest RAM raised SIGBUS (a memory file truncated under the
+    /// VMM, no huge page left in the pool, poison): the restore stopped
+    /// there. Guest RAM before `addr` holds the snapshot's bytes.
+    #[error("guest RAM at {:#x} raised SIGBUS while it was restored ({kind}): the restore stopped there", .addr.0)]
+    GuestMemoryFault {
+        /// The first guest address not written.
+        addr: GuestAddress,
+        /// What the kernel reported.
+        kind: foliokit::mc::FaultKind,
+    },
     /// Reading or writing the snapshot failed.
     #[error("{what}: {source}")]
     Io {

@@ -525,6 +525,16 @@ fn restore_image<B: Bitmap>(
                         }
                         pos = skip_to;
                     }
+                    // Guest RAM itself faulted: nothing later can be written
+                    // there either.
+                    Err(McError::DestinationFault(f)) => {
+                        let done = n - f.not_copied as u64;
+                        bitmap.mark_dirty(p.offset + pos as usize, done as usize);
+                        return Err(Error::GuestMemoryFault {
+                            addr: GuestAddress(g + pos + done),
+                            kind: f.kind,
+                        });
+                    }
                     Err(e) => return Err(mc_unavailable(e)),
                 }
             }

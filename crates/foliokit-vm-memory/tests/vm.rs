@@ -697,3 +697,45 @@ fn a_snapshot_cut_mid_page_during_the_restore_reports_the_bytes_past_the_cut() {
     assert!(read(&fresh, 0, lost) == read(&src, 0, lost));
     let _ = std::fs::remove_file(&path);
 }
+
+/// Guest RAM that faults while it is restored (a memory file truncated
+/// under the VMM) stops the restore with the guest address it reached,
+/// instead of being reported as a bad snapshot page.
+#[test]
+fn guest_ram_that_faults_while_restored_stops_the_restore_at_its_address() {
+    use std::os::fd::FromRawFd;
+    let len = 1usize << 20;
+    let src = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(GuestAddress(0), len)]).unwrap();
+    fill(&src, 5);
+    let mut image = Vec::new();
+    snapshot(&src, &mut image).expect("snapshot");
+    // SAFETY: a plain syscall; the descriptor becomes the File's.
+    let file = unsafe {
+        let fd = libc::memfd_create(c"guest-ram".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0);
+        std::fs::File::from_raw_fd(fd)
+    };
+    file.set_len(len as u64).unwrap();
+    let region = MmapRegion::<AtomicBitmap>::build(
+        Some(FileOffset::new(file.try_clone().unwrap(), 0)),
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED,
+    )
+    .unwrap();
+    let mem =
+        GuestMemoryMmap::from_regions(vec![GuestRegionMmap::new(region, GuestAddress(0)).unwrap()])
+            .unwrap();
+    // The second half of guest RAM vanishes under the VMM.
+    let half = len / 2;
+    file.set_len(half as u64).unwrap();
+    let e = restore_from_bytes(&mem, &image).unwrap_err();
+    assert!(
+        matches!(e, Error::GuestMemoryFault { addr, .. } if addr == GuestAddress(half as u64)),
+        "{e}"
+    );
+    assert!(
+        read(&mem, 0, half as u64) == read(&src, 0, half as u64),
+        "the first half is restored"
+    );
+}

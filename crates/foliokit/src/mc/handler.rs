@@ -103,37 +103,18 @@ pub fn restore_last_fault(v: (i32, usize)) {
     LAST_FAULT.with(|c| c.set(v));
 }
 
-/// SIGBUS unblocked on this thread while it lives, restored after: the
-/// kernel kills the process for a fault it raises while SIGBUS is blocked
-/// (a thread that takes signals through signalfd blocks it), so an mc copy
-/// could not recover there.
-pub struct SigbusUnblocked(Option<libc::sigset_t>);
-
-impl SigbusUnblocked {
-    pub fn new() -> SigbusUnblocked {
-        // SAFETY: sigset_t is plain data, valid zeroed; the calls read and
-        // write only these sets and this thread's mask.
-        unsafe {
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut old);
-            if libc::sigismember(&old, libc::SIGBUS) != 1 {
-                return SigbusUnblocked(None);
-            }
-            let mut bus: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut bus);
-            libc::sigaddset(&mut bus, libc::SIGBUS);
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &bus, std::ptr::null_mut());
-            SigbusUnblocked(Some(old))
-        }
-    }
-}
-
-impl Drop for SigbusUnblocked {
-    fn drop(&mut self) {
-        if let Some(old) = &self.0 {
-            // SAFETY: puts back the mask read in `new`.
-            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
-        }
+/// Whether this thread blocks SIGBUS (one that takes its signals through
+/// signalfd does): the kernel then kills the process for a fault it raises
+/// instead of running any handler, so no mc copy can recover there.
+/// Unblocking it for the copy would hand a SIGBUS pending for the
+/// application's signalfd to this handler instead.
+pub fn sigbus_blocked() -> bool {
+    // SAFETY: sigset_t is plain data, valid zeroed; the call only reads this
+    // thread's mask into it.
+    unsafe {
+        let mut now: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut now);
+        libc::sigismember(&now, libc::SIGBUS) == 1
     }
 }
 

@@ -78,7 +78,9 @@ pub enum McError {
     #[error("{0} has no machine-check-safe variant (have: movsb, avx2, nt, auto)")]
     NoVariant(&'static str),
     /// No mc copy can run: not x86_64, the application refused the SIGBUS
-    /// handler (`Config::sigbus_handler(false)`), or installing it failed.
+    /// handler (`Config::sigbus_handler(false)`), installing it failed, or
+    /// the calling thread blocks SIGBUS (the kernel would then kill the
+    /// process at a fault instead of running any handler).
     #[error("machine-check-safe copy is not available: {0}")]
     Unavailable(&'static str),
     /// Another SIGBUS handler was installed after foliokit's; see
@@ -212,6 +214,18 @@ fn mc_fn(s: CopyStrategy) -> Result<McFn, McError> {
     s.row().mc.ok_or(McError::NoVariant(s.name()))
 }
 
+/// Refuses to run an mc routine on this thread where it blocks SIGBUS (see
+/// `handler::sigbus_blocked`); channel workers never block it.
+fn runs_here() -> Result<(), McError> {
+    #[cfg(target_arch = "x86_64")]
+    if handler::sigbus_blocked() {
+        return Err(McError::Unavailable(
+            "SIGBUS is blocked on this thread: the kernel would kill the process at a fault rather than let it be recovered",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn mc_fn(_s: CopyStrategy) -> Result<McFn, McError> {
     Err(McError::Unavailable(
@@ -317,8 +331,7 @@ pub unsafe fn copy_mc_raw(
     batch::check_raw_pair(dst as usize, src as usize, len)?;
     let s = resolve_mc(strategy, Shape::single(dst as usize, len))?;
     let f = mc_fn(s)?;
-    #[cfg(target_arch = "x86_64")]
-    let _unblocked = handler::SigbusUnblocked::new();
+    runs_here()?;
     // SAFETY: validity and the concurrency rules are the caller's
     // contract; the ranges were checked to be disjoint and not to wrap; a
     // SIGBUS reading `src` is turned into a short copy by the handler
@@ -364,8 +377,7 @@ pub fn copy_folios_mc(
     let n = batch::check_contiguous_copy(dst, src, folio_size)?;
     let s = resolve_mc(opts.strategy, Shape::batch(folio_size, n, opts.reuse))?;
     let f = mc_fn(s)?;
-    #[cfg(target_arch = "x86_64")]
-    let _unblocked = handler::SigbusUnblocked::new();
+    runs_here()?;
     let (d, sp) = (dst.as_mut_ptr(), src.as_ptr());
     let mut faults = Vec::new();
     for i in 0..n {
