@@ -7,9 +7,17 @@
 //! address space with a `stat` scheme for regions with no access for the
 //! whole window, runs it for SECS, reads the regions the scheme matched,
 //! and puts `nr_kdamonds` back to 0, also on error (a guard) and on Ctrl-C
-//! (the CLI's restore-on-interrupt list). Elsewhere it says why and does
-//! nothing.
+//! (the CLI's restore-on-interrupt list).
+//!
+//! Before writing anything it checks what this kernel's DAMON offers
+//! ([`check`]): the sysfs interface, permission to write it, the `vaddr`
+//! operations (a kernel built without `CONFIG_DAMON_VADDR` has DAMON and its
+//! sysfs but can watch physical addresses only; turning a `vaddr` kdamond on
+//! there is EINVAL), and that nobody else's kdamond is set up. Each missing
+//! piece is one [`Unavailable`] line, and the command's own exit status.
 
+use std::fmt;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,6 +27,118 @@ const ADMIN: &str = "/sys/kernel/mm/damon/admin";
 /// DAMON's aggregation interval we set: an access count covers this long.
 const AGGR_US: u64 = 100_000;
 const SAMPLE_US: u64 = 5_000;
+/// Where the kernel lists its symbols (readable without privilege): DAMON's
+/// virtual-address operations are functions named `damon_va_*`, its
+/// physical-address ones `damon_pa_*`.
+const KALLSYMS: &str = "/proc/kallsyms";
+
+/// Why `--cold` cannot run on this system; nothing was written to sysfs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    /// No `/sys/kernel/mm/damon/admin`.
+    NoSysfs,
+    /// DAMON is there without virtual-address monitoring.
+    NoVaddr {
+        /// What the kernel offers instead (e.g. `paddr`), if known.
+        offers: Option<String>,
+    },
+    /// Writing DAMON's sysfs files is not allowed to this user.
+    NoPermission(String),
+    /// Somebody else's kdamonds are set up.
+    InUse {
+        kdamonds: usize,
+        running: Vec<usize>,
+    },
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unavailable::NoSysfs => write!(
+                f,
+                "--cold needs DAMON's sysfs interface ({ADMIN}), which this kernel lacks \
+                 (CONFIG_DAMON_SYSFS): nothing moved"
+            ),
+            Unavailable::NoVaddr { offers } => write!(
+                f,
+                "--cold needs DAMON to watch a process's virtual addresses, and this kernel was \
+                 built without CONFIG_DAMON_VADDR{}: nothing moved, DAMON left as found",
+                offers
+                    .as_ref()
+                    .map(|o| format!(" (its DAMON offers: {o})"))
+                    .unwrap_or_default()
+            ),
+            Unavailable::NoPermission(why) => write!(
+                f,
+                "--cold needs to set up a kdamond, and {why} (run as root): nothing moved"
+            ),
+            Unavailable::InUse { kdamonds, running } => write!(
+                f,
+                "--cold: DAMON is already set up on this system ({kdamonds} kdamond{}{}); using it \
+                 would rebuild that setup, so foliokit leaves it alone: nothing moved",
+                if *kdamonds == 1 { "" } else { "s" },
+                if running.is_empty() {
+                    String::new()
+                } else {
+                    let ids: Vec<String> = running.iter().map(ToString::to_string).collect();
+                    format!(", running: {}", ids.join(" "))
+                }
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// Whether this kernel's DAMON has virtual-address operations, from its
+/// symbol list: `None` where the list says nothing about DAMON (no DAMON
+/// symbols visible), so only the sysfs context can tell.
+fn vaddr_in_symbols(kallsyms: &str) -> Option<bool> {
+    let mut any = false;
+    for name in kallsyms.lines().filter_map(|l| l.split_whitespace().nth(2)) {
+        if name.starts_with("damon_va_") {
+            return Some(true);
+        }
+        any |= name.starts_with("damon_");
+    }
+    any.then_some(false)
+}
+
+/// What this kernel's DAMON offers for `--cold`, read without writing
+/// anything: `Err` names the first missing piece.
+pub fn check() -> Result<(), Unavailable> {
+    let kd = Path::new(ADMIN).join("kdamonds");
+    if !kd.exists() {
+        return Err(Unavailable::NoSysfs);
+    }
+    let nr_file = kd.join("nr_kdamonds");
+    // Opening a sysfs attribute for writing runs no store: this asks the
+    // permission question without changing anything.
+    if let Err(e) = std::fs::OpenOptions::new().write(true).open(&nr_file) {
+        return Err(Unavailable::NoPermission(match e.kind() {
+            ErrorKind::PermissionDenied => format!("{} is not writable here", nr_file.display()),
+            _ => format!("{} cannot be opened for writing: {e}", nr_file.display()),
+        }));
+    }
+    let symbols = std::fs::read_to_string(KALLSYMS).unwrap_or_default();
+    if vaddr_in_symbols(&symbols) == Some(false) {
+        return Err(Unavailable::NoVaddr { offers: None });
+    }
+    let nr: usize = std::fs::read_to_string(&nr_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if nr > 0 {
+        let running = (0..nr)
+            .filter(|i| read(&kd.join(format!("{i}/state"))).is_ok_and(|s| s == "on"))
+            .collect();
+        return Err(Unavailable::InUse {
+            kdamonds: nr,
+            running,
+        });
+    }
+    Ok(())
+}
 
 fn write(p: &Path, v: &str) -> Result<(), CliError> {
     std::fs::write(p, v)
@@ -51,34 +171,11 @@ pub fn cold_regions(
     within: &[(usize, usize)],
     window: Duration,
 ) -> Result<Vec<(usize, usize)>, CliError> {
-    let admin = Path::new(ADMIN);
-    if !admin.exists() {
-        return Err(format!(
-            "--cold needs DAMON's sysfs interface ({ADMIN}), which this kernel lacks: nothing moved"
-        )
-        .into());
-    }
     if window.is_zero() {
         return Err("--cold needs a window of at least one second".into());
     }
-    let kd = admin.join("kdamonds");
-    let nr: usize = read(&kd.join("nr_kdamonds"))?.parse().unwrap_or(0);
-    if nr > 0 {
-        let on: Vec<String> = (0..nr)
-            .filter(|i| read(&kd.join(format!("{i}/state"))).is_ok_and(|s| s == "on"))
-            .map(|i| i.to_string())
-            .collect();
-        return Err(format!(
-            "--cold: DAMON is already set up on this system ({nr} kdamond{}{}); using it would rebuild that setup, so foliokit leaves it alone: nothing moved",
-            if nr == 1 { "" } else { "s" },
-            if on.is_empty() {
-                String::new()
-            } else {
-                format!(", running: {}", on.join(" "))
-            }
-        )
-        .into());
-    }
+    check()?;
+    let kd = Path::new(ADMIN).join("kdamonds");
     // From here DAMON is ours until the guard drops.
     foliokit_lab::mthp::restore_on_interrupt(vec![
         (kd.join("0/state"), "off".into()),
@@ -91,6 +188,15 @@ pub fn cold_regions(
     let k = kd.join("0");
     let c = k.join("contexts/0");
     write(&k.join("contexts/nr_contexts"), "1")?;
+    // The kernel's own word, where the symbol list could not say (the
+    // guard puts the kdamond we just made back).
+    let offers = read(&c.join("avail_operations")).unwrap_or_default();
+    if !offers.is_empty() && !offers.split_whitespace().any(|o| o == "vaddr") {
+        return Err(Unavailable::NoVaddr {
+            offers: Some(offers.split_whitespace().collect::<Vec<_>>().join(" ")),
+        }
+        .into());
+    }
     write(&c.join("operations"), "vaddr")?;
     let a = c.join("monitoring_attrs");
     write(&a.join("intervals/sample_us"), &SAMPLE_US.to_string())?;
@@ -176,5 +282,46 @@ mod tests {
         );
         assert_eq!(r, vec![(0x1000, 0x4000), (0x20_1000, 0x28_0000)]);
         assert!(intersect(&[(0x1000, 0x1800)], &[(0, 0x10000)], 4096).is_empty());
+    }
+
+    #[test]
+    fn vaddr_is_read_from_the_symbol_list() {
+        let paddr_only =
+            "ffffffff816a5270 t damon_pa_scheme_score\nffffffff816a52d0 t damon_pa_batch_lock\n";
+        assert_eq!(vaddr_in_symbols(paddr_only), Some(false));
+        let both =
+            "0000000000000000 t damon_pa_apply_scheme\n0000000000000000 t damon_va_apply_scheme\n";
+        assert_eq!(vaddr_in_symbols(both), Some(true));
+        assert_eq!(vaddr_in_symbols("0000000000000000 T do_sys_open\n"), None);
+        assert_eq!(vaddr_in_symbols(""), None);
+    }
+
+    #[test]
+    fn each_refusal_is_one_line_that_names_what_is_missing() {
+        let cases = [
+            (Unavailable::NoSysfs, "CONFIG_DAMON_SYSFS"),
+            (Unavailable::NoVaddr { offers: None }, "CONFIG_DAMON_VADDR"),
+            (
+                Unavailable::NoVaddr {
+                    offers: Some("paddr".into()),
+                },
+                "offers: paddr",
+            ),
+            (
+                Unavailable::NoPermission("x is not writable here".into()),
+                "root",
+            ),
+            (
+                Unavailable::InUse {
+                    kdamonds: 2,
+                    running: vec![1],
+                },
+                "2 kdamonds, running: 1",
+            ),
+        ];
+        for (u, want) in cases {
+            let line = u.to_string();
+            assert!(line.contains(want) && !line.contains('\n'), "{line}");
+        }
     }
 }

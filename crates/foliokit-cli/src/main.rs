@@ -22,6 +22,22 @@ use clap::{Parser, Subcommand};
 /// Any error a subcommand reports; printed as one line.
 pub type CliError = Box<dyn std::error::Error>;
 
+/// An error that ends the run with an exit status of its own, which the
+/// command's `--help` documents for scripts (1 is every other error).
+#[derive(Debug)]
+pub struct WithStatus {
+    pub status: i32,
+    pub error: CliError,
+}
+
+impl std::fmt::Display for WithStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for WithStatus {}
+
 #[derive(Parser)]
 #[command(
     name = "foliokit",
@@ -124,7 +140,7 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("foliokit: error: {e}");
-        std::process::exit(1);
+        std::process::exit(e.downcast_ref::<WithStatus>().map_or(1, |w| w.status));
     }
 }
 

@@ -18,12 +18,17 @@ use crate::CliError;
 pub const EXIT_PARTIAL: i32 = 3;
 /// Exit status when the target exited during the move.
 pub const EXIT_GONE: i32 = 4;
+/// Exit status when `--cold` cannot run on this system (DAMON absent,
+/// without virtual-address monitoring, in use, or not writable here).
+pub const EXIT_NO_DAMON: i32 = 5;
 
 #[derive(Debug, Clone, Args)]
 #[command(
     after_help = "Exit status: 0 every present page is on the node (or nothing was to move); \
 3 the move finished but some pages stayed elsewhere (pinned, shared, node full: see 'failed'); \
-4 the process exited during the move (what was done is printed); 1 any other error; 2 bad usage.\n\n\
+4 the process exited during the move (what was done is printed); 5 --cold cannot run on this system \
+(no DAMON sysfs, a kernel without CONFIG_DAMON_VADDR, DAMON already in use, or not root): nothing \
+moved and DAMON left as found; 1 any other error; 2 bad usage.\n\n\
 Examples:\n  foliokit move --pid 4242 --to 1 --all-anon\n  \
 foliokit move --pid 4242 --to 2 --range 7f0000000000-7f0040000000 --budget 5ms --format json\n  \
 foliokit move --pid 4242 --to 1 --all-anon --dry-run"
@@ -52,8 +57,9 @@ pub struct MoveArgs {
     /// Threads issuing move_pages calls.
     #[arg(short = 't', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
-    /// Move only what DAMON sees idle for SECS seconds (needs DAMON sysfs
-    /// that nothing else is using).
+    /// Move only what DAMON sees idle for SECS seconds (needs root, DAMON
+    /// sysfs that nothing else is using, and a kernel built with
+    /// CONFIG_DAMON_VADDR; checked before anything is written: exit 5).
     #[arg(long, value_name = "SECS")]
     pub cold: Option<u64>,
     /// Show what would move; move nothing.
@@ -105,7 +111,18 @@ pub fn run(a: MoveArgs) -> Result<i32, CliError> {
         report.skipped = skipped;
     }
     if let Some(secs) = a.cold {
-        ranges = crate::damon::cold_regions(a.pid, &ranges, Duration::from_secs(secs))?;
+        ranges =
+            crate::damon::cold_regions(a.pid, &ranges, Duration::from_secs(secs)).map_err(|e| {
+                if e.is::<crate::damon::Unavailable>() {
+                    crate::WithStatus {
+                        status: EXIT_NO_DAMON,
+                        error: e,
+                    }
+                    .into()
+                } else {
+                    e
+                }
+            })?;
         report
             .notes
             .push(format!("--cold {secs}: {} idle regions", ranges.len()));

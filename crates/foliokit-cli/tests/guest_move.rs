@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{foliokit, refused, say, skip};
+use common::{foliokit, missing, refused, say, Need};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -99,6 +99,45 @@ fn damon_state() -> Option<String> {
     std::fs::read_to_string(NR).ok()
 }
 
+/// What this machine's DAMON offers `--cold`, found by the test itself
+/// (foliokit's own check is what is under test).
+#[derive(Debug)]
+#[allow(dead_code)] // the fields are read through Debug, in the skip line
+enum Damon {
+    NoSysfs,
+    NotRoot,
+    InUse(String),
+    /// DAMON without virtual-address operations: what it offers instead.
+    NoVaddr(String),
+    Ready,
+}
+
+/// Probes DAMON the authoritative way: a context lists the operations
+/// this kernel has in `avail_operations`. The kdamond made to read it is
+/// removed again at once.
+fn probe_damon() -> Damon {
+    let Some(nr) = damon_state() else {
+        return Damon::NoSysfs;
+    };
+    if !foliokit::mem::system::is_root() {
+        return Damon::NotRoot;
+    }
+    if nr.trim() != "0" {
+        return Damon::InUse(nr.trim().to_string());
+    }
+    let kd = std::path::Path::new(NR).parent().unwrap();
+    std::fs::write(NR, "1").expect("make a kdamond to read avail_operations");
+    let avail = std::fs::write(kd.join("0/contexts/nr_contexts"), "1")
+        .and_then(|_| std::fs::read_to_string(kd.join("0/contexts/0/avail_operations")));
+    std::fs::write(NR, "0").expect("remove the probe's kdamond");
+    let avail = avail.expect("avail_operations");
+    if avail.split_whitespace().any(|o| o == "vaddr") {
+        Damon::Ready
+    } else {
+        Damon::NoVaddr(avail.split_whitespace().collect::<Vec<_>>().join(" "))
+    }
+}
+
 #[test]
 fn move_counts_what_it_finds_and_refuses_bad_input_in_one_line() {
     let t = Target::start(1 << 20);
@@ -164,16 +203,36 @@ fn move_counts_what_it_finds_and_refuses_bad_input_in_one_line() {
 
 #[test]
 fn cold_leaves_damon_as_it_found_it() {
-    let Some(before) = damon_state() else {
-        skip("this kernel has no DAMON sysfs interface (--cold says so; checked below)");
+    let before = damon_state();
+    let damon = probe_damon();
+    if !matches!(damon, Damon::Ready) {
+        // Refused before anything is written, in one line naming what is
+        // missing, with the exit status scripts read; DAMON as it was.
         let t = Target::start(1 << 20);
-        refused(t.move_to("0").args(["--all-anon", "--cold", "1"]), "DAMON");
-        return;
-    };
-    if !foliokit::mem::system::is_root() {
-        skip("DAMON sysfs needs root");
+        let want = match &damon {
+            Damon::NoSysfs => "CONFIG_DAMON_SYSFS",
+            Damon::NotRoot => "run as root",
+            Damon::InUse(_) => "leaves it alone",
+            Damon::NoVaddr(_) => "CONFIG_DAMON_VADDR",
+            Damon::Ready => unreachable!(),
+        };
+        let code = refused(t.move_to("0").args(["--all-anon", "--cold", "1"]), want);
+        assert_eq!(code, Some(5), "--cold unavailable: exit 5");
+        assert_eq!(damon_state(), before, "DAMON left as found");
+        let need = if matches!(damon, Damon::NotRoot) {
+            Need::Root
+        } else {
+            Need::DamonVaddr
+        };
+        missing(
+            need,
+            &format!(
+                "--cold refused as it should ({damon:?}); the real run needs DAMON with vaddr"
+            ),
+        );
         return;
     }
+    let before = before.expect("DAMON sysfs");
     let node = foliokit::mem::system::numa_nodes()[0].to_string();
     // Under emulation DAMON samples far less often than the clock says.
     let window = if std::env::var_os("FOLIOKIT_EMULATED").is_some() {
@@ -194,15 +253,6 @@ fn cold_leaves_damon_as_it_found_it() {
         Some(before.clone()),
         "DAMON put back as found"
     );
-    if before.trim() != "0" {
-        // The host's own DAMON: refused, untouched.
-        assert!(
-            !out.status.success() && err.contains("leaves it alone"),
-            "{err}"
-        );
-        say("NOTE: DAMON already set up here: --cold refused and left it alone");
-        return;
-    }
     assert!(out.status.success(), "{err}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let ranges = v["ranges"].as_array().unwrap();

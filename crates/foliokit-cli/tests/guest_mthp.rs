@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{foliokit, json, say, skip};
+use common::{foliokit, json, missing, say, Need};
 use serde_json::Value;
 use std::process::Command;
 
@@ -77,11 +77,14 @@ fn census_shares_are_read_by_bytes() {
 #[test]
 fn mthp_rows_are_backed_by_their_folio_size_or_say_why_not() {
     if !is_root() {
-        skip("needs root: enabling an mTHP size and reading /proc/kpageflags for the census");
+        missing(
+            Need::Root,
+            "needs root: enabling an mTHP size and reading /proc/kpageflags for the census",
+        );
         return;
     }
     if std::fs::metadata("/sys/kernel/mm/transparent_hugepage/enabled").is_err() {
-        skip("this kernel has no THP at all");
+        missing(Need::Thp, "this kernel has no THP at all");
         return;
     }
     for op in ["copy", "clear"] {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{foliokit, fresh_dir, run_ok, skip};
+use common::{foliokit, fresh_dir, missing, run_ok, Need};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -104,7 +104,10 @@ fn the_lab_page_renders_every_plot_and_table_in_headless_chromium() {
     }
 
     let Some(browser) = chromium() else {
-        skip("the browser half: no chromium on PATH (.ci/run installs Debian's package)");
+        missing(
+            Need::Browser,
+            "the browser half: no chromium on PATH (.ci/run installs Debian's package)",
+        );
         return;
     };
     let url = format!("file://{}", page.display());

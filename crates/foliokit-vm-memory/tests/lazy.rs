@@ -18,7 +18,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{in_child, in_forked_child, pattern, skip, temp_path};
+use common::{in_child, in_forked_child, missing, pattern, skip, temp_path, Need};
 use foliokit::lazy::{
     fill_lazily, BadOutcome, LazyError, LazyFill, LazyOptions, LazyRefusal, Segment, Source,
 };
@@ -83,7 +83,7 @@ fn start<'m>(
     match restore_lazy_from_path(mem, path, opts) {
         Ok(h) => Some(h),
         Err(Error::Lazy(LazyError::Refused(why))) => {
-            skip(&format!("lazy restore unavailable here: {why}"));
+            missing(Need::Uffd, &format!("lazy restore unavailable here: {why}"));
             None
         }
         Err(e) => panic!("restore_lazy: {e}"),
@@ -185,7 +185,7 @@ unsafe fn start_fill(
     match unsafe { fill_lazily(&[seg], src, o) } {
         Ok(h) => Some(h),
         Err(LazyError::Refused(why)) => {
-            skip(&format!("lazy fill unavailable here: {why}"));
+            missing(Need::Uffd, &format!("lazy fill unavailable here: {why}"));
             None
         }
         Err(e) => panic!("{e}"),
@@ -597,7 +597,7 @@ fn cancel_keeps_what_was_filled_and_wait_fills_the_rest() {
                     .unwrap_or_default();
                 let ha = host(mem, 0) as usize;
                 if thp.contains("[never]") {
-                    skip("THP disabled: huge pages not checked");
+                    missing(Need::Thp, "THP disabled: huge pages not checked");
                 } else {
                     let whole =
                         ((ha + A_LEN as usize) / (2 << 20)).saturating_sub(ha.div_ceil(2 << 20));
@@ -712,7 +712,7 @@ fn uffdio_copy_installs_base_pages_and_the_staged_move_keeps_thp() {
             let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
                 .unwrap_or_default();
             if thp.contains("[never]") {
-                skip("THP disabled");
+                missing(Need::Thp, "THP disabled");
                 return;
             }
             let len = 4usize << 20;
@@ -766,7 +766,7 @@ fn shared_memory_is_refused_unless_the_caller_opts_in() {
                     assert_eq!((addr, l), (seg.addr, len))
                 }
                 Err(LazyError::Refused(why)) => {
-                    skip(&format!("lazy fill unavailable here: {why}"));
+                    missing(Need::Uffd, &format!("lazy fill unavailable here: {why}"));
                     return;
                 }
                 other => panic!("shared memory was not refused: {:?}", other.err()),

@@ -465,7 +465,10 @@ fn migrate_a_guest_range_to_node_0() {
             if matches!(&source, foliokit::migrate::MigrateError::Sys { source: io, .. }
                 if matches!(io.raw_os_error(), Some(libc::ENOSYS | libc::EPERM))) =>
         {
-            common::skip(&format!("move_pages unavailable: {source}"));
+            common::missing(
+                common::Need::MovePages,
+                &format!("move_pages unavailable: {source}"),
+            );
             return;
         }
         Err(e) => panic!("migrate: {e}"),

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{in_child, pattern, relocation_available, say, skip, touch_pages, PAGE, THP};
+use common::{in_child, missing, pattern, relocation_available, say, touch_pages, Need, PAGE, THP};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateOptions, MigratePath, Path};
 use std::time::Duration;
@@ -18,7 +18,7 @@ const T: Duration = Duration::from_secs(180);
 fn nodes() -> Option<Vec<u32>> {
     let n = system::numa_nodes();
     if n.len() < 2 {
-        skip(&format!(
+        missing(Need::Numa, &format!(
             "one NUMA node here ({n:?}): cross-node moves run in the multi-node guests of `cargo xtask vm-test`"
         ));
         return None;
@@ -302,7 +302,10 @@ fn to_and_from_a_memory_only_node() {
     in_child("to_and_from_a_memory_only_node", T, || {
         let Some(n) = nodes() else { return };
         let Some(&tier) = memory_only(&n).first() else {
-            skip(&format!("no memory-only node among {n:?}"));
+            missing(
+                Need::MemoryOnlyNode,
+                &format!("no memory-only node among {n:?}"),
+            );
             return;
         };
         round_trip(Path::Kernel, n[0], tier);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{in_child, pattern, skip, PAGE};
+use common::{in_child, missing, pattern, Need, PAGE};
 use foliokit::mc::{copy_folios_mc, copy_mc, FaultKind, McError};
 use foliokit::mem::Region;
 use foliokit::{CopyOptions, CopyStrategy, Reuse, Strategy};
@@ -42,7 +42,7 @@ fn poison(at: *mut u8) -> Option<i32> {
     // away for good, which is what the test wants.
     let rc = unsafe { libc::madvise(at.cast(), PAGE, libc::MADV_HWPOISON) };
     if rc != 0 {
-        skip(&format!(
+        missing(Need::Hwpoison, &format!(
             "MADV_HWPOISON refused ({}): it needs CONFIG_MEMORY_FAILURE and CAP_SYS_ADMIN (cargo xtask vm-test runs this in a guest kernel that has them)",
             std::io::Error::last_os_error()
         ));
@@ -71,7 +71,7 @@ fn copy_mc_stops_at_a_really_poisoned_page() {
             CopyStrategy::Auto,
         ] {
             if let Some(why) = s.unavailable() {
-                skip(&format!("{}: {why}", s.name()));
+                missing(Need::Cpu, &format!("{}: {why}", s.name()));
                 continue;
             }
             let mut dst = vec![0u8; 3 * PAGE];
@@ -158,7 +158,7 @@ fn a_lazy_fill_from_a_really_poisoned_snapshot_page() {
             let h = match unsafe { fill_lazily(&[seg], src, &opts) } {
                 Ok(h) => h,
                 Err(LazyError::Refused(why)) => {
-                    skip(&format!("lazy fill unavailable here: {why}"));
+                    missing(Need::Uffd, &format!("lazy fill unavailable here: {why}"));
                     return;
                 }
                 Err(e) => panic!("{e}"),

@@ -24,7 +24,7 @@ fn mc_strategies() -> Vec<CopyStrategy> {
     .filter(|s| match s.unavailable() {
         None => true,
         Some(why) => {
-            common::skip(&format!("mc {}: {why}", s.name()));
+            common::missing(common::Need::Cpu, &format!("mc {}: {why}", s.name()));
             false
         }
     })

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{in_child, node, pattern, relocation_available, skip, MIB, PAGE};
+use common::{in_child, missing, node, pattern, relocation_available, skip, Need, MIB, PAGE};
 use foliokit::migrate::{
     migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path, Refusal,
 };
@@ -1344,7 +1344,7 @@ fn app_registered_userfaultfd_is_left_alone() {
             let what = format!("{path:?}");
             let fd = match app_uffd() {
                 Ok(fd) => fd,
-                Err(why) => return skip(&why),
+                Err(why) => return missing(Need::Uffd, &why),
             };
             let len = 4 * MIB;
             let at = map(None, len, RW, 0);

@@ -12,7 +12,9 @@
 #[macro_use]
 mod common;
 
-use common::{in_child, maps_overlapping, node, pattern, skip, LIMIT, MIB, PAGE, RUN, THP};
+use common::{
+    in_child, maps_overlapping, missing, node, pattern, Need, LIMIT, MIB, PAGE, RUN, THP,
+};
 use foliokit::mem::Region;
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::io;
@@ -971,7 +973,12 @@ fn o_direct_reads(path: Path) {
     let fpat = pattern(4 * MIB, 50);
     let file = match direct_file(&fpat) {
         Ok(f) => f,
-        Err(why) => return skip(&format!("no filesystem here takes O_DIRECT reads: {why}")),
+        Err(why) => {
+            return missing(
+                Need::ODirect,
+                &format!("no filesystem here takes O_DIRECT reads: {why}"),
+            )
+        }
     };
     let mut r = Region::new(len, PAGE).expect("region");
     let init = pattern(len, 5);
@@ -1198,14 +1205,14 @@ fn kernel_mode_uffd() -> Option<libc::c_int> {
     {
         Ok(f) => f,
         Err(e) => {
-            skip(&format!("/dev/userfaultfd: {e}"));
+            missing(Need::Uffd, &format!("/dev/userfaultfd: {e}"));
             return None;
         }
     };
     // SAFETY: USERFAULTFD_IOC_NEW (_IO(0xAA, 0x00)) on the device we opened.
     let uffd = unsafe { libc::ioctl(dev.as_raw_fd(), 0xaa00, libc::O_CLOEXEC) };
     if uffd < 0 {
-        skip(&format!("USERFAULTFD_IOC_NEW: {}", errno()));
+        missing(Need::Uffd, &format!("USERFAULTFD_IOC_NEW: {}", errno()));
         return None;
     }
     // UFFD_API, features, ioctls.

@@ -24,7 +24,7 @@
 #[macro_use]
 mod common;
 
-use common::{pattern, relocation_available, say, skip, MIB, PAGE, RUN, THP};
+use common::{missing, pattern, relocation_available, say, skip, Need, MIB, PAGE, RUN, THP};
 use foliokit::mem::{system, Region};
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::collections::BTreeMap;
@@ -406,7 +406,12 @@ fn application_uffd(path: Path) {
     let base = r.as_mut_ptr() as usize;
     let fd = match app_uffd() {
         Ok(fd) => fd,
-        Err(e) => return skip(&format!("the application cannot open a userfaultfd: {e}")),
+        Err(e) => {
+            return missing(
+                Need::Uffd,
+                &format!("the application cannot open a userfaultfd: {e}"),
+            )
+        }
     };
     let stop = AtomicBool::new(false);
     let o = opts(path).batch_pages(512);
@@ -662,7 +667,7 @@ fn folio_census(path: Path) {
             match Knobs::only(64) {
                 Ok(k) => Some(k),
                 Err(why) => {
-                    skip(&format!("{case}: {why}"));
+                    missing(Need::Mthp, &format!("{case}: {why}"));
                     continue;
                 }
             }
@@ -699,11 +704,14 @@ fn folio_census(path: Path) {
             .expect("place on the first node");
         common::touch_pages(r.as_slice());
         let Some(before) = census(base, len) else {
-            return skip("folio census needs /proc/kpageflags and pagemap PFNs (root)");
+            return missing(
+                Need::Root,
+                "folio census needs /proc/kpageflags and pagemap PFNs (root)",
+            );
         };
         let largest = before.folios.keys().next_back().copied().unwrap_or(0);
         if largest < folio {
-            skip(&format!(
+            missing(Need::Thp, &format!(
                 "{case}: the kernel gave {:?} folios, not {folio}-byte ones (THP/mTHP disabled or memory fragmented)",
                 before.folios
             ));
@@ -713,7 +721,10 @@ fn folio_census(path: Path) {
             match pin_one_page(base + THP + 5 * PAGE) {
                 Ok(fd) => Some(fd),
                 Err(e) => {
-                    skip(&format!("{case}: io_uring unavailable to pin a page ({e})"));
+                    missing(
+                        Need::IoUring,
+                        &format!("{case}: io_uring unavailable to pin a page ({e})"),
+                    );
                     continue;
                 }
             }
@@ -889,7 +900,7 @@ fn unreadable_folios_refuse() {
     }
     let _knobs = match Knobs::only(64) {
         Ok(k) => k,
-        Err(why) => return skip(&format!("cannot enable 64K mTHP: {why}")),
+        Err(why) => return missing(Need::Mthp, &format!("cannot enable 64K mTHP: {why}")),
     };
     let mut r = Region::new(4 * MIB, 64 << 10).unwrap();
     let want = pattern(r.len(), 16);
@@ -904,9 +915,10 @@ fn unreadable_folios_refuse() {
             ..
         }) => {}
         Err(MigrateError::Refused { why, .. }) => {
-            return skip(&format!(
-                "relocation refused for another reason here: {why}"
-            ))
+            return missing(
+                Need::Relocation,
+                &format!("relocation refused for another reason here: {why}"),
+            )
         }
         other => panic!("expected an UnknownFolios refusal, got {other:?}"),
     }

@@ -387,7 +387,7 @@ impl Drop for StopOnDrop<'_> {
 fn populate_keeps_thp_ranges_thp() {
     let thp = system::thp_state();
     let Some(pmd) = thp.pmd_size.filter(|&p| thp.madvise_allows(p)) else {
-        common::skip("THP via madvise is not enabled here");
+        common::missing(common::Need::Thp, "THP via madvise is not enabled here");
         return;
     };
     let mut r = Region::unpopulated(8 * pmd, pmd).unwrap();

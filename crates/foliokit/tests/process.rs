@@ -291,7 +291,8 @@ fn a_writing_target_is_moved_there_and_back_and_loses_nothing() {
                 assert_eq!((moved, failed), (0, 0), "one node: nothing to move: {r:?}");
                 assert_eq!(already + absent, t.len / PAGE, "every page counted");
                 assert!(already > 0, "the target wrote its pages: {r:?}");
-                common::skip(
+                common::missing(
+                    common::Need::Numa,
                     "one NUMA node: the pages were counted, not moved (the guests move them)",
                 );
                 assert!(t.finish());
@@ -488,7 +489,7 @@ fn a_mover_without_rights_gets_a_typed_permission_error() {
         T,
         || {
             if !foliokit::mem::system::is_root() {
-                common::skip("needs root to run the mover as another user (nobody) against this user's target");
+                common::missing(common::Need::Root, "needs root to run the mover as another user (nobody) against this user's target");
                 return;
             }
             let t = Running::start(4, "write");

@@ -5,6 +5,12 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 use serde_json::Value;
+
+#[path = "../../../foliokit/tests/common/need.rs"]
+mod need;
+// Each test binary uses a different part of the harness.
+#[allow(unused_imports)]
+pub use need::{missing, Need};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -9,6 +9,11 @@
 
 use foliokit::mem::Region;
 
+pub mod need;
+// Each test binary uses a different part of the harness.
+#[allow(unused_imports)]
+pub use need::{missing, Need};
+
 pub const CANARY: u8 = 0xA5;
 
 /// The base page, a MiB, and a PMD-sized huge page (x86_64's 2 MiB).
@@ -90,7 +95,7 @@ pub fn available<S: foliokit::Strategy>(list: &[S]) -> Vec<S> {
         .filter(|s| match s.unavailable() {
             None => true,
             Some(why) => {
-                skip(&format!("{} {}: {why}", S::OP, s.name()));
+                missing(Need::Cpu, &format!("{} {}: {why}", S::OP, s.name()));
                 false
             }
         })
@@ -631,7 +636,10 @@ pub fn relocation_available_on(folio: usize) -> bool {
     match unsafe { migrate(r.as_mut_ptr(), r.len(), node(), &o) } {
         Ok(_) => true,
         Err(e @ MigrateError::Refused { .. }) => {
-            skip(&format!("relocation unavailable here: {e}"));
+            missing(
+                Need::Relocation,
+                &format!("relocation unavailable here: {e}"),
+            );
             false
         }
         Err(e) => panic!("relocation probe failed: {e}"),
@@ -777,16 +785,19 @@ impl Hugetlb {
         let need = len / THP;
         let nr = HUGETLB_2M_NR;
         let Some(pool) = foliokit::mem::system::hugetlb_pool(THP) else {
-            skip("this kernel has no 2 MiB hugetlb pool");
+            missing(Need::Hugetlb, "this kernel has no 2 MiB hugetlb pool");
             return None;
         };
         let mut added = 0;
         if pool.available() < need {
             if !foliokit::mem::system::is_root() {
-                skip(&format!(
+                missing(
+                    Need::Root,
+                    &format!(
                     "the 2 MiB hugetlb pool has {} of {need} pages free, and growing it needs root",
                     pool.available()
-                ));
+                ),
+                );
                 return None;
             }
             // As foliokit_lab::hugetlb::HugetlbGrant grows it (the
@@ -797,9 +808,10 @@ impl Hugetlb {
             added = got.saturating_sub(pool.total);
             if got < want {
                 shrink_pool(nr, added);
-                skip(&format!(
-                    "the kernel found {added} of {need} free 2 MiB pages"
-                ));
+                missing(
+                    Need::Hugetlb,
+                    &format!("the kernel found {added} of {need} free 2 MiB pages"),
+                );
                 return None;
             }
         }
@@ -816,10 +828,10 @@ impl Hugetlb {
         };
         if p == libc::MAP_FAILED {
             shrink_pool(nr, added);
-            skip(&format!(
-                "mmap(MAP_HUGETLB): {}",
-                std::io::Error::last_os_error()
-            ));
+            missing(
+                Need::Hugetlb,
+                &format!("mmap(MAP_HUGETLB): {}", std::io::Error::last_os_error()),
+            );
             return None;
         }
         Some(Hugetlb {
