@@ -17,6 +17,9 @@ struct Guest {
     /// without CPUs is a memory-only tier. The guest's RAM is their sum.
     numa: &'static [&'static str],
     what: &'static str,
+    /// What the guest provides, as `FOLIOKIT_REQUIRE` names it: a test
+    /// that skips for one of these fails there.
+    provides: &'static str,
 }
 
 const GUESTS: &[Guest] = &[
@@ -28,12 +31,15 @@ const GUESTS: &[Guest] = &[
         numa: &["2G,cpus=0", "1536M,cpus=1", "2G"],
         what:
             "three nodes (two with a CPU each, one memory-only), MEMORY_FAILURE, mTHP, UFFDIO_MOVE",
+        provides:
+            "root,uffd,relocation,numa,memory-only-node,hwpoison,damon-vaddr,thp,mthp,move-pages",
     },
     Guest {
         name: "6.1",
         series: "6.1.0",
         numa: &["2G,cpus=0", "2G,cpus=1"],
         what: "two nodes; no mTHP, no UFFDIO_MOVE (relocation must refuse), MEMORY_FAILURE",
+        provides: "root,uffd,numa,hwpoison,thp,move-pages",
     },
 ];
 
@@ -112,9 +118,10 @@ fn script(ws: &Path, bins: &[(String, PathBuf)]) -> String {
 #[derive(Default)]
 struct Tally {
     script: String,
-    /// The guest running now, the binary running in it, and that binary's
-    /// last `test result:` line.
+    /// The guest running now, what it provides, the binary running in it,
+    /// and that binary's last `test result:` line.
     guest: &'static str,
+    provides: &'static str,
     binary: String,
     last: Option<(usize, usize)>,
     passed: usize,
@@ -136,7 +143,11 @@ fn result_line(l: &str) -> Option<(usize, usize)> {
 
 impl Session for Tally {
     fn script(&mut self, _: &vm::Guest, _: Accel, _: &Path) -> String {
-        self.script.clone()
+        format!(
+            "export FOLIOKIT_REQUIRE={}\n{}",
+            quote(self.provides),
+            self.script
+        )
     }
 
     fn line(&mut self, line: &str) {
@@ -212,8 +223,9 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
     {
         let kernel = setup::kernel(&cache, g.series)?;
         println!(
-            "# guest {} ({}): {}; QEMU software emulation (TCG): timings here mean nothing",
-            g.name, kernel.version, g.what
+            "# guest {} ({}): {}; QEMU software emulation (TCG): timings here mean nothing; \
+             a skip for any of {} fails",
+            g.name, kernel.version, g.what, g.provides
         );
         let guest = vm::Guest {
             vng: vng.clone(),
@@ -223,6 +235,7 @@ pub fn vm_test(ws: &Path, only: &[String], filter: Option<&str>) -> Result<bool,
             accel: Accel::Tcg,
         };
         t.guest = g.name;
+        t.provides = g.provides;
         // The writable directory only holds the launcher's script and its
         // start mark: the tests write nothing on the host.
         let booted = guest.run(&cache.join("guest"), Some(GUEST_LIMIT), &mut t)?;

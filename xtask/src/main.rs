@@ -5,6 +5,8 @@
 //! the public surface deliberate and the modules layered (see api.rs,
 //! layers.rs).
 //!
+//! `cargo xtask test-unprivileged`: the tests as the user nobody.
+//!
 //! `cargo xtask vm-test`: foliokit's tests inside guest kernels, for what
 //! this host cannot show (several NUMA nodes, a memory-only tier, real
 //! hardware poison, an older kernel). QEMU's software emulation boots each
@@ -18,6 +20,7 @@ mod guest;
 mod install;
 mod layers;
 mod setup;
+mod unprivileged;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -81,6 +84,10 @@ enum Cmd {
     /// Check that the top-level modules of each crate import each other in
     /// no loop (neither a pair nor a longer ring).
     Layers,
+    /// Run the workspace's tests as the user nobody (no groups, no
+    /// capabilities; needs root to switch): each must pass or skip with its
+    /// reason, and the skips are listed.
+    TestUnprivileged,
 }
 
 /// Runs `c`, failing with its command line when it does not succeed.
@@ -120,6 +127,7 @@ fn main() {
         }
         Cmd::PublicApi { bless } => api::public_api(&workspace(), bless),
         Cmd::Layers => layers::layers(&workspace()),
+        Cmd::TestUnprivileged => unprivileged::test_unprivileged(&workspace()),
     };
     match result {
         Ok(true) => {}
