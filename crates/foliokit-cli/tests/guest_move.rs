@@ -116,16 +116,18 @@ enum Damon {
 /// this kernel has in `avail_operations`. The kdamond made to read it is
 /// removed again at once.
 fn probe_damon() -> Damon {
-    let Some(nr) = damon_state() else {
+    let kd = std::path::Path::new(NR).parent().unwrap();
+    if !kd.exists() {
         return Damon::NoSysfs;
-    };
+    }
+    // Its files are root's alone (mode 0600): not even readable otherwise.
     if !foliokit::mem::system::is_root() {
         return Damon::NotRoot;
     }
+    let nr = damon_state().expect("nr_kdamonds readable as root");
     if nr.trim() != "0" {
         return Damon::InUse(nr.trim().to_string());
     }
-    let kd = std::path::Path::new(NR).parent().unwrap();
     std::fs::write(NR, "1").expect("make a kdamond to read avail_operations");
     let avail = std::fs::write(kd.join("0/contexts/nr_contexts"), "1")
         .and_then(|_| std::fs::read_to_string(kd.join("0/contexts/0/avail_operations")));

@@ -86,7 +86,10 @@ impl Running {
     /// Starts a target of `size` bytes in `folio`-sized folios.
     #[allow(clippy::zombie_processes)] // reaped by Drop
     pub fn start(size: usize, folio: usize) -> Result<Running, LabError> {
-        let mut child = Command::new(std::env::current_exe()?)
+        // This program again, as its target: a binary replaced on disk since
+        // it started (a rebuild) is gone from /proc/self/exe's path.
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(&exe)
             .args([
                 "__target",
                 "--size",
@@ -97,7 +100,8 @@ impl Running {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .spawn()?;
+            .spawn()
+            .map_err(|e| format!("cannot start the target process ({}): {e}", exe.display()))?;
         let mut out = BufReader::new(child.stdout.take().ok_or("target stdout")?);
         let mut line = String::new();
         out.read_line(&mut line)?;
