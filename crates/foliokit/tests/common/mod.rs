@@ -415,7 +415,7 @@ pub fn in_child(name: &str, timeout: std::time::Duration, body: impl FnOnce()) {
         t_err.join().unwrap_or_default(),
     );
     for line in out.lines().chain(err.lines()) {
-        if line.starts_with("SKIP:") || line.starts_with("NOTE:") {
+        if line.starts_with("SKIP") || line.starts_with("NOTE:") {
             say(&format!("{name}: {line}"));
         }
     }
