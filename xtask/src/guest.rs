@@ -39,7 +39,7 @@ const GUESTS: &[Guest] = &[
         series: "6.1.0",
         numa: &["2G,cpus=0", "2G,cpus=1"],
         what: "two nodes; no mTHP, no UFFDIO_MOVE (relocation must refuse), MEMORY_FAILURE",
-        provides: "root,uffd,numa,hwpoison,thp,move-pages",
+        provides: "root,numa,hwpoison",
     },
 ];
 
