@@ -31,8 +31,7 @@ const GUESTS: &[Guest] = &[
         numa: &["2G,cpus=0", "1536M,cpus=1", "2G"],
         what:
             "three nodes (two with a CPU each, one memory-only), MEMORY_FAILURE, mTHP, UFFDIO_MOVE",
-        provides:
-            "root,uffd,relocation,numa,memory-only-node,hwpoison,damon-vaddr,thp,mthp,move-pages",
+        provides: "root,relocation,numa,memory-only-node,hwpoison,damon-vaddr,mthp",
     },
     Guest {
         name: "6.1",
