@@ -1,5 +1,5 @@
 //! A batch's bookkeeping while it is in flight: which pieces are taken,
-//! reported, or taken back, what is left per folio, and when it ended.
+//! reported, or taken back, what is left per folio, and how it ended.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::op::NO_BATCH;
 use super::policy::CutRule;
-use super::{BatchOutcome, BatchTiming, Op, Piece};
+use super::{Op, Piece};
 
 /// Batch ids, never [`NO_BATCH`]; a u64 does not wrap in practice.
 static NEXT_BATCH: AtomicU64 = AtomicU64::new(NO_BATCH + 1);
@@ -62,6 +62,27 @@ pub struct PieceFailure {
     pub copied: usize,
     /// The piece's number in its batch, to finish it.
     pub(super) seq: usize,
+}
+
+/// When a batch's first folio and last piece completed, from submission.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchTiming {
+    /// Until the first folio was wholly done: the latency a migration's
+    /// first page waits (seed 001's first-folio figure).
+    pub first_folio: Duration,
+    /// Until every piece was done or had failed.
+    pub done: Duration,
+}
+
+/// How a batch ended.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct BatchOutcome {
+    /// When its first folio and its last piece completed.
+    pub timing: BatchTiming,
+    /// Pieces a channel could not finish (empty for CPU channels, which do
+    /// not fail). Their folios are not done; the rest of the batch is.
+    pub failed: Vec<PieceFailure>,
 }
 
 impl Completion {
@@ -148,7 +169,7 @@ impl Completion {
     /// Called by a channel that could not finish `piece`: its first
     /// `copied` bytes are done and visible, the rest untouched, and the
     /// channel will not touch its ranges again. The batch then ends with
-    /// the piece in its report ([`BatchOutcome::failed`](super::BatchOutcome::failed)); the blocking
+    /// the piece in its report ([`BatchOutcome::failed`]); the blocking
     /// calls finish such pieces on the calling thread. Same rules as
     /// [`Completion::piece_done`]: other batches' pieces and repeats are
     /// ignored.

@@ -4,28 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{ChannelPool, Completion, Op, Piece, PieceFailure};
-
-/// When a batch's first folio and last piece completed, from submission.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BatchTiming {
-    /// Until the first folio was wholly done: the latency a migration's
-    /// first page waits (seed 001's first-folio figure).
-    pub first_folio: Duration,
-    /// Until every piece was done or had failed.
-    pub done: Duration,
-}
-
-/// How a batch ended.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct BatchOutcome {
-    /// When its first folio and its last piece completed.
-    pub timing: BatchTiming,
-    /// Pieces a channel could not finish (empty for CPU channels, which do
-    /// not fail). Their folios are not done; the rest of the batch is.
-    pub failed: Vec<PieceFailure>,
-}
+use super::{BatchOutcome, BatchTiming, ChannelPool, Completion, Op, Piece};
 
 /// A batch in flight on a [`ChannelPool`] ([`ChannelPool::submit_copy`],
 /// [`ChannelPool::submit_clear`]). Dropping it waits for the batch: the

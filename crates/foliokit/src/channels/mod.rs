@@ -84,12 +84,12 @@ mod shared;
 #[cfg(test)]
 mod tests;
 
-pub use completion::{Completion, PieceFailure};
+pub use completion::{BatchOutcome, BatchTiming, Completion, PieceFailure};
 pub(crate) use cpu::{fix_placement, placement_fixed};
 pub use cpu::{ChannelCpus, CpuChannel};
 #[doc(hidden)]
 pub use in_flight::Batch;
-pub use in_flight::{BatchOutcome, BatchTiming, InFlight};
+pub use in_flight::InFlight;
 pub use op::{Op, Piece};
 pub(crate) use policy::Policy;
 pub use pool::ChannelPool;

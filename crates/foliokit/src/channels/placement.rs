@@ -200,7 +200,7 @@ mod tests {
     fn contiguous(size: usize, src: usize) -> impl Fn(usize) -> (usize, usize) {
         move |f| {
             (
-                1 << 40 | f * size,
+                (1 << 40) | (f * size),
                 if src == 0 { 0 } else { src + f * size },
             )
         }

@@ -214,7 +214,7 @@ impl ChannelPool {
     /// with the machine-check-safe routine `copy` ([`crate::mc::mc_routine`]),
     /// as [`ChannelPool::submit_copy`] does. A piece whose source raises
     /// SIGBUS (poison, a truncated file) ends short and is listed in
-    /// [`BatchOutcome::failed`] with the bytes it did copy; its folios do
+    /// [`super::BatchOutcome::failed`] with the bytes it did copy; its folios do
     /// not count as done, and nothing finishes them.
     ///
     /// # Safety

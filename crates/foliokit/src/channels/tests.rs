@@ -172,10 +172,9 @@ fn a_channel_whose_cut_test_says_so_stops_at_the_next_folio() {
     let mut dst = vec![0u8; 4 * folio];
     let dsts: Vec<*mut u8> = (0..4).map(|i| dst[i * folio..].as_mut_ptr()).collect();
     let srcs: Vec<*const u8> = (0..4).map(|i| src[i * folio..].as_ptr()).collect();
-    let due = || CUT.load(Ordering::SeqCst);
+    let policy = Policy::default().cut_when(|| CUT.load(Ordering::SeqCst));
     // SAFETY: both vectors outlive the handle, waited for below; the
     // sources are plain memory (nothing can fault).
-    let policy = Policy::default().cut_when(due);
     let mut b =
         unsafe { pool.submit_copy_mc_with(&dsts, &srcs, folio, cutting_copy, policy) }.unwrap();
     let out = b.wait_in_place();
@@ -228,9 +227,9 @@ fn a_folio_is_done_exactly_when_copied_however_channels_and_caller_cut() {
         let dsts: Vec<*mut u8> = (0..n).map(|i| dst[i * folio..].as_mut_ptr()).collect();
         let srcs: Vec<*const u8> = (0..n).map(|i| src[i * folio..].as_ptr()).collect();
         let due = || RAN.load(Ordering::SeqCst) >= CUT_AFTER.load(Ordering::SeqCst);
+        let policy = Policy::default().cut_when(due);
         // SAFETY: both vectors outlive the handle, waited for below;
         // plain memory, nothing can fault.
-        let policy = Policy::default().cut_when(due);
         let mut b = unsafe { pool.submit_copy_mc_with(&dsts, &srcs, folio, counting_copy, policy) }
             .unwrap();
         if k % 2 == 1 {
