@@ -44,7 +44,7 @@ pub const POPULATE_CHUNK: usize = 2 << 20;
 pub const CHANNEL_PIECE_BYTES: usize = 4 << 20;
 
 /// The pieces of a batch that can be cut short
-/// (`ChannelPool::submit_copy_mc_cut_when`) are merged up to this many
+/// (`Policy::cut_when`) are merged up to this many
 /// bytes only: a cut waits for the piece each channel is running, so this
 /// bounds it (one 2 MiB folio, 0.2–0.4 ms per channel into fresh memory on
 /// the dev machine) while small folios still go in pieces worth a wake-up.
@@ -110,10 +110,11 @@ pub const MIGRATE_CHUNK_PAGES: usize = 1 << 18;
 /// failed to start): the offer is then withdrawn instead of waited on.
 pub const HELPER_OFFER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// How long a helper waiting for a blocking channel batch (relocation's
-/// copies) lets the channels go without finishing a piece before it runs
-/// the pieces none has started itself: a channel's worker may be held up
-/// by another batch whose copy waits for a page relocation has out.
+/// How long relocation's loop, waiting for its channel copies
+/// (`Policy::run_unstarted_after`), lets the channels go without finishing
+/// a piece before it runs the pieces none has started itself: a channel's
+/// worker may be held up by another batch whose copy waits for a page
+/// relocation has out.
 pub const CHANNEL_STALL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How long relocation waits before trying again to put a page back when

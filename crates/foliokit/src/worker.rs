@@ -35,7 +35,8 @@
 //!   of the helper's own batch: relocation's pieces copy its staging
 //!   memory to the new folios, which nobody else touches, so they finish.
 //!   A piece no channel has started is run by the helper itself once the
-//!   channels have finished none for a while (`InFlight::unstall`): a
+//!   channels have finished none for a while (relocation's batches are
+//!   submitted with `channels::Policy::run_unstarted_after`): a
 //!   channel's worker may be held up by another batch whose copy waits for
 //!   a page this very relocation has out;
 //! - a channel's worker waits for nothing but its queue and the memory of

@@ -17,7 +17,7 @@ use super::{
     Shared, Source,
 };
 use crate::batch::page_size;
-use crate::channels::{BatchOutcome, ChannelPool, InFlight};
+use crate::channels::{BatchOutcome, ChannelPool, InFlight, Policy};
 use crate::copy::CopyStrategy;
 use crate::mc::{FaultKind, McCopyFn, McError};
 use crate::migrate::BatchController;
@@ -958,7 +958,7 @@ impl Filler {
                     };
                     r.ok()
                         .map(|b| {
-                            b.help();
+                            b.run_unstarted();
                             b.wait()
                         })
                         .filter(|o| o.failed.is_empty())
@@ -1263,12 +1263,22 @@ impl Filler {
             };
             let from = t + self.least_run;
             let due = move || cut_due(watch.upgrade().as_deref(), from);
+            let mut policy = Policy::default().cut_when(due);
+            // The batch posts its end to `ended`, where `await_batch` sleeps
+            // beside the userfaultfd (on a duplicate: see `post_end`).
+            let posts = match self.ended.try_clone() {
+                Ok(fd) => {
+                    policy = policy.post_end(fd);
+                    true
+                }
+                Err(_) => false,
+            };
             // SAFETY: the slots are distinct folios of our private staging
             // mapping, touched by nobody else until the batch ends (faults
             // served meanwhile use the fault slot); the sources are mapped
             // (checked at start) and only read, and a source page that
             // faults ends its piece short (mc copy).
-            let r = unsafe { pool.submit_copy_mc_cut_when(&dsts, &srcs, self.folio, self.mc, due) };
+            let r = unsafe { pool.submit_copy_mc_with(&dsts, &srcs, self.folio, self.mc, policy) };
             match r {
                 Ok(mut batch) => {
                     self.ready_fault_slot();
@@ -1282,7 +1292,7 @@ impl Filler {
                             break o;
                         }
                         if !self.serve_during {
-                            let (o, cut, wait) = self.await_batch(&mut batch, t);
+                            let (o, cut, wait) = self.await_batch(&mut batch, t, posts);
                             cut_short = cut;
                             tail = Some(wait);
                             break o;
@@ -1502,17 +1512,21 @@ impl Filler {
     /// no channel has started go back, so a fault waits for the pieces in
     /// progress, not for the whole batch. The channels usually make that
     /// cut themselves (the batch's cut test) before this thread runs;
-    /// this one covers a batch whose channels are all mid-piece. Returns
-    /// the outcome, whether pieces went back, and how long it waited
-    /// after the cut began (or it stopped sleeping).
+    /// this one covers a batch whose channels are all mid-piece. `posts`:
+    /// the batch posts its end to `ended`. Returns the outcome, whether
+    /// pieces went back, and how long it waited after the cut began (or it
+    /// stopped sleeping).
     fn await_batch(
         &self,
         batch: &mut InFlight<'_>,
         begun: Instant,
+        posts: bool,
     ) -> (BatchOutcome, bool, Duration) {
         self.ended.reset();
-        match batch.notify(&self.ended) {
-            Ok(false) => loop {
+        // A batch that ended before the reset is seen here; one that ends
+        // after it posts `ended`.
+        match (posts, batch.try_wait().is_some()) {
+            (true, false) => loop {
                 if self.uffd.poll_or(&self.ended) {
                     let until = begun + self.least_run;
                     loop {
@@ -1525,7 +1539,7 @@ impl Filler {
                         // it: look again.
                         self.ended.reset();
                     }
-                    batch.cancel_unstarted();
+                    batch.cut();
                     break;
                 }
                 self.ended.reset();
@@ -1533,19 +1547,19 @@ impl Filler {
                     break;
                 }
             },
-            Ok(true) => {}
+            (true, true) => {}
             // No descriptor to spare for the event: as before it, this
             // thread runs what no channel started (the shared channels may
             // all be busy with a copy that faulted on this very fill), then
             // waits for the rest.
-            Err(_) => batch.help(),
+            (false, _) => batch.run_unstarted(),
         }
         // A cut the channels made began before this thread woke to it.
         let stopped = batch
-            .cut_by_channels_at()
+            .cut_at()
             .map_or(Instant::now(), |at| at.min(Instant::now()));
         let o = batch.wait_in_place();
-        (o, batch.was_cut(), stopped.elapsed())
+        (o, batch.cut_at().is_some(), stopped.elapsed())
     }
 
     /// Unregisters everything (where it is now), reads what is left, and

@@ -70,7 +70,7 @@ use super::{
     MigrateReport, Refusal,
 };
 use crate::batch::page_size;
-use crate::channels::ChannelPool;
+use crate::channels::{ChannelPool, Policy};
 use crate::strategy::CopyFn;
 use crate::sys::pagemap::{page_states, PageState};
 use crate::sys::uffd::{self, Msg, Reach, Uffd};
@@ -696,10 +696,16 @@ fn copy_in_stage(
             .iter()
             .map(|&(j, _)| (parking.base + j * page) as *const u8)
             .collect();
+        // Never wait for a channel to start: its worker may wait for a page
+        // this relocation has out (see `crate::worker`).
+        let policy = Policy::default().run_unstarted_after(crate::params::CHANNEL_STALL);
         // SAFETY: both areas are our own mappings, private to this call;
         // every parked page is present (moved there), every destination
         // page allocated; pieces are disjoint.
-        unsafe { run.pool.copy_folios(&dsts, &srcs, size, run.copy) }?;
+        unsafe {
+            run.pool
+                .copy_folios_with(&dsts, &srcs, size, run.copy, policy)
+        }?;
     }
     Ok(())
 }
