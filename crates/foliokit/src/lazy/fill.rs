@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::child::{fill_child, Piece};
 use super::map::Map;
 use super::park::{Active, Parked};
 use super::remap::Remaps;
@@ -17,13 +16,15 @@ use super::{
     Shared, Source,
 };
 use crate::batch::page_size;
+use crate::budget::BatchController;
 use crate::channels::{BatchOutcome, ChannelPool, InFlight};
 use crate::copy::CopyStrategy;
 use crate::mc::{FaultKind, McCopyFn, McError};
-use crate::migrate::BatchController;
+use crate::sys::errno;
 use crate::sys::maps::{self, MapLine};
 use crate::sys::uffd::{self, Msg, Uffd};
 use crate::tune::Shape;
+use crate::uffd::child::{fill_child, Fill, Owed};
 
 const EVENTS: u64 = uffd::FEATURE_EVENT_FORK
     | uffd::FEATURE_EVENT_REMAP
@@ -56,7 +57,7 @@ struct Block {
 /// waits, or a message waits (on `watch`, the userfaultfd) and the batch
 /// has run until `from` (its least run).
 fn cut_due(watch: Option<&OwnedFd>, from: Instant) -> bool {
-    super::park::fork_waits()
+    crate::uffd::gate::fork_waits()
         || watch.is_some_and(|fd| {
             Instant::now() >= from
                 && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
@@ -98,10 +99,6 @@ impl Bits {
     }
 }
 
-fn errno(e: &io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(0)
-}
-
 /// The huge page size of the hugetlb mapping at `addr` (its smaps
 /// `KernelPageSize`), or the base page.
 fn kernel_page_size(addr: usize) -> usize {
@@ -135,43 +132,8 @@ fn private_memory(addr: usize, len: usize) -> io::Result<bool> {
 /// Opens the descriptor: all faults, the events, and MOVE and POISON where
 /// the kernel has them. Returns it and the features granted.
 fn open_uffd() -> Result<(Uffd, u64), LazyRefusal> {
-    let supported = Uffd::supported_features().map_err(LazyRefusal::NoUffd)?;
-    for (bit, feature, since) in [
-        (
-            uffd::FEATURE_EVENT_REMOVE,
-            "userfaultfd REMOVE events",
-            "4.11",
-        ),
-        (
-            uffd::FEATURE_EVENT_UNMAP,
-            "userfaultfd UNMAP events",
-            "4.11",
-        ),
-        (
-            uffd::FEATURE_EVENT_REMAP,
-            "userfaultfd REMAP events",
-            "4.11",
-        ),
-        (uffd::FEATURE_EVENT_FORK, "userfaultfd FORK events", "4.11"),
-    ] {
-        if supported & bit == 0 {
-            return Err(LazyRefusal::KernelLacks { feature, since });
-        }
-    }
-    // Without the events first: tells a missing descriptor from a
-    // user-mode-only one from forbidden fork events.
-    if let Err(e) = Uffd::open(0, false) {
-        return Err(match Uffd::open(0, true) {
-            Ok(_) => LazyRefusal::UserModeOnly(e),
-            Err(_) => LazyRefusal::NoUffd(e),
-        });
-    }
-    let features = EVENTS | supported & (uffd::FEATURE_MOVE | uffd::FEATURE_POISON);
-    match Uffd::open(features, false) {
-        Ok((u, _)) => Ok((u, features)),
-        Err(e) if errno(&e) == libc::EPERM => Err(LazyRefusal::NoForkEvents(e)),
-        Err(e) => Err(LazyRefusal::NoUffd(e)),
-    }
+    let o = Uffd::open_for(EVENTS, uffd::FEATURE_MOVE | uffd::FEATURE_POISON, false)?;
+    Ok((o.uffd, o.features))
 }
 
 /// Checks, registers and starts the fill thread.
@@ -260,13 +222,7 @@ pub(super) fn start(
                     source,
                 })?;
         poison &= ioctls & uffd::IOCTL_POISON != 0;
-        if ioctls & uffd::IOCTL_COPY == 0 {
-            return Err(LazyRefusal::KernelLacks {
-                feature: "UFFDIO_COPY on this mapping",
-                since: "4.3",
-            }
-            .into());
-        }
+        uffd::require_ioctls(ioctls, uffd::IOCTL_COPY).map_err(LazyRefusal::from)?;
         // hugetlb ranges are offered the basic ioctls only (no
         // UFFDIO_ZEROPAGE); only then is smaps read (its page-table walk
         // over every mapping of the process costs milliseconds, while
@@ -605,17 +561,13 @@ impl Filler {
     fn fork(&mut self, child: Uffd) {
         self.forks += 1;
         let page = self.page;
-        let mut pieces: Vec<Piece> = Vec::new();
+        let mut owed = Owed::default();
         let mut unit = page;
         // A wipe-on-fork child must see zeros there.
         let wipe: Vec<bool> = self
             .segs
             .iter()
-            .map(|s| {
-                crate::migrate::vma::overlapping(self.remaps.now(s.addr), s.len)
-                    .map(|vs| vs.iter().any(|v| v.has("wf")))
-                    .unwrap_or(true)
-            })
+            .map(|s| crate::sys::vma::wipes_on_fork(self.remaps.now(s.addr), s.len))
             .collect();
         for b in 0..self.blocks.len() {
             if self.state[b] {
@@ -631,27 +583,19 @@ impl Filler {
             while a < blk.start + blk.len {
                 let i = self.page_index(seg, a);
                 if !self.removed.get(i) {
-                    let (dst, src, bad) =
-                        (self.remaps.now(a), self.src(seg, a), self.bad_bits.get(i));
-                    match pieces.last_mut() {
-                        Some(p) if p.dst + p.len == dst && p.src + p.len == src && p.bad == bad => {
-                            p.len += page
-                        }
-                        _ => pieces.push(Piece {
-                            dst,
-                            src,
-                            len: page,
-                            bad,
-                        }),
-                    }
+                    let (dst, src) = (self.remaps.now(a), self.src(seg, a));
+                    owed.push(dst, src, page, self.bad_bits.get(i));
                 }
                 a += page;
             }
         }
-        let poison = self.poison;
+        let how = Fill {
+            unit,
+            poison: self.poison,
+        };
         let keep = self.source.clone();
         let spawned = crate::worker::spawn_shielded("foliokit-lazy-child".into(), move || {
-            fill_child(child, pieces, unit, poison);
+            fill_child(child, owed, how);
             drop(keep);
         });
         if let Err(e) = spawned {
@@ -772,15 +716,16 @@ impl Filler {
         let mut unit = self.page;
         loop {
             let dst = at / unit * unit;
-            match self.uffd.copy(dst, zero, unit) {
-                Err(p) if errno(&p.error) == libc::ENOMEM => {
-                    std::thread::sleep(Duration::from_millis(1))
-                }
-                Err(p) if errno(&p.error) == libc::EAGAIN => {
+            let Err(p) = self.uffd.copy(dst, zero, unit) else {
+                break;
+            };
+            match uffd::after(&p.error) {
+                uffd::After::Retry => std::thread::sleep(crate::params::UFFD_ENOMEM_WAIT),
+                uffd::After::ReadEvents => {
                     self.drain();
                     return false;
                 }
-                Err(p) if errno(&p.error) == libc::EINVAL && unit < self.zero.len => {
+                _ if errno(&p.error) == libc::EINVAL && unit < self.zero.len => {
                     unit = self.zero.len
                 }
                 _ => break,
@@ -815,27 +760,22 @@ impl Filler {
     ) -> bool {
         let seg = self.seg_of(orig).expect("inside a segment");
         let (i, n) = (self.page_index(seg, orig), unit / self.page);
-        loop {
-            if unless_discarded && self.removed.any(i, n) {
-                return false;
+        let r = uffd::retrying(
+            self,
+            crate::params::UFFD_ENOMEM_WAIT,
+            |f| {
+                let owed = !unless_discarded || !f.removed.any(i, n);
+                owed.then(|| op(&f.uffd, f.remaps.now(orig)))
+            },
+            Filler::drain,
+        );
+        match r {
+            Some(Ok(_)) => true,
+            Some(Err(p)) if uffd::after(&p.error) == uffd::After::Exists => {
+                let _ = self.uffd.wake(self.remaps.now(orig), unit);
+                false
             }
-            let dst = self.remaps.now(orig);
-            match op(&self.uffd, dst) {
-                Ok(_) => return true,
-                Err(p) => match errno(&p.error) {
-                    libc::EAGAIN | libc::ENOMEM => {
-                        if errno(&p.error) == libc::ENOMEM {
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                        self.drain();
-                    }
-                    libc::EEXIST => {
-                        let _ = self.uffd.wake(dst, unit);
-                        return false;
-                    }
-                    _ => return false,
-                },
-            }
+            _ => false,
         }
     }
 
@@ -1069,7 +1009,7 @@ impl Filler {
                 // snapshot bytes.
                 libc::EAGAIN | libc::ENOMEM => {
                     if errno(&p.error) == libc::ENOMEM {
-                        std::thread::sleep(Duration::from_millis(1));
+                        std::thread::sleep(crate::params::UFFD_ENOMEM_WAIT);
                     }
                     self.drain();
                 }
