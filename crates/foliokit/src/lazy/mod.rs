@@ -119,10 +119,15 @@
 //!   on another thread: the fill's own copies may queue behind that copy,
 //!   which waits for a page only the fill can install.
 
+mod batch;
 mod fill;
+mod install;
+mod ledger;
 mod map;
 mod park;
 mod remap;
+mod serve;
+mod setup;
 mod source;
 
 use std::io;
@@ -522,5 +527,5 @@ pub unsafe fn fill_lazily(
     source: Source,
     opts: &LazyOptions,
 ) -> Result<LazyFill, LazyError> {
-    fill::start(segments, source, opts)
+    setup::start(segments, source, opts)
 }
