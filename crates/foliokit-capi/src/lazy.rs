@@ -101,11 +101,11 @@ pub(crate) const FK_LAZY_SERVE_DURING_BATCHES: c_uint = 2;
 pub(crate) const FK_LAZY_ALLOW_SHARED_MEMORY: c_uint = 4;
 
 fn lazy_err(e: &LazyError) -> c_int {
-    use {LazyError as E, LazyRefusal as R};
+    use {fk::UffdRefusal as U, LazyError as E, LazyRefusal as R};
     match e {
-        E::Refused(R::NoUffd(_)) => -libc::ENOSYS,
-        E::Refused(R::UserModeOnly(_) | R::NoForkEvents(_)) => -libc::EPERM,
-        E::Refused(R::KernelLacks { .. }) => -libc::EOPNOTSUPP,
+        E::Refused(R::Userfaultfd(U::NoUffd(_))) => -libc::ENOSYS,
+        E::Refused(R::Userfaultfd(U::UserModeOnly(_) | U::NoForkEvents(_))) => -libc::EPERM,
+        E::Refused(R::Userfaultfd(U::KernelLacks { .. })) => -libc::EOPNOTSUPP,
         E::Refused(R::Register { source, .. }) => os_code(source, libc::EINVAL),
         E::Refused(R::NotPrivate { .. }) => -libc::EOPNOTSUPP,
         E::BadSegment { .. } | E::SourceTooShort { .. } => -libc::EINVAL,

@@ -282,6 +282,8 @@ macro_rules! setters {
 
 mod arch;
 pub mod batch;
+// Batch sizes under a latency budget, for relocation and the lazy fill.
+mod budget;
 pub mod channels;
 pub mod clear;
 pub mod copy;
@@ -303,6 +305,8 @@ pub mod strategy;
 // `migrate::page_nodes`.
 pub(crate) mod sys;
 pub mod tune;
+// The userfaultfd engine relocation and the lazy fill share.
+mod uffd;
 // foliokit's persistent threads (channel workers and helpers), written once.
 mod worker;
 
@@ -318,3 +322,4 @@ pub use mc::{
 };
 pub use runtime::{init, ChannelCpus, Config, InitError, ProfileChoice};
 pub use strategy::{Strategy, StrategyError};
+pub use sys::uffd::UffdRefusal;

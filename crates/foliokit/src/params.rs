@@ -117,6 +117,11 @@ pub const HELPER_OFFER_POLL: std::time::Duration = std::time::Duration::from_mil
 /// relocation has out.
 pub const CHANNEL_STALL: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long a fill through a userfaultfd (a lazy fill's, a forked
+/// child's) waits before it tries an install again that the kernel was
+/// short of memory for (ENOMEM), as a fault would wait.
+pub const UFFD_ENOMEM_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// How long relocation waits before trying again to put a page back when
 /// the kernel is short of memory for it (ENOMEM): it waits as a fault
 /// would, however long that takes, since giving up would lose the page's

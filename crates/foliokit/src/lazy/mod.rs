@@ -119,11 +119,15 @@
 //!   on another thread: the fill's own copies may queue behind that copy,
 //!   which waits for a page only the fill can install.
 
-mod child;
+mod batch;
 mod fill;
+mod install;
+mod ledger;
 mod map;
 mod park;
 mod remap;
+mod serve;
+mod setup;
 mod source;
 
 use std::io;
@@ -305,26 +309,11 @@ pub struct LazyReport {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum LazyRefusal {
-    /// No userfaultfd at all (not built in, or forbidden).
-    #[error("no userfaultfd: {0}")]
-    NoUffd(io::Error),
-    /// Only a user-mode-only userfaultfd could be had: kernel accesses
-    /// (read(2) into the range) would fail instead of waiting. Needs
-    /// /dev/userfaultfd access, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1.
-    #[error("only a user-mode-only userfaultfd is available (needs /dev/userfaultfd, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1): {0}")]
-    UserModeOnly(io::Error),
-    /// The FORK event needs CAP_SYS_PTRACE; without it a forked child would
-    /// read zeros where the fill had not got yet.
-    #[error("userfaultfd fork events need CAP_SYS_PTRACE: {0}")]
-    NoForkEvents(io::Error),
-    /// The kernel lacks an event or feature the fill depends on.
-    #[error("the kernel lacks {feature} (Linux {since})")]
-    KernelLacks {
-        /// What is missing.
-        feature: &'static str,
-        /// The first Linux version with it.
-        since: &'static str,
-    },
+    /// No userfaultfd with what the fill needs (all faults, the REMOVE,
+    /// UNMAP, REMAP and FORK events) can be had here; the refusal names
+    /// what is missing.
+    #[error(transparent)]
+    Userfaultfd(#[from] crate::sys::uffd::UffdRefusal),
     /// A segment is shared or file-backed memory, and
     /// [`LazyOptions::allow_shared_memory`] was not set: what the fill
     /// cannot see there could lose the snapshot's bytes (see that option).
@@ -538,5 +527,5 @@ pub unsafe fn fill_lazily(
     source: Source,
     opts: &LazyOptions,
 ) -> Result<LazyFill, LazyError> {
-    fill::start(segments, source, opts)
+    setup::start(segments, source, opts)
 }

@@ -6,35 +6,19 @@
 //! handler runs before those locks are taken: it waits until every fill
 //! thread has parked, i.e. promised to do nothing but read messages into
 //! room reserved beforehand until fork() returns (the parent handler).
-//! The gate is `sys::atfork`'s, as `migrate/fork.rs`'s.
+//! The gate is the one every thread answering userfaultfd events enters
+//! (`uffd::gate`), a relocation batch's too.
 
 use std::io;
 use std::mem::size_of;
 
 use super::map::Map;
-use crate::sys::atfork::{ForkGate, Gated, Inside};
 use crate::sys::uffd::Msg;
 
-/// Fill threads running, process-wide.
-static FILL_THREADS: ForkGate = ForkGate::new();
-
-/// The gate fill threads enter.
-pub(crate) struct FillThreads;
-
-impl Gated for FillThreads {
-    const GATE: &'static ForkGate = &FILL_THREADS;
-}
-
-/// Whether a fork waits for the fill threads to park: a fill's background
-/// batch is cut short then, so its thread reaches the park within a folio
-/// per channel instead of after the whole batch.
-pub(super) fn fork_waits() -> bool {
-    FILL_THREADS.fork_waits()
-}
-
 /// Held by a fill thread for as long as it runs
-/// ([`Inside::fork_pending`], [`Inside::park`]).
-pub(crate) type Active = Inside<FillThreads>;
+/// ([`crate::uffd::gate::Inside::fork_pending`],
+/// [`crate::uffd::gate::Inside::park`]).
+pub(crate) type Active = crate::uffd::gate::Inside;
 
 /// Messages read while parked. Its room is mapped with mmap(2) and grown
 /// with mremap(2), neither of which takes the allocator's locks, so a fork

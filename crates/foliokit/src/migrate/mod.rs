@@ -15,9 +15,7 @@
 //! Both record per-batch latency until the batch's first folio is usable
 //! again, and a latency budget can pick the batch size as it goes.
 
-mod budget;
 mod folios;
-mod fork;
 mod kernel;
 pub mod process;
 mod relocate;
@@ -26,8 +24,8 @@ mod threads;
 mod track;
 pub(crate) mod vma;
 
+pub(crate) use crate::budget::BatchController;
 pub use crate::sys::numa::page_nodes;
-pub(crate) use budget::BatchController;
 
 use std::fmt;
 use std::io;
@@ -176,28 +174,12 @@ pub enum Refusal {
         /// What it means, for the message.
         meaning: &'static str,
     },
-    /// No userfaultfd could be opened (disabled, seccomp, or
-    /// `vm.unprivileged_userfaultfd=0` without privileges).
-    #[error("no userfaultfd: {0}")]
-    NoUffd(io::Error),
-    /// The kernel is too old for a feature relocation depends on.
-    #[error("this kernel lacks {feature} (Linux {since})")]
-    KernelLacks {
-        /// The missing feature, e.g. `"UFFDIO_MOVE"`.
-        feature: &'static str,
-        /// The first Linux version that has it.
-        since: &'static str,
-    },
-    /// Only a user-mode-only userfaultfd is available and
-    /// [`MigrateOptions::allow_user_mode_only`] is off.
-    #[error(
-        "only a user-mode userfaultfd is available ({0}): kernel-side accesses would fail \
-         with EFAULT instead of waiting; set allow_user_mode_only to accept that"
-    )]
-    UserModeOnly(io::Error),
-    /// The kernel refused fork events (they need CAP_SYS_PTRACE).
-    #[error("fork events need CAP_SYS_PTRACE ({0}); without them a child forked mid-batch would see zeros")]
-    NoForkEvents(io::Error),
+    /// No userfaultfd with what relocation needs (`UFFDIO_MOVE`, the
+    /// REMOVE, UNMAP, REMAP and FORK events; all faults unless
+    /// [`MigrateOptions::allow_user_mode_only`]) can be had here, or a
+    /// mapping lacks `UFFDIO_MOVE`; the refusal names what is missing.
+    #[error(transparent)]
+    Userfaultfd(#[from] crate::sys::uffd::UffdRefusal),
     /// The range holds the relocating thread's stack or allocator space it may
     /// touch while a batch is out.
     #[error("the range holds {what}: the migrating thread would wait on itself")]

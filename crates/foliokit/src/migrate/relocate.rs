@@ -49,7 +49,7 @@
 //!   the application put in its place is not registered with us, so a move
 //!   into it fails); a remapped page is installed where it went; a child
 //!   forked with pages out gets them filled through its own descriptor
-//!   (see `fork.rs`).
+//!   (see `uffd/child.rs`).
 //! - Pages pinned for DMA or shared with another process: the kernel
 //!   refuses to move them (EBUSY), they stay in place and go to the
 //!   kernel path. A page the application changes under us in another way
@@ -60,7 +60,6 @@ use std::io;
 use std::time::Instant;
 
 use super::folios::{self, Fol};
-use super::fork::{fill_child, ForkGate};
 use super::stage::{self as staging, Probe, Stage};
 use super::threads;
 use super::track::{PageLedger, State};
@@ -72,8 +71,11 @@ use super::{
 use crate::batch::page_size;
 use crate::channels::{ChannelPool, Policy};
 use crate::strategy::CopyFn;
+use crate::sys::errno;
 use crate::sys::pagemap::{page_states, PageState};
-use crate::sys::uffd::{self, Msg, Reach, Uffd};
+use crate::sys::uffd::{self, Msg, Uffd};
+use crate::uffd::child::{fill_child, Fill, Owed};
+use crate::uffd::gate::Inside as ForkGate;
 
 const FEATURES: u64 = uffd::FEATURE_EVENT_FORK
     | uffd::FEATURE_EVENT_REMAP
@@ -83,28 +85,12 @@ const FEATURES: u64 = uffd::FEATURE_EVENT_FORK
 
 /// Opens the userfaultfd relocation needs, or says why it cannot.
 fn open_uffd(addr: usize, o: &MigrateOptions) -> Result<Uffd, MigrateError> {
-    let refused = |why| MigrateError::Refused { addr, why };
-    let supported = Uffd::supported_features().map_err(|e| refused(Refusal::NoUffd(e)))?;
-    if supported & uffd::FEATURE_MOVE == 0 {
-        return Err(refused(Refusal::KernelLacks {
-            feature: "UFFDIO_MOVE",
-            since: "6.8",
-        }));
-    }
-    let (u, reach) = match Uffd::open(FEATURES, o.allow_user_mode_only) {
-        Ok(x) => x,
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            return Err(refused(Refusal::NoForkEvents(e)))
-        }
-        Err(e) if o.allow_user_mode_only => return Err(refused(Refusal::NoUffd(e))),
-        Err(e) => return Err(refused(Refusal::UserModeOnly(e))),
-    };
-    if reach == Reach::UserModeOnly && !o.allow_user_mode_only {
-        return Err(refused(Refusal::UserModeOnly(io::Error::other(
-            "user-mode-only descriptor",
-        ))));
-    }
-    Ok(u)
+    Uffd::open_for(FEATURES, 0, o.allow_user_mode_only)
+        .map(|opened| opened.uffd)
+        .map_err(|why| MigrateError::Refused {
+            addr,
+            why: why.into(),
+        })
 }
 
 /// What stays the same for every batch of one call.
@@ -197,7 +183,7 @@ fn relocate_here(
     let copy_fn = copy.function()?;
     let probe = Probe::new(&uffd, page).map_err(|e| MigrateError::Refused {
         addr,
-        why: Refusal::NoUffd(e),
+        why: uffd::UffdRefusal::NoUffd(e).into(),
     })?;
     let run = Run {
         uffd: &uffd,
@@ -321,10 +307,6 @@ fn populated(at: usize, len: usize, page: usize) -> Result<Vec<usize>, MigrateEr
         .collect())
 }
 
-fn errno(e: &io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(0)
-}
-
 /// Relocates one batch `[start, start + len)` of mapping `v`.
 fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start> {
     let page = run.page;
@@ -359,7 +341,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let pool_secs = tp.elapsed().as_secs_f64();
 
     // From here threads touching an empty entry of the batch wait, and
-    // glibc forks wait for the batch to end (see fork.rs).
+    // glibc forks wait for the batch to end (see `uffd/gate.rs`).
     let _gate = ForkGate::enter();
     let tb = Instant::now();
     let ioctls = match run.uffd.register_missing(start, len) {
@@ -435,12 +417,8 @@ fn registered(
         page,
         &page_states(start, b.len(), page).map_err(|e| Start::Stop(format!("pagemap: {e}")))?,
     );
-    if ioctls & (uffd::IOCTL_MOVE | uffd::IOCTL_COPY) != uffd::IOCTL_MOVE | uffd::IOCTL_COPY {
-        return Err(Start::Refused(Refusal::KernelLacks {
-            feature: "UFFDIO_MOVE on this mapping",
-            since: "6.8",
-        }));
-    }
+    uffd::require_ioctls(ioctls, uffd::IOCTL_MOVE | uffd::IOCTL_COPY)
+        .map_err(|why| Start::Refused(why.into()))?;
     // Folios can only have changed by faults before the registration (and
     // khugepaged collapses): judge them again.
     out.whole_left = keep_large(b, v, page).map_err(Start::Refused)?;
@@ -558,20 +536,18 @@ fn drain(run: &Run, b: &mut PageLedger, parking: &Stage, out: &mut Outcome) {
             Msg::Fork(child) => {
                 // A wipe-on-fork child must see zeros there, never the
                 // parent's bytes.
-                let wipe = vma::overlapping(b.base, b.len() * run.page)
-                    .map(|vs| vs.iter().any(|v| v.has("wf")))
-                    .unwrap_or(true);
-                let fills = if wipe {
-                    Vec::new()
-                } else {
-                    (0..b.len())
-                        .filter(|&i| {
-                            b.in_stage[i] && !matches!(b.state[i], State::In | State::Dropped)
-                        })
-                        .map(|i| (b.addr[i], parking.base + i * run.page))
-                        .collect()
+                let wipe = crate::sys::vma::wipes_on_fork(b.base, b.len() * run.page);
+                let mut owed = Owed::default();
+                for i in (0..b.len()).filter(|&i| {
+                    !wipe && b.in_stage[i] && !matches!(b.state[i], State::In | State::Dropped)
+                }) {
+                    owed.push(b.addr[i], parking.base + i * run.page, run.page, false);
+                }
+                let how = Fill {
+                    unit: run.page,
+                    poison: false,
                 };
-                fill_child(child, fills, run.page);
+                fill_child(child, owed, how);
             }
         }
     }
@@ -803,9 +779,9 @@ fn move_back(
             Ok(_) => return Ok(()),
             Err(p) => p,
         };
-        match errno(&p.error) {
-            libc::EAGAIN => drain(run, b, parking, out),
-            libc::ENOMEM => std::thread::sleep(crate::params::RELOCATE_ENOMEM_WAIT),
+        match uffd::after(&p.error) {
+            uffd::After::ReadEvents => drain(run, b, parking, out),
+            uffd::After::Retry => std::thread::sleep(crate::params::RELOCATE_ENOMEM_WAIT),
             _ => return Err(p.error),
         }
     }

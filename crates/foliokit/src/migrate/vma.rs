@@ -2,56 +2,7 @@
 //! relocation can keep every one of their attributes.
 
 use super::{MigrateError, Refusal};
-use crate::sys::maps::MapLine;
-
-/// One mapping as smaps shows it: its maps line and its VmFlags.
-#[derive(Debug, Clone)]
-pub struct Vma {
-    pub map: MapLine,
-    /// Two-letter VmFlags (`rd wr mr … hg`).
-    pub flags: Vec<String>,
-}
-
-impl std::ops::Deref for Vma {
-    type Target = MapLine;
-
-    fn deref(&self) -> &MapLine {
-        &self.map
-    }
-}
-
-impl Vma {
-    pub fn has(&self, flag: &str) -> bool {
-        self.flags.iter().any(|f| f == flag)
-    }
-}
-
-fn parse(text: &str) -> Vec<Vma> {
-    let mut out: Vec<Vma> = Vec::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("VmFlags:") {
-            if let Some(v) = out.last_mut() {
-                v.flags = rest.split_whitespace().map(str::to_owned).collect();
-            }
-        } else if let Some(m) = MapLine::parse(line) {
-            out.push(Vma {
-                map: m,
-                flags: Vec::new(),
-            });
-        }
-    }
-    out
-}
-
-/// The mappings overlapping `[addr, addr + len)`.
-pub fn overlapping(addr: usize, len: usize) -> std::io::Result<Vec<Vma>> {
-    let text = std::fs::read_to_string("/proc/self/smaps")?;
-    let end = addr + len;
-    Ok(parse(&text)
-        .into_iter()
-        .filter(|v| v.end > addr && v.start < end)
-        .collect())
-}
+pub use crate::sys::vma::{overlapping, Vma};
 
 /// The mappings covering `[addr, addr + len)`, or the first unmapped
 /// address.
@@ -214,6 +165,7 @@ pub fn relocatable(addr: usize, len: usize) -> Result<Vec<Vma>, MigrateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::vma::parse;
 
     const SMAPS: &str = "\
 7f0000000000-7f0000200000 rw-p 00000000 00:00 0 

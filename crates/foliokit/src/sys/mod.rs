@@ -11,6 +11,12 @@ pub mod pagemap;
 pub(crate) mod poll;
 pub mod smaps;
 pub mod uffd;
+pub(crate) mod vma;
 
 pub(crate) use host::allowed_cpus;
+
+/// The errno of a failed call (0 where it carries none).
+pub(crate) fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
 pub use host::page_size;

@@ -2,6 +2,13 @@
 //! registration, non-cooperative events, `UFFDIO_MOVE`, `UFFDIO_COPY`,
 //! `UFFDIO_POISON`, `UFFDIO_WAKE`).
 //!
+//! Both open their descriptor here ([`Uffd::open_for`]: the features a
+//! client needs, those it takes where the kernel has them, and one typed
+//! [`UffdRefusal`] naming what is missing), and both judge a failed
+//! install by the same rules ([`after`], [`retrying`]): `EAGAIN` means
+//! events wait and must be read first, `ENOMEM` is retried as a fault
+//! would be, `EEXIST` means someone else installed the page.
+//!
 //! Written here rather than taken from the `userfaultfd` crate because that
 //! crate's -sys half runs bindgen (and so needs libclang) at build time and
 //! does not wrap `UFFDIO_MOVE`; the uAPI below is stable kernel ABI
@@ -12,6 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
+use super::errno;
 use super::poll::readable;
 
 const UFFD_API: u64 = 0xAA;
@@ -118,6 +126,147 @@ pub enum Reach {
     /// Only user-mode faults are caught; kernel accesses to a missing
     /// page fail with EFAULT instead of waiting.
     UserModeOnly,
+}
+
+/// Why no userfaultfd with the features a client asked for can be had
+/// here; nothing was registered. Relocation and the lazy fill both refuse
+/// with it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UffdRefusal {
+    /// No userfaultfd at all (not built in, disabled, seccomp, or
+    /// `vm.unprivileged_userfaultfd=0` without privileges).
+    #[error("no userfaultfd: {0}")]
+    NoUffd(io::Error),
+    /// Only a user-mode-only userfaultfd could be had: kernel-mode
+    /// accesses (read(2) into the range, futexes) would fail with EFAULT
+    /// instead of waiting. A full one needs /dev/userfaultfd access,
+    /// CAP_SYS_PTRACE or `vm.unprivileged_userfaultfd=1` (relocation can
+    /// accept a user-mode-only one: `MigrateOptions::allow_user_mode_only`).
+    #[error(
+        "only a user-mode-only userfaultfd is available ({0}): kernel-mode accesses would fail \
+         with EFAULT instead of waiting (a full one needs /dev/userfaultfd access, \
+         CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1)"
+    )]
+    UserModeOnly(io::Error),
+    /// The kernel refused fork events (they need CAP_SYS_PTRACE); without
+    /// them a child forked meanwhile would read zeros where its parent had
+    /// bytes.
+    #[error(
+        "userfaultfd fork events need CAP_SYS_PTRACE ({0}): without them a child forked \
+         meanwhile would read zeros"
+    )]
+    NoForkEvents(io::Error),
+    /// The kernel lacks a feature or an ioctl the client depends on.
+    #[error("this kernel lacks {feature} (Linux {since})")]
+    KernelLacks {
+        /// What is missing, e.g. `"UFFDIO_MOVE"`.
+        feature: &'static str,
+        /// The first Linux version that has it.
+        since: &'static str,
+    },
+}
+
+/// Feature bits, what to call them when missing, and the first Linux
+/// with them (checked in this order).
+const FEATURE_NAMES: &[(u64, &str, &str)] = &[
+    (FEATURE_EVENT_REMOVE, "userfaultfd REMOVE events", "4.11"),
+    (FEATURE_EVENT_UNMAP, "userfaultfd UNMAP events", "4.11"),
+    (FEATURE_EVENT_REMAP, "userfaultfd REMAP events", "4.11"),
+    (FEATURE_EVENT_FORK, "userfaultfd FORK events", "4.11"),
+    (FEATURE_MOVE, "UFFDIO_MOVE", "6.8"),
+    (FEATURE_POISON, "UFFDIO_POISON", "6.6"),
+];
+
+/// The same for the ioctls a registered range offers.
+const IOCTL_NAMES: &[(u64, &str, &str)] = &[
+    (IOCTL_MOVE, "UFFDIO_MOVE on this mapping", "6.8"),
+    (IOCTL_COPY, "UFFDIO_COPY on this mapping", "4.3"),
+    (IOCTL_ZEROPAGE, "UFFDIO_ZEROPAGE on this mapping", "4.3"),
+    (IOCTL_POISON, "UFFDIO_POISON on this mapping", "6.6"),
+];
+
+/// The first of `need`'s bits missing from `have`, named from `names`.
+fn lacking(
+    have: u64,
+    need: u64,
+    names: &[(u64, &'static str, &'static str)],
+) -> Option<UffdRefusal> {
+    names
+        .iter()
+        .find(|(bit, ..)| need & bit != 0 && have & bit == 0)
+        .map(|&(_, feature, since)| UffdRefusal::KernelLacks { feature, since })
+}
+
+/// Refuses unless a range whose registration returned `have` offers every
+/// ioctl in `need`.
+pub fn require_ioctls(have: u64, need: u64) -> Result<(), UffdRefusal> {
+    lacking(have, need, IOCTL_NAMES).map_or(Ok(()), Err)
+}
+
+/// A descriptor [`Uffd::open_for`] opened.
+#[derive(Debug)]
+pub struct Opened {
+    pub uffd: Uffd,
+    /// The features enabled: all that were needed, and those wanted that
+    /// the kernel has.
+    pub features: u64,
+}
+
+/// What a failed install call asks of its caller: the retry rules every
+/// client follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// `EAGAIN`: events wait (a discard, unmap, move or fork is in
+    /// progress); read them, then decide again: the target may have moved
+    /// or gone.
+    ReadEvents,
+    /// `ENOMEM`: the kernel was short of memory for the page or a page
+    /// table; wait and try again, as a fault would. Giving up would leave
+    /// the page to read zeros.
+    Retry,
+    /// `EEXIST`: something is there already (someone else installed it);
+    /// its waiters need a wake.
+    Exists,
+    /// Anything else: the call cannot work there; the caller judges.
+    Fails,
+}
+
+/// The rule for an install call that failed with `e`.
+pub fn after(e: &io::Error) -> After {
+    match errno(e) {
+        libc::EAGAIN => After::ReadEvents,
+        libc::ENOMEM => After::Retry,
+        libc::EEXIST => After::Exists,
+        _ => After::Fails,
+    }
+}
+
+/// Runs an install (`attempt`) until it succeeds or fails for a reason
+/// other than [`After::ReadEvents`] and [`After::Retry`]: `read_events`
+/// runs on the first, a sleep of `enomem_wait` on the second, then it
+/// tries again. `attempt` returns `None` to stop (what it would install
+/// is no longer owed, e.g. an event read meanwhile dropped it).
+///
+/// Both closures are handed `state`, which they may both need (what is
+/// owed, the events' edits to it).
+pub fn retrying<S: ?Sized>(
+    state: &mut S,
+    enomem_wait: Duration,
+    mut attempt: impl FnMut(&mut S) -> Option<Result<usize, Partial>>,
+    mut read_events: impl FnMut(&mut S),
+) -> Option<Result<usize, Partial>> {
+    loop {
+        let p = match attempt(state)? {
+            Ok(n) => return Some(Ok(n)),
+            Err(p) => p,
+        };
+        match after(&p.error) {
+            After::ReadEvents => read_events(state),
+            After::Retry => std::thread::sleep(enomem_wait),
+            After::Exists | After::Fails => return Some(Err(p)),
+        }
+    }
 }
 
 /// One message read from a userfaultfd.
@@ -270,6 +419,42 @@ impl Uffd {
         };
         ioctl(&fd, UFFDIO_API, &mut api)?;
         Ok(api.features)
+    }
+
+    /// Opens a descriptor with every feature in `need` and those of `want`
+    /// the kernel has; with `user_mode_ok`, a user-mode-only one is taken
+    /// where no other can be had. Refuses naming what is missing.
+    pub fn open_for(need: u64, want: u64, user_mode_ok: bool) -> Result<Opened, UffdRefusal> {
+        let supported = Uffd::supported_features().map_err(UffdRefusal::NoUffd)?;
+        if let Some(why) = lacking(supported, need, FEATURE_NAMES) {
+            return Err(why);
+        }
+        let features = need | want & supported;
+        match Uffd::open(features, user_mode_ok) {
+            Ok((uffd, _)) => Ok(Opened { uffd, features }),
+            Err(e) => Err(Uffd::why_not(e, features, user_mode_ok)),
+        }
+    }
+
+    /// Why opening with `features` failed with `e`: a descriptor opened
+    /// without any tells a missing one from a user-mode-only one from
+    /// forbidden fork events.
+    fn why_not(e: io::Error, features: u64, user_mode_ok: bool) -> UffdRefusal {
+        let forbidden = |e: io::Error| {
+            if errno(&e) == libc::EPERM && features & FEATURE_EVENT_FORK != 0 {
+                UffdRefusal::NoForkEvents(e)
+            } else {
+                UffdRefusal::NoUffd(e)
+            }
+        };
+        match Uffd::open(0, false) {
+            Ok(_) => forbidden(e),
+            Err(full) => match Uffd::open(0, true) {
+                Ok(_) if !user_mode_ok => UffdRefusal::UserModeOnly(full),
+                Ok(_) => forbidden(e),
+                Err(_) => UffdRefusal::NoUffd(full),
+            },
+        }
     }
 
     /// Registers `[start, start + len)` in missing mode: a thread touching
@@ -456,5 +641,62 @@ mod tests {
         assert_eq!(UFFDIO_WAKE, 0x8010aa02);
         assert_eq!(UFFDIO_POISON, 0xc020aa08);
         assert_eq!(std::mem::size_of::<RawMsg>(), 32);
+    }
+
+    #[test]
+    fn what_is_missing_is_named_first_in_table_order() {
+        let all = FEATURE_EVENT_FORK | FEATURE_EVENT_REMAP | FEATURE_EVENT_REMOVE;
+        let why = lacking(all, all | FEATURE_EVENT_UNMAP | FEATURE_MOVE, FEATURE_NAMES);
+        assert!(matches!(
+            why,
+            Some(UffdRefusal::KernelLacks {
+                feature: "userfaultfd UNMAP events",
+                since: "4.11"
+            })
+        ));
+        assert!(lacking(all, all, FEATURE_NAMES).is_none());
+        assert!(require_ioctls(IOCTL_COPY | IOCTL_MOVE, IOCTL_COPY | IOCTL_MOVE).is_ok());
+        assert!(matches!(
+            require_ioctls(IOCTL_COPY, IOCTL_COPY | IOCTL_MOVE),
+            Err(UffdRefusal::KernelLacks {
+                feature: "UFFDIO_MOVE on this mapping",
+                ..
+            })
+        ));
+    }
+
+    fn failed(errno: i32) -> Result<usize, Partial> {
+        Err(Partial {
+            done: 0,
+            error: io::Error::from_raw_os_error(errno),
+        })
+    }
+
+    #[test]
+    fn installs_retry_after_events_and_enomem_and_stop_on_anything_else() {
+        let mut answers = vec![failed(libc::EAGAIN), failed(libc::ENOMEM), Ok(4096)];
+        answers.reverse();
+        let mut reads = 0;
+        let r = retrying(&mut reads, Duration::ZERO, |_| answers.pop(), |r| *r += 1);
+        assert!(matches!(r, Some(Ok(4096))));
+        assert_eq!(reads, 1);
+        let mut answers = vec![failed(libc::EEXIST)];
+        let r = retrying(&mut (), Duration::ZERO, |_| answers.pop(), |_| {});
+        assert!(matches!(r, Some(Err(p)) if after(&p.error) == After::Exists));
+        let mut n = 0;
+        let r = retrying(
+            &mut n,
+            Duration::ZERO,
+            |n| {
+                *n += 1;
+                (*n < 3).then(|| failed(libc::EAGAIN))
+            },
+            |_| {},
+        );
+        assert!(r.is_none(), "the caller stopped it");
+        assert_eq!(
+            after(&io::Error::from_raw_os_error(libc::ENOENT)),
+            After::Fails
+        );
     }
 }

@@ -1,4 +1,7 @@
-//! Choosing the batch size from measured first-folio latency.
+//! Choosing the batch size from measured latency: relocation's batches,
+//! the kernel path's `move_pages` batches, the lazy fill's background
+//! batches. A mechanism: each caller says what it measures and feeds it
+//! back.
 
 use std::time::Duration;
 
