@@ -50,6 +50,16 @@
 //!   into it fails); a remapped page is installed where it went; a child
 //!   forked with pages out gets them filled through its own descriptor
 //!   (see `uffd/child.rs`).
+//! - We never trust `UFFDIO_MOVE`'s count alone: Linux 6.18 can move a
+//!   run of PTEs after an internal retry without counting it and then
+//!   fail with EEXIST at the slot it filled. After any failed move the
+//!   staging slots are read (pagemap) and a page found there is out
+//!   (`PageLedger::taken_uncounted`); else it would stay parked, its entry
+//!   empty, and read zero once the batch ends (a lost write).
+//! - `MADV_FREE`'d clean pages keep their lazy-free state when moved: reclaim
+//!   (`MADV_PAGEOUT`) may drop one from the staging area, which is legal
+//!   (a freed page may read zero). `MADV_COLLAPSE` of a batch in flight sees
+//!   its entries empty (EINVAL/EBUSY): docs/migration.md says to retry.
 //! - Pages pinned for DMA or shared with another process: the kernel
 //!   refuses to move them (EBUSY), they stay in place and go to the
 //!   kernel path. A page the application changes under us in another way
@@ -601,6 +611,13 @@ fn take_out(
                 b.in_stage[j] = true;
             }
             let Err(p) = res else { continue };
+            // The count may fall short of what moved (see
+            // `PageLedger::taken_uncounted`): the staging slots say.
+            if let Ok(slots) = page_states(parking.base + (i + done) * page, k - done, page) {
+                if b.taken_uncounted(i + done, &slots) > 0 {
+                    break; // runs changed: recompute
+                }
+            }
             let at = i + done;
             match errno(&p.error) {
                 libc::EAGAIN => {

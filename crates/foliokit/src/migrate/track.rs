@@ -185,6 +185,25 @@ impl PageLedger {
         left
     }
 
+    /// Pages `first .. first + slots.len()` the kernel moved out although
+    /// the call that moved them did not count them: an `Untouched` page
+    /// whose staging slot (`slots`, read from pagemap) holds a page is
+    /// out. Linux 6.18's `UFFDIO_MOVE` can move a run of PTEs after an
+    /// internal retry and then stop at the slot it just filled (EEXIST)
+    /// without counting the run; trusting the count would leave those
+    /// pages parked and their entries empty. Returns how many it found.
+    pub fn taken_uncounted(&mut self, first: usize, slots: &[PageState]) -> usize {
+        let mut found = 0;
+        for (j, slot) in (first..self.len()).zip(slots) {
+            if self.state[j] == State::Untouched && *slot != PageState::Empty {
+                self.state[j] = State::Out;
+                self.in_stage[j] = true;
+                found += 1;
+            }
+        }
+        found
+    }
+
     pub fn count(&self, s: State) -> usize {
         self.state.iter().filter(|&&x| x == s).count()
     }
@@ -309,6 +328,23 @@ mod tests {
         b.whole[0] = true;
         assert_eq!(b.keep_units_whole(), k - 1);
         assert_eq!(b.unit_of(5), (5, 1));
+    }
+
+    #[test]
+    fn pages_moved_but_not_counted_are_out() {
+        let mut b = batch();
+        b.state[0] = State::Out;
+        b.in_stage[0] = true;
+        // Slots 0, 1 and 3 hold pages: 0 was counted, 1 and 3 were not;
+        // slot 4 holds nothing (its page is swapped, left), 5 is empty.
+        let slots = [P, P, E, P, E, E];
+        assert_eq!(b.taken_uncounted(0, &slots), 2);
+        assert_eq!(b.state[1], State::Out);
+        assert!(b.in_stage[1]);
+        assert_eq!(b.state[3], State::Out);
+        assert_eq!(b.state[4], State::Left, "never taken");
+        assert_eq!(b.state[5], State::Untouched, "its slot is empty");
+        assert_eq!(b.taken_uncounted(0, &slots), 0, "found once");
     }
 
     #[test]
