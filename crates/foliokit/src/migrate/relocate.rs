@@ -10,7 +10,8 @@
 //!    (`folios.rs`; those stay in place, whole, for `move_pages`);
 //! 2. map the staging areas and allocate destination folios on the target
 //!    node for the populated pages (threads are not held up yet);
-//! 3. register the batch with our userfaultfd in missing mode, with the
+//! 3. register the batch with our userfaultfd in missing mode (the
+//!    parking area in write-protect mode: see below), with the
 //!    REMOVE, UNMAP, REMAP and FORK events;
 //! 4. read pagemap and kpageflags again (from here the populated set can
 //!    only shrink), and look up every thread's descriptor (`threads.rs`):
@@ -58,7 +59,10 @@
 //!   empty, and read zero once the batch ends (a lost write).
 //! - `MADV_FREE`'d clean pages keep their lazy-free state when moved: reclaim
 //!   (`MADV_PAGEOUT`) may drop one from the staging area, which is legal
-//!   (a freed page may read zero). `MADV_COLLAPSE` of a batch in flight sees
+//!   (a freed page may read zero). The parking area is registered in
+//!   write-protect mode where the kernel has it, so the channel that then
+//!   faults there gets the kernel's zeros instead of waiting on our
+//!   descriptor, which nobody reads during the copy (a hang). `MADV_COLLAPSE` of a batch in flight sees
 //!   its entries empty (EINVAL/EBUSY): docs/migration.md says to retry.
 //! - Pages pinned for DMA or shared with another process: the kernel
 //!   refuses to move them (EBUSY), they stay in place and go to the

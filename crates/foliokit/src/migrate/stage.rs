@@ -102,10 +102,16 @@ impl<'u> Stage<'u> {
     }
 
     /// Where the old pages go: empty, registered with `uffd` (a move's
-    /// destination must be).
+    /// destination must be). In write-protect mode where the kernel has it:
+    /// a page the application freed (`MADV_FREE`) keeps its lazy-free state
+    /// when moved, and reclaim may drop it from here; the channel copying
+    /// it then faults, and in missing mode that fault would wait on our
+    /// descriptor, which nobody reads during the copy. In write-protect
+    /// mode the kernel serves it (zeros: what a freed page may read).
     pub fn parking(like: usize, len: usize, v: &Vma, uffd: &'u Uffd) -> io::Result<Stage<'u>> {
         let mut s = Self::map(like, len, v)?;
-        uffd.register_missing(s.base, len)?;
+        uffd.register_wp(s.base, len)
+            .or_else(|_| uffd.register_missing(s.base, len))?;
         s.uffd = Some(uffd);
         Ok(s)
     }

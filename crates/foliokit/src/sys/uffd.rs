@@ -34,6 +34,7 @@ pub const FEATURE_POISON: u64 = 1 << 14;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
 const REGISTER_MODE_MISSING: u64 = 1 << 0;
+const REGISTER_MODE_WP: u64 = 1 << 1;
 
 /// Bits of the `ioctls` mask UFFDIO_REGISTER returns (1 << _UFFDIO_*).
 pub const IOCTL_COPY: u64 = 1 << 0x03;
@@ -461,9 +462,21 @@ impl Uffd {
     /// an empty entry there waits until it is filled or woken. Returns the
     /// mask of ioctls the range supports.
     pub fn register_missing(&self, start: usize, len: usize) -> io::Result<u64> {
+        self.register(start, len, REGISTER_MODE_MISSING)
+    }
+
+    /// Registers the range in write-protect mode only: the range belongs
+    /// to this descriptor (a `UFFDIO_MOVE` may land there), yet a fault in
+    /// it is the kernel's to serve, as in any mapping: nothing is write
+    /// protected until `UFFDIO_WRITEPROTECT` says so.
+    pub fn register_wp(&self, start: usize, len: usize) -> io::Result<u64> {
+        self.register(start, len, REGISTER_MODE_WP)
+    }
+
+    fn register(&self, start: usize, len: usize, mode: u64) -> io::Result<u64> {
         let mut r = Register {
             range: range(start, len),
-            mode: REGISTER_MODE_MISSING,
+            mode,
             ioctls: 0,
         };
         ioctl(&self.fd, UFFDIO_REGISTER, &mut r)?;
