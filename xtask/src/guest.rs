@@ -1,12 +1,12 @@
 //! The guests, the test binaries they run, and the tally.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use foliokit_guest::{self as vm, quote, Accel, Session};
 
 use crate::setup;
+use crate::testbins::{self, result_line};
 use crate::Error;
 
 struct Guest {
@@ -66,33 +66,13 @@ const GUEST_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// Builds the test binaries, returning (name, path) for [`BINARIES`].
 fn build(ws: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
     println!("# building the test binaries on the host");
-    let out = Command::new(env!("CARGO"))
-        .args(["test", "--no-run", "--locked", "--message-format=json"])
-        .args(["-p", "foliokit", "-p", "foliokit-cli"])
-        .current_dir(ws)
-        .stderr(Stdio::inherit())
-        .output()?;
-    if !out.status.success() {
-        return Err("cargo test --no-run failed".into());
-    }
-    let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str())
-        else {
-            continue;
-        };
-        let is_test = v["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|x| x == "test"));
-        if is_test && BINARIES.contains(&name) {
-            found.push((name.to_string(), PathBuf::from(exe)));
-        }
-    }
-    found.sort();
-    Ok(found)
+    Ok(
+        testbins::build(ws, &["-p", "foliokit", "-p", "foliokit-cli"])?
+            .into_iter()
+            .filter(|b| b.integration && BINARIES.contains(&b.name.as_str()))
+            .map(|b| (b.name, b.exe))
+            .collect(),
+    )
 }
 
 /// The commands the guest runs: its kernel and node layout, then each
@@ -126,18 +106,6 @@ struct Tally {
     passed: usize,
     failed: usize,
     failures: Vec<String>,
-}
-
-/// Reads one `test result:` line: (passed, failed).
-fn result_line(l: &str) -> Option<(usize, usize)> {
-    let rest = l.trim().strip_prefix("test result: ")?;
-    let num = |word: &str| {
-        rest.split(';')
-            .find(|p| p.trim().ends_with(word))
-            .and_then(|p| p.split_whitespace().rev().nth(1))
-            .and_then(|n| n.parse::<usize>().ok())
-    };
-    Some((num("passed")?, num("failed")?))
 }
 
 impl Session for Tally {

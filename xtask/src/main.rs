@@ -20,6 +20,7 @@ mod guest;
 mod install;
 mod layers;
 mod setup;
+mod testbins;
 mod unprivileged;
 
 use clap::{Parser, Subcommand};
