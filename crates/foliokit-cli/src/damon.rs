@@ -104,6 +104,22 @@ fn vaddr_in_symbols(kallsyms: &str) -> Option<bool> {
     any.then_some(false)
 }
 
+/// [`vaddr_in_symbols`] of this kernel, read line by line (the list is
+/// megabytes; it stops at the first `damon_va_` symbol).
+fn vaddr_in_kallsyms() -> Option<bool> {
+    use std::io::BufRead;
+    let f = std::fs::File::open(KALLSYMS).ok()?;
+    let mut any = false;
+    for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+        match vaddr_in_symbols(&line) {
+            Some(true) => return Some(true),
+            Some(false) => any = true,
+            None => {}
+        }
+    }
+    any.then_some(false)
+}
+
 /// What this kernel's DAMON offers for `--cold`, read without writing
 /// anything: `Err` names the first missing piece.
 pub fn check() -> Result<(), Unavailable> {
@@ -120,8 +136,7 @@ pub fn check() -> Result<(), Unavailable> {
             _ => format!("{} cannot be opened for writing: {e}", nr_file.display()),
         }));
     }
-    let symbols = std::fs::read_to_string(KALLSYMS).unwrap_or_default();
-    if vaddr_in_symbols(&symbols) == Some(false) {
+    if vaddr_in_kallsyms() == Some(false) {
         return Err(Unavailable::NoVaddr { offers: None });
     }
     let nr: usize = std::fs::read_to_string(&nr_file)

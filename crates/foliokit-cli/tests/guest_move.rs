@@ -286,7 +286,17 @@ fn cold_leaves_damon_as_it_found_it() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // Mid-window: once its kdamond exists (the checks before it read the
+    // kernel's symbol list, which takes seconds under emulation).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while damon_state().is_some_and(|n| n.trim() == "0") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "--cold never set up its kdamond"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
     Command::new("kill")
         .args(["-INT", &c.id().to_string()])
         .status()
