@@ -47,6 +47,15 @@ impl Line {
     }
 }
 
+/// The line of an experiment that ran without measuring the seed's shape
+/// (relocation refused, a folio size the kernel would not give): said, with
+/// the run's own reason, rather than left out of the summary.
+fn not_measured(key: &str, why: String) -> Line {
+    let mut l = Line::seed(key, "not measured here".into(), None, None);
+    l.verdict = format!("not measured: {why}");
+    l
+}
+
 /// The seed's ratio for summary entry `key`.
 fn seed_ratio(key: &str) -> f64 {
     seeds::figure(&seeds::summary(key).ratio).number()
@@ -326,7 +335,18 @@ fn migrate_line(exps: &[Loaded]) -> Option<Line> {
         .max_by_key(|r| r.channels.unwrap_or(0))?;
     let base = e.rows.iter().find(|r| table1(r, "baseline"))?;
     let ch = best.channels.unwrap_or(1);
-    let (a, b) = (stat(best.gbps)?, stat(base.gbps)?);
+    let (Some(a), Some(b)) = (stat(best.gbps), stat(base.gbps)) else {
+        let why = [best, base].iter().find_map(|r| {
+            r.other
+                .get("note")
+                .and_then(|n| n.as_str())
+                .map(String::from)
+        });
+        return Some(not_measured(
+            "migrate",
+            why.unwrap_or_else(|| "the 2M table 1 rows have no figures".into()),
+        ));
+    };
     let on = format!(
         "relocation on {ch} channel{}",
         if ch == 1 { "" } else { "s" }
@@ -350,8 +370,14 @@ fn mremap_line(exps: &[Loaded]) -> Option<Line> {
     let r64 = e
         .rows
         .iter()
-        .find(|r| r.folio_size == Some(K64) && r.alignment.is_none())?;
-    let s = r64.speedup?;
+        .find(|r| r.folio_size == Some(K64) && r.alignment.is_none());
+    let Some(s) = r64.and_then(|r| r.speedup) else {
+        let why = e.notes.iter().find(|n| n.starts_with("64K")).cloned();
+        return Some(not_measured(
+            "mremap",
+            why.unwrap_or_else(|| "no 64K row in this run".into()),
+        ));
+    };
     let mut l = Line::seed(
         "mremap",
         format!("{s:.2}x: 64K folios against the 4K control, on this one kernel"),
@@ -404,6 +430,18 @@ mod tests {
             "aa_control": [{"a": "auto", "b": "clzero", "ratio": if aa_ok { 1.0 } else { 1.3 },
                             "within_noise": aa_ok, "folio_size": M2, "channels": 1}]}))
         .expect("a report reads back")
+    }
+
+    #[test]
+    fn an_experiment_that_ran_without_its_shape_says_why() {
+        let mut e = clear(true);
+        e.experiment = "mremap".into();
+        e.rows.clear();
+        e.notes = vec!["64K: skipped, changing mTHP settings needs root".into()];
+        let l = mremap_line(&[e]).expect("a line, not a gap");
+        assert_eq!(l.ours, "not measured here");
+        assert!(l.verdict.contains("needs root"), "{}", l.verdict);
+        assert_eq!(l.ours_ratio, None);
     }
 
     #[test]
