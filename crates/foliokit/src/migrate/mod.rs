@@ -19,6 +19,7 @@ mod budget;
 mod folios;
 mod fork;
 mod kernel;
+mod prepare;
 pub mod process;
 mod relocate;
 mod stage;
@@ -335,6 +336,44 @@ pub struct BatchStat {
     pub first_folio_us: f64,
     /// Microseconds for the whole batch.
     pub total_us: f64,
+    /// Relocation: where the batch's time went (zero on the kernel path).
+    pub phases: Phases,
+}
+
+/// Where one relocation batch's time went, phase by phase, on the thread
+/// that runs the batch: the phases add up to the batch's time on that
+/// thread, with nothing counted twice. Work done ahead on a helper while
+/// the previous batch ran (its destination folios) is in `prepared_ahead`,
+/// outside the sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Phases {
+    /// Reading which pages are populated and which folios they belong to,
+    /// mapping the staging areas, and whatever of the destination folios
+    /// was not prepared ahead (before any page is registered).
+    pub prepare: Duration,
+    /// Registering the batch, reading pagemap and folios again and the
+    /// two looks at the threads (with any repair of a lost exit).
+    pub checks: Duration,
+    /// Moving the pages out into the parking area.
+    pub out: Duration,
+    /// Copying them into the destination folios (the copy channels).
+    pub copy: Duration,
+    /// Moving the destination folios in.
+    pub install: Duration,
+    /// Unregistering, waiting until no event is in flight, waking and
+    /// unmapping the staging areas (freeing the old pages).
+    pub finish: Duration,
+    /// Preparing this batch's destination folios ahead, on a helper while
+    /// the previous batch ran (not on the batch's own time).
+    pub prepared_ahead: Duration,
+}
+
+impl Phases {
+    /// The phases on the batch's own thread, added up.
+    pub fn sum(&self) -> Duration {
+        self.prepare + self.checks + self.out + self.copy + self.install + self.finish
+    }
 }
 
 /// What a migration did.

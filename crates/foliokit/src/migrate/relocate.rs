@@ -57,17 +57,18 @@
 //!   with `UFFDIO_COPY`, which installs into any mapping registered with us.
 
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::folios::{self, Fol};
 use super::fork::{fill_child, ForkGate};
+use super::prepare::Prepared;
 use super::stage::{self as staging, Probe, Stage};
 use super::threads;
 use super::track::{PageLedger, State};
 use super::vma::{self, Vma};
 use super::{
     kernel, sys, BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath,
-    MigrateReport, Refusal,
+    MigrateReport, Phases, Refusal,
 };
 use crate::batch::page_size;
 use crate::channels::ChannelPool;
@@ -144,6 +145,9 @@ struct Outcome {
     whole_left: usize,
     /// Of `left`, pages holding a live thread's exit-time words.
     thread_left: usize,
+    phases: Phases,
+    /// The next batch's destination, prepared while this one was out.
+    ahead: Option<Prepared>,
 }
 
 /// Why a batch could not start.
@@ -218,6 +222,7 @@ fn relocate_here(
     let mut leftovers: Vec<usize> = Vec::new();
     let mut stopped: Option<String> = None;
     let mut touched = false;
+    let mut ready: Option<Prepared> = None;
     let t0 = Instant::now();
     for v in &vmas {
         let end = v.end.min(addr + len);
@@ -226,17 +231,21 @@ fn relocate_here(
             let want = ctl
                 .as_ref()
                 .map_or(o.batch_pages, BatchController::pages)
-                .saturating_mul(page)
-                .min(end - at);
-            // Batches end on folio boundaries so THPs move whole (`end` is
-            // below the top of the address space, so this cannot wrap).
-            let stop = (at + want.max(page)).next_multiple_of(folio).min(end);
+                .saturating_mul(page);
+            let stop = batch_end(at, end, want, page, folio);
             if stopped.is_some() {
                 leftovers.extend(populated(at, stop - at, page)?);
                 at = stop;
                 continue;
             }
-            let out = match batch(&run, at, stop - at, v) {
+            // The next batch as it would be cut now (a latency budget may
+            // cut it otherwise: then what was prepared is not used).
+            let next = vmas.iter().find_map(|w| {
+                let end = w.end.min(addr + len);
+                let at = w.start.max(addr).max(stop);
+                (at < end).then(|| (at, batch_end(at, end, want, page, folio) - at, w))
+            });
+            let out = match batch(&run, at, stop - at, v, ready.take(), next) {
                 Ok(out) => out,
                 Err(Start::Refused(why)) if !touched => {
                     return Err(MigrateError::Refused { addr: at, why })
@@ -261,6 +270,7 @@ fn relocate_here(
                 c.observe(std::time::Duration::from_secs_f64(s.first_folio_us / 1e6));
             }
             r.batches.extend(out.stat);
+            ready = out.ahead;
             r.pool_secs += out.pool_secs;
             r.pages_to_move += out.populated;
             r.relocated_pages += out.relocated;
@@ -310,6 +320,15 @@ fn relocate_here(
     Ok(r)
 }
 
+/// Where the batch starting at `at` ends, asked for `want` bytes, in a
+/// mapping ending at `end`: on a folio boundary, so THPs move whole (`end`
+/// is below the top of the address space, so this cannot wrap).
+fn batch_end(at: usize, end: usize, want: usize, page: usize, folio: usize) -> usize {
+    (at + want.min(end - at).max(page))
+        .next_multiple_of(folio)
+        .min(end)
+}
+
 /// Addresses of the populated (present or swapped) pages of a range.
 fn populated(at: usize, len: usize, page: usize) -> Result<Vec<usize>, MigrateError> {
     let states = page_states(at, len / page, page).map_err(sys("read /proc/self/pagemap"))?;
@@ -325,8 +344,18 @@ fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
 
-/// Relocates one batch `[start, start + len)` of mapping `v`.
-fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start> {
+/// Relocates one batch `[start, start + len)` of mapping `v`, with its
+/// destination `ready` where it was prepared ahead; prepares the `next`
+/// batch's meanwhile where a helper is free.
+fn batch(
+    run: &Run,
+    start: usize,
+    len: usize,
+    v: &Vma,
+    ready: Option<Prepared>,
+    next: Option<(usize, usize, &Vma)>,
+) -> Result<Outcome, Start> {
+    let t0 = Instant::now();
     let page = run.page;
     let n = len / page;
     let stop = |what: &str, e: io::Error| Start::Stop(format!("{what}: {e}"));
@@ -344,19 +373,27 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         });
     }
     let tp = Instant::now();
-    let dest = Stage::dest(start, len, v, run.node, run.folio).map_err(|e| {
-        if v.has("lo") {
-            Start::Refused(Refusal::Mlock(e))
-        } else {
-            stop("destination area", e)
+    let ready = ready.filter(|r| r.fits(start, len));
+    let prepared_ahead = ready.as_ref().map_or(Duration::ZERO, |r| r.took);
+    let mut dest = match ready {
+        Some(r) => r,
+        None => {
+            let d = Stage::dest(start, len, v, run.node, run.folio).map_err(|e| {
+                if v.has("lo") {
+                    Start::Refused(Refusal::Mlock(e))
+                } else {
+                    stop("destination area", e)
+                }
+            })?;
+            Prepared::now(start, len, d, page)
         }
-    })?;
-    for (i, k) in pb.runs(State::Untouched) {
-        dest.populate(i, k, page)
-            .map_err(|e| stop("allocating on the target node", e))?;
-    }
+    };
+    dest.fill(&pb.runs(State::Untouched), page)
+        .map_err(|e| stop("allocating on the target node", e))?;
     let parking = Stage::parking(start, len, v, run.uffd).map_err(|e| stop("parking area", e))?;
     let pool_secs = tp.elapsed().as_secs_f64();
+    let prepare = t0.elapsed();
+    let tg = Instant::now();
 
     // From here threads touching an empty entry of the batch wait, and
     // glibc forks wait for the batch to end (see fork.rs).
@@ -376,9 +413,19 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let mut b = PageLedger::new(start, page, &vec![PageState::Empty; n]);
     let mut out = Outcome {
         pool_secs,
+        phases: Phases {
+            prepare,
+            // Waiting for forks in flight, and registering.
+            checks: tg.elapsed(),
+            prepared_ahead,
+            ..Phases::default()
+        },
         ..Outcome::default()
     };
-    let res = registered(run, &mut b, &pre, &parking, &dest, ioctls, v, &mut out);
+    let res = registered(
+        run, &mut b, &pre, &parking, &dest.dest, ioctls, v, next, &mut out,
+    );
+    let tf = Instant::now();
     // Whatever happened: read what is left, unregister, and make sure no
     // event is still in flight when the batch ends.
     quiesce(run, &mut b, &parking, &mut out);
@@ -396,6 +443,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let total = tb.elapsed();
     drop(parking);
     drop(dest);
+    out.phases.finish = tf.elapsed();
     let first_in = res?;
     out.populated = b.state.iter().filter(|&&s| s != State::Empty).count();
     out.relocated = b.count(State::In);
@@ -411,6 +459,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         // first install: the take-out and the copy are part of the wait.
         first_folio_us: first_in.map_or(total, |t| t - tb).as_secs_f64() * 1e6,
         total_us: total.as_secs_f64() * 1e6,
+        phases: out.phases,
     });
     Ok(out)
 }
@@ -426,8 +475,10 @@ fn registered(
     dest: &Stage,
     ioctls: u64,
     v: &Vma,
+    next: Option<(usize, usize, &Vma)>,
     out: &mut Outcome,
 ) -> Result<Option<Instant>, Start> {
+    let mut lap = Instant::now();
     let page = run.page;
     let start = b.addr[0];
     *b = PageLedger::new(
@@ -454,6 +505,7 @@ fn registered(
     // exit-time words is never taken (see `threads.rs`).
     let unknown = |u: threads::Unknown| Start::Refused(Refusal::UnknownThread { tid: u.tid });
     let layout = run.layout.map_err(unknown)?;
+    let births = threads::Births::open();
     let areas = threads::exit_areas(&layout, page).map_err(unknown)?;
     for i in 0..b.len() {
         if b.state[i] == State::Untouched && threads::inside(&areas, b.addr[i]) {
@@ -462,13 +514,44 @@ fn registered(
         }
     }
     out.whole_left += b.keep_units_whole();
+    out.phases.checks += since(&mut lap);
+    // While the batch is out, a helper prepares the next one's
+    // destination (nothing of the application's is touched there).
+    let (node, folio) = (run.node, run.folio);
+    let mut steps = || out_copy_in(run, b, parking, dest, &layout, births, out);
+    let (first, ahead) = match next {
+        Some((s, l, w)) => {
+            crate::helpers::beside(steps, move || Prepared::ahead(s, l, w, node, folio, page))
+        }
+        None => (steps(), None),
+    };
+    out.ahead = ahead.flatten();
+    first
+}
+
+/// Steps 5 to 7: takes the batch out, looks at the threads again, copies
+/// and installs. Returns the moment the first pages were usable again.
+fn out_copy_in(
+    run: &Run,
+    b: &mut PageLedger,
+    parking: &Stage,
+    dest: &Stage,
+    layout: &threads::Layout,
+    births: threads::Births,
+    out: &mut Outcome,
+) -> Result<Option<Instant>, Start> {
+    let mut lap = Instant::now();
+    let page = run.page;
+    let start = b.addr[0];
     // An error means nothing was taken: the memory is as it was.
-    take_out(run, b, parking, out).map_err(Start::Refused)?;
+    let taken = take_out(run, b, parking, out).map_err(Start::Refused);
+    out.phases.out += since(&mut lap);
+    taken?;
     // Second look, now that the pages are out: a thread that started
     // meanwhile and has its descriptor in a page we took gets that page
     // back before anything is copied. (One that also exited meanwhile is
     // found below; the ordering argument is in `migrate`'s contract.)
-    match threads::exit_areas(&layout, page) {
+    match threads::exit_areas(layout, page) {
         Ok(areas) => {
             let back = put_back(run, b, parking, out, |b, i| {
                 threads::inside(&areas, b.addr[i])
@@ -486,19 +569,28 @@ fn registered(
     // A thread that started after the first look and exited before the
     // second, with its descriptor taken out in between, lost the
     // kernel's clear of its `tid` word: redo it in the parked copy, and
-    // wake its joiners once the page is back.
-    let parked: Vec<(usize, usize)> = (0..b.len())
-        .filter(|&i| b.state[i] == State::Out)
-        .map(|i| (b.addr[i], parking.base + i * page))
-        .collect();
-    let lost = threads::repair_lost_exits(&layout, &parked, page);
+    // wake its joiners once the page is back. Only where such a thread
+    // can have lived (see `threads::Births`) are the parked pages
+    // searched for its descriptor.
+    let lost = if births.may_have_lost() {
+        let parked: Vec<(usize, usize)> = (0..b.len())
+            .filter(|&i| b.state[i] == State::Out)
+            .map(|i| (b.addr[i], parking.base + i * page))
+            .collect();
+        threads::repair_lost_exits(layout, &parked, page)
+    } else {
+        threads::Repaired::default()
+    };
+    out.phases.checks += since(&mut lap);
     if let Err(e) = copy_in_stage(run, b, parking, dest, start) {
         // Cannot happen (pieces are never empty, lists never differ); if it
         // did, the parked pages go back unchanged rather than uncopied.
         out.notes.push(format!("copy failed ({e}); pages put back"));
         restore(run, b, parking, out);
     }
+    out.phases.copy += since(&mut lap);
     let first = install(run, b, parking, dest, out);
+    out.phases.install += since(&mut lap);
     // Woken after the batch is unregistered (see `batch`), so a shared
     // wake never faults on a page of ours that is not back.
     out.wake = lost.wake;
@@ -509,6 +601,14 @@ fn registered(
         ));
     }
     Ok(first)
+}
+
+/// The time since `*lap`, which moves to now.
+fn since(lap: &mut Instant) -> Duration {
+    let now = Instant::now();
+    let d = now - *lap;
+    *lap = now;
+    d
 }
 
 /// How many rounds [`quiesce`] waits for in-flight events before it gives

@@ -24,7 +24,7 @@
 
 use std::io;
 
-use crate::params::{THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_WAIT};
+use crate::params::{PID_WINDOW_MAX, THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_WAIT};
 
 /// A thread whose exit-time words cannot be located.
 #[derive(Debug, Clone, Copy)]
@@ -306,6 +306,103 @@ pub fn wake(words: &[usize]) {
             // address only fails.
             unsafe { libc::syscall(libc::SYS_futex, w, op, i32::MAX, 0usize, 0usize, 0) };
         }
+    }
+}
+
+/// The window in which a thread of this process can be born and die
+/// unseen: from just before the first look at the threads to the second.
+///
+/// [`repair_lost_exits`] is only needed for a thread that starts after
+/// the first look and exits before the second (see the module's caller).
+/// Such a thread got its id after [`Births::open`] read the pid
+/// namespace's last allocated id, and before [`Births::may_have_lost`]
+/// reads it again: the ids in between, each checked, tell whether any
+/// thread of this process can have lived only inside the window, at a
+/// cost of a few files per id allocated meanwhile instead of a read of
+/// every parked byte.
+///
+/// A `clone` in flight when the window opens allocated its child's id
+/// before it, while the child joins the thread list (where the first look
+/// finds threads) only at the end of the call. So the window opens only
+/// when no other thread of this process is inside `clone`, `clone3`,
+/// `fork` or `vfork` after the id is read (`/proc/self/task/*/syscall`;
+/// a thread on a CPU at that instant cannot be told, and leaves the
+/// window unknown). Ids come from the namespace's cyclic allocator: a
+/// window that wrapped, or saw more than `PID_WINDOW_MAX` ids, is
+/// unknown too. Assumed: nothing rewinds `ns_last_pid` (checkpoint and
+/// restore tools) while a batch is out.
+#[derive(Debug, Clone, Copy)]
+pub struct Births {
+    /// The namespace's last id when the window opened; `None`: unknown.
+    last: Option<u32>,
+}
+
+fn last_pid() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether thread `tid` of this process may be inside a call that
+/// creates a task (or is on a CPU, where the kernel cannot say).
+fn maybe_cloning(tid: i32) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) else {
+        // Gone meanwhile: it creates nothing more. Unreadable: unknown.
+        return std::path::Path::new(&format!("/proc/self/task/{tid}")).exists();
+    };
+    let nr = s.split_whitespace().next().unwrap_or("running");
+    match nr.parse::<libc::c_long>() {
+        Ok(nr) => [
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_fork,
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_vfork,
+        ]
+        .contains(&nr),
+        // "running", or a form this code does not know.
+        Err(_) => true,
+    }
+}
+
+/// Whether no live task has id `t` now (a zombie process still has one).
+fn gone(t: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{t}/status"))
+        .map(|s| !s.lines().any(|l| l.starts_with("Tgid:")))
+        .unwrap_or(true)
+}
+
+impl Births {
+    /// Opens the window; call it before the first look.
+    pub fn open() -> Births {
+        let Some(last) = last_pid() else {
+            return Births { last: None };
+        };
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let quiet = tids().is_ok_and(|ts| ts.iter().all(|&t| t == me || !maybe_cloning(t)));
+        Births {
+            last: quiet.then_some(last),
+        }
+    }
+
+    /// Whether a thread of this process may have started after [`open`]
+    /// and exited before now; call it after the second look's listing.
+    ///
+    /// [`open`]: Births::open
+    pub fn may_have_lost(&self) -> bool {
+        let (Some(a), Some(b)) = (self.last, last_pid()) else {
+            return true;
+        };
+        // A live task with an id of the window is either another
+        // process's, or a thread of ours alive now: seen by the second
+        // look, or started after it (and then it waits for its
+        // descriptor's page like any thread touching it). Only an id
+        // whose task is gone can have been a thread that died unseen.
+        b < a || b - a > PID_WINDOW_MAX || (a + 1..=b).any(gone)
     }
 }
 
