@@ -537,7 +537,7 @@ fn out_copy_in(
     parking: &Stage,
     dest: &Stage,
     layout: &threads::Layout,
-    births: threads::Births,
+    mut births: threads::Births,
     out: &mut Outcome,
 ) -> Result<Option<Instant>, Start> {
     let mut lap = Instant::now();
@@ -545,6 +545,7 @@ fn out_copy_in(
     let start = b.addr[0];
     // An error means nothing was taken: the memory is as it was.
     let taken = take_out(run, b, parking, out).map_err(Start::Refused);
+    births.seal();
     out.phases.out += since(&mut lap);
     taken?;
     // Second look, now that the pages are out: a thread that started
