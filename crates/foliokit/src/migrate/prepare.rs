@@ -1,8 +1,16 @@
-//! Destination folios for a relocation batch, prepared ahead: while one
-//! batch is out, a helper maps the next batch's destination area on the
-//! target node and faults in its folios there (the kernel zeroes each new
-//! folio, which costs about what copying into it does), so the batch finds
-//! them ready instead of allocating them on its own time.
+//! Destination folios for a relocation batch, found before the batch
+//! starts so that it does not allocate them on its own time (the kernel
+//! zeroes each new folio, which costs about what copying into it does):
+//!
+//! - recycled: the previous batch's parking area holds the old folios it
+//!   took out, which are garbage once their bytes are copied and the new
+//!   folios installed. Those already on the target node (and of the size
+//!   the new batch needs) are the next batch's destination: every byte of
+//!   them is copied over before one is installed, and one that is not
+//!   copied over (its page turned out empty, or stayed in place) is never
+//!   installed, so nothing of what they held can show.
+//! - prepared ahead: while a batch is out, a helper maps the next batch's
+//!   destination area on the target node and faults in its folios there.
 //!
 //! Nothing here touches the application's memory or the userfaultfd: it
 //! reads pagemap, which can be stale by the time the batch starts. That
@@ -12,9 +20,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::folios::PMD;
 use super::stage::Stage;
 use super::vma::Vma;
-use crate::sys::pagemap::{page_states, PageState};
+use crate::sys::pagemap::{self, page_states, PageState};
 
 /// A batch's destination area, with the pages allocated in it so far.
 pub struct Prepared {
@@ -24,6 +33,10 @@ pub struct Prepared {
     pub dest: Stage<'static>,
     /// Per page of the batch: allocated already.
     filled: Vec<bool>,
+    /// Recycled areas: per page, whether a PMD maps it (a PMD folio of the
+    /// batch needs one there). `None`: allocated for this batch, with THP
+    /// wherever a whole PMD was.
+    pmd: Option<Vec<bool>>,
     /// How long preparing it took.
     pub took: Duration,
 }
@@ -78,8 +91,74 @@ impl Prepared {
             len,
             dest,
             filled,
+            pmd: None,
             took: t.elapsed(),
         })
+    }
+
+    /// Recycles `area`, the previous batch's parking area, as the
+    /// destination of the batch `[start, start + len)` of mapping `v`:
+    /// keeps its old folios that are on `node`, frees the rest. `None`
+    /// where it does not fit the batch or cannot be bound to `node`.
+    pub fn recycled(
+        area: Stage<'static>,
+        start: usize,
+        len: usize,
+        v: &Vma,
+        (node, folio, page): (u32, usize, usize),
+    ) -> Option<Prepared> {
+        let t = Instant::now();
+        if !area.fits(start, len) {
+            return None;
+        }
+        area.bind(v, node, folio).ok()?;
+        let n = len / page;
+        let states = page_states(area.base, n, page).ok()?;
+        let mut pmd = vec![false; n];
+        for (s, e) in pagemap::pmd_mapped(area.base, len).ok().flatten()? {
+            pmd[(s - area.base) / page..(e - area.base) / page]
+                .iter_mut()
+                .for_each(|p| *p = true);
+        }
+        // One address per folio to ask for its node: a PMD's first page,
+        // or a base page.
+        let units: Vec<(usize, usize)> = (0..n)
+            .filter(|&i| states[i] == PageState::Present)
+            .filter(|&i| !pmd[i] || i == 0 || !pmd[i - 1] || (area.base + i * page) % PMD == 0)
+            .map(|i| {
+                let k = if pmd[i] {
+                    (PMD - (area.base + i * page) % PMD) / page
+                } else {
+                    1
+                };
+                (i, k.min(n - i))
+            })
+            .collect();
+        let addrs: Vec<usize> = units.iter().map(|&(i, _)| area.base + i * page).collect();
+        let mut at = vec![-1i32; addrs.len()];
+        crate::sys::numa::page_nodes(&addrs, &mut at).ok()?;
+        let mut filled = vec![false; n];
+        for (&(i, k), &got) in units.iter().zip(&at) {
+            if got == node as i32 {
+                filled[i..i + k].iter_mut().for_each(|f| *f = true);
+            } else {
+                area.zap(i, k, page).ok()?;
+                pmd[i..i + k].iter_mut().for_each(|p| *p = false);
+            }
+        }
+        Some(Prepared {
+            start,
+            len,
+            dest: area,
+            filled,
+            pmd: Some(pmd),
+            took: t.elapsed(),
+        })
+    }
+
+    /// How many pages are allocated already.
+    pub fn filled(&self) -> usize {
+        self.filled.iter().filter(|&&f| f).count()
     }
 
     /// Whether this was prepared for the batch `[start, start + len)`.
@@ -88,8 +167,26 @@ impl Prepared {
     }
 
     /// Allocates the pages of runs `want` (first index, pages) not
-    /// allocated yet.
-    pub fn fill(&mut self, want: &[(usize, usize)], page: usize) -> std::io::Result<()> {
+    /// allocated yet; `heads` are the batch's PMD folios (first page, at
+    /// a PMD boundary), which need a PMD folio here too: a recycled area
+    /// holding base pages there has them freed first.
+    pub fn fill(
+        &mut self,
+        want: &[(usize, usize)],
+        heads: impl Iterator<Item = usize>,
+        page: usize,
+    ) -> std::io::Result<()> {
+        if let Some(pmd) = &mut self.pmd {
+            let k = PMD / page;
+            let heads: Vec<usize> = heads.filter(|&h| h + k <= pmd.len() && !pmd[h]).collect();
+            for h in heads {
+                if self.filled[h..h + k].contains(&true) {
+                    self.dest.zap(h, k, page)?;
+                    self.filled[h..h + k].iter_mut().for_each(|f| *f = false);
+                }
+                pmd[h..h + k].iter_mut().for_each(|p| *p = true);
+            }
+        }
         for (i, k) in missing(&self.filled, want) {
             self.dest.populate(i, k, page)?;
             self.filled[i..i + k].iter_mut().for_each(|f| *f = true);
@@ -104,6 +201,7 @@ impl Prepared {
             len,
             dest,
             filled: vec![false; len / page],
+            pmd: None,
             took: Duration::ZERO,
         }
     }

@@ -148,6 +148,8 @@ struct Outcome {
     phases: Phases,
     /// The next batch's destination, prepared while this one was out.
     ahead: Option<Prepared>,
+    /// This batch's parking area, its pages garbage now.
+    spare: Option<Stage<'static>>,
 }
 
 /// Why a batch could not start.
@@ -223,6 +225,7 @@ fn relocate_here(
     let mut stopped: Option<String> = None;
     let mut touched = false;
     let mut ready: Option<Prepared> = None;
+    let mut spare: Option<Stage<'static>> = None;
     let t0 = Instant::now();
     for v in &vmas {
         let end = v.end.min(addr + len);
@@ -245,7 +248,7 @@ fn relocate_here(
                 let at = w.start.max(addr).max(stop);
                 (at < end).then(|| (at, batch_end(at, end, want, page, folio) - at, w))
             });
-            let out = match batch(&run, at, stop - at, v, ready.take(), next) {
+            let out = match batch(&run, at, stop - at, v, ready.take(), spare.take(), next) {
                 Ok(out) => out,
                 Err(Start::Refused(why)) if !touched => {
                     return Err(MigrateError::Refused { addr: at, why })
@@ -271,6 +274,7 @@ fn relocate_here(
             }
             r.batches.extend(out.stat);
             ready = out.ahead;
+            spare = out.spare;
             r.pool_secs += out.pool_secs;
             r.pages_to_move += out.populated;
             r.relocated_pages += out.relocated;
@@ -345,14 +349,17 @@ fn errno(e: &io::Error) -> i32 {
 }
 
 /// Relocates one batch `[start, start + len)` of mapping `v`, with its
-/// destination `ready` where it was prepared ahead; prepares the `next`
-/// batch's meanwhile where a helper is free.
+/// destination `ready` where it was prepared ahead, or recycled from the
+/// last batch's parking area (`spare`); prepares the `next` batch's
+/// meanwhile where a helper is free and this batch's old folios will not
+/// do.
 fn batch(
     run: &Run,
     start: usize,
     len: usize,
     v: &Vma,
     ready: Option<Prepared>,
+    spare: Option<Stage<'static>>,
     next: Option<(usize, usize, &Vma)>,
 ) -> Result<Outcome, Start> {
     let t0 = Instant::now();
@@ -374,7 +381,17 @@ fn batch(
     }
     let tp = Instant::now();
     let ready = ready.filter(|r| r.fits(start, len));
-    let prepared_ahead = ready.as_ref().map_or(Duration::ZERO, |r| r.took);
+    let ready_took = ready.as_ref().map_or(Duration::ZERO, |r| r.took);
+    // The last batch's old folios first: those on the target node need no
+    // allocating (and no zeroing) at all.
+    let recycled =
+        spare.and_then(|a| Prepared::recycled(a, start, len, v, (run.node, run.folio, page)));
+    // Whichever holds more of the folios the batch needs.
+    let (ready, prepared_ahead) = match (recycled, ready) {
+        (Some(r), Some(a)) if a.filled() > r.filled() => (Some(a), ready_took),
+        (Some(r), _) => (Some(r), Duration::ZERO),
+        (None, a) => (a, ready_took),
+    };
     let mut dest = match ready {
         Some(r) => r,
         None => {
@@ -388,7 +405,8 @@ fn batch(
             Prepared::now(start, len, d, page)
         }
     };
-    dest.fill(&pb.runs(State::Untouched), page)
+    let heads = (0..n).filter(|&i| pb.whole[i] && pb.state[i] == State::Untouched);
+    dest.fill(&pb.runs(State::Untouched), heads, page)
         .map_err(|e| stop("allocating on the target node", e))?;
     let parking = Stage::parking(start, len, v, run.uffd).map_err(|e| stop("parking area", e))?;
     let pool_secs = tp.elapsed().as_secs_f64();
@@ -441,7 +459,13 @@ fn batch(
         .collect();
     threads::wake(&installed);
     let total = tb.elapsed();
-    drop(parking);
+    // Once every page is back or dropped, what is left in the parking area
+    // is garbage: the next batch's destination, where it fits.
+    if res.is_ok() && !b.state.contains(&State::Out) {
+        out.spare = Some(parking.keep());
+    } else {
+        drop(parking);
+    }
     drop(dest);
     out.phases.finish = tf.elapsed();
     let first_in = res?;
@@ -514,10 +538,12 @@ fn registered(
         }
     }
     out.whole_left += b.keep_units_whole();
-    out.phases.checks += since(&mut lap);
     // While the batch is out, a helper prepares the next one's
-    // destination (nothing of the application's is touched there).
+    // destination (nothing of the application's is touched there), unless
+    // this batch's old folios, on the target node already, will be it.
     let (node, folio) = (run.node, run.folio);
+    let next = next.filter(|_| !on_node(b, node));
+    out.phases.checks += since(&mut lap);
     let mut steps = || out_copy_in(run, b, parking, dest, &layout, births, out);
     let (first, ahead) = match next {
         Some((s, l, w)) => {
@@ -602,6 +628,27 @@ fn out_copy_in(
         ));
     }
     Ok(first)
+}
+
+/// Whether every folio of `b` still to be taken is on `node`.
+fn on_node(b: &PageLedger, node: u32) -> bool {
+    let heads: Vec<usize> = b
+        .runs(State::Untouched)
+        .into_iter()
+        .flat_map(|(i, k)| {
+            let mut j = i;
+            std::iter::from_fn(move || {
+                (j < i + k).then(|| {
+                    let at = j;
+                    j += b.unit_of(j).1.max(1);
+                    at
+                })
+            })
+        })
+        .map(|i| b.addr[i])
+        .collect();
+    let mut at = vec![-1i32; heads.len()];
+    crate::sys::numa::page_nodes(&heads, &mut at).is_ok() && at.iter().all(|&n| n == node as i32)
 }
 
 /// The time since `*lap`, which moves to now.
