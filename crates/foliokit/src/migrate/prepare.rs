@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::folios::PMD;
 use super::stage::Stage;
+use super::track::{PageLedger, State};
 use super::vma::Vma;
 use crate::sys::pagemap::{self, page_states, PageState};
 
@@ -205,6 +206,28 @@ impl Prepared {
             took: Duration::ZERO,
         }
     }
+}
+
+/// Whether every folio of `b` still to be taken is on `node` (then its
+/// old folios, once parked, can be the next batch's destination).
+pub fn on_node(b: &PageLedger, node: u32) -> bool {
+    let heads: Vec<usize> = b
+        .runs(State::Untouched)
+        .into_iter()
+        .flat_map(|(i, k)| {
+            let mut j = i;
+            std::iter::from_fn(move || {
+                (j < i + k).then(|| {
+                    let at = j;
+                    j += b.unit_of(j).1.max(1);
+                    at
+                })
+            })
+        })
+        .map(|i| b.addr[i])
+        .collect();
+    let mut at = vec![-1i32; heads.len()];
+    crate::sys::numa::page_nodes(&heads, &mut at).is_ok() && at.iter().all(|&n| n == node as i32)
 }
 
 #[cfg(test)]

@@ -8,26 +8,42 @@
 //! 1. read pagemap: which pages are populated (holes stay holes), and
 //!    kpageflags: which belong to large folios a move would split
 //!    (`folios.rs`; those stay in place, whole, for `move_pages`);
-//! 2. map the staging areas and allocate destination folios on the target
-//!    node for the populated pages (threads are not held up yet);
+//! 2. map the parking area, and find destination folios on the target
+//!    node for the populated pages (threads are not held up yet): the
+//!    last batch's old folios where they are on that node already (its
+//!    parking area, kept), else an area a helper prepared while the last
+//!    batch was out, and allocate whatever is still missing
+//!    (`prepare.rs`);
 //! 3. register the batch with our userfaultfd in missing mode, with the
 //!    REMOVE, UNMAP, REMAP and FORK events;
 //! 4. read pagemap and kpageflags again (from here the populated set can
 //!    only shrink), and look up every thread's descriptor (`threads.rs`):
-//!    those pages stay in place;
+//!    those pages stay in place; from here to the end of step 5 a helper
+//!    may prepare the next batch's destination, unless this batch's old
+//!    folios will be it;
 //! 5. `UFFDIO_MOVE` the populated pages out into the parking area (a
 //!    PMD folio as one unit; one the kernel refuses stays whole); a
 //!    thread touching one now finds an empty entry and waits on the
 //!    userfaultfd, kernel-mode accesses included (the descriptor is not
 //!    user-mode-only); then look at the threads again and put back any descriptor page of a
 //!    thread that started meanwhile; clear the `tid` word of a thread that
-//!    exited meanwhile in the parked copy (its wake follows step 7);
+//!    exited meanwhile in the parked copy (its wake follows step 7): the
+//!    parked pages are searched for its descriptor only where a task id
+//!    allocated since the first look is gone (`threads::Births`);
 //! 6. copy parking → destination through the copy channels;
 //! 7. `UFFDIO_MOVE` the destination folios in (this wakes their waiters);
-//! 8. unregister, which wakes everyone left, and unmap the staging areas.
+//! 8. unregister, which wakes everyone left, and unmap the destination
+//!    area; the parking area is kept, unregistered, for the next batch if
+//!    every page it took is back or dropped.
 //!
 //! Why no write is lost, resurrected or exposed:
 //!
+//! - A destination folio is installed only at a page that was taken out
+//!   (step 5) and copied over whole (step 6): a recycled old folio, or a
+//!   fresh one allocated for a page that then stayed in place or went
+//!   empty, is never installed and goes with its area, so nothing of what
+//!   it held shows. Preparing ahead touches only our own staging areas and
+//!   pagemap; what it got wrong (stale) step 2 allocates, or frees unused.
 //! - The mapping is never replaced: only its pages move, so protections,
 //!   VmFlags and advice, lock state and memory policy are untouched.
 //! - A store before step 5 lands in the old page, which is then moved and
@@ -61,7 +77,7 @@ use std::time::{Duration, Instant};
 
 use super::folios::{self, Fol};
 use super::fork::{fill_child, ForkGate};
-use super::prepare::Prepared;
+use super::prepare::{self, Prepared};
 use super::stage::{self as staging, Probe, Stage};
 use super::threads;
 use super::track::{PageLedger, State};
@@ -542,7 +558,7 @@ fn registered(
     // destination (nothing of the application's is touched there), unless
     // this batch's old folios, on the target node already, will be it.
     let (node, folio) = (run.node, run.folio);
-    let next = next.filter(|_| !on_node(b, node));
+    let next = next.filter(|_| !prepare::on_node(b, node));
     out.phases.checks += since(&mut lap);
     let mut steps = || out_copy_in(run, b, parking, dest, &layout, births, out);
     let (first, ahead) = match next {
@@ -628,27 +644,6 @@ fn out_copy_in(
         ));
     }
     Ok(first)
-}
-
-/// Whether every folio of `b` still to be taken is on `node`.
-fn on_node(b: &PageLedger, node: u32) -> bool {
-    let heads: Vec<usize> = b
-        .runs(State::Untouched)
-        .into_iter()
-        .flat_map(|(i, k)| {
-            let mut j = i;
-            std::iter::from_fn(move || {
-                (j < i + k).then(|| {
-                    let at = j;
-                    j += b.unit_of(j).1.max(1);
-                    at
-                })
-            })
-        })
-        .map(|i| b.addr[i])
-        .collect();
-    let mut at = vec![-1i32; heads.len()];
-    crate::sys::numa::page_nodes(&heads, &mut at).is_ok() && at.iter().all(|&n| n == node as i32)
 }
 
 /// The time since `*lap`, which moves to now.
