@@ -438,6 +438,40 @@ mod tests {
     }
 
     #[test]
+    fn beside_runs_the_spare_only_off_the_caller() {
+        if start(2) < 2 {
+            eprintln!("SKIP: two helper threads could not be started here");
+            return;
+        }
+        let done = AtomicBool::new(false);
+        // The caller's part waits (boundedly) for the spare to start, so
+        // that a free helper takes it; from a helper too (nested).
+        let run = || {
+            let me = std::thread::current().id();
+            let (mine, spare) = beside(
+                || {
+                    let t = std::time::Instant::now();
+                    while !done.load(Ordering::SeqCst) && t.elapsed().as_secs() < 5 {
+                        std::thread::yield_now();
+                    }
+                    std::thread::current().id()
+                },
+                || {
+                    done.store(true, Ordering::SeqCst);
+                    std::thread::current().id()
+                },
+            );
+            assert_eq!(mine, me, "the caller's part runs on the caller");
+            if let Some(s) = spare {
+                assert_ne!(s, me, "the spare never runs on the caller");
+            }
+            done.store(false, Ordering::SeqCst);
+        };
+        run();
+        on_helper(run).expect("a helper ran it");
+    }
+
+    #[test]
     fn every_item_is_taken_once_whatever_the_helpers_do() {
         for extra in [0, 1, 3, 200] {
             let next = AtomicUsize::new(0);

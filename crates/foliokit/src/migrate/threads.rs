@@ -442,12 +442,13 @@ pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, U
     let tids = tids().map_err(|_| Unknown { tid: 0 })?;
     let mut out = Vec::with_capacity(tids.len());
     for tid in tids {
+        let mut head = robust_head(tid);
         // A zombie (a main thread that called pthread_exit) keeps its
-        // task with no robust list: it will write nothing more.
-        if zombie(tid) {
+        // task with no robust list (the kernel drops it at exit): it will
+        // write nothing more.
+        if head == Some(0) && zombie(tid) {
             continue;
         }
-        let mut head = robust_head(tid);
         // A glibc thread sets its head in its first instructions, once it
         // is first scheduled, which on a busy machine can take a while; an
         // exiting one drops its head (futex_exit_release) just before it
