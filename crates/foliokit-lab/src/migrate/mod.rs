@@ -844,6 +844,39 @@ mod tests {
     }
 
     #[test]
+    fn a_row_written_before_phases_were_measured_still_loads() {
+        let row = MigrateRow {
+            table: 1,
+            direction: "0 -> 0".into(),
+            function: "relocate".into(),
+            folio_size: 2 << 20,
+            channels: 1,
+            batch_pages: 8192,
+            pages_moved: 131072,
+            gbps: None,
+            first_folio_us: None,
+            total_ms: None,
+            speedup: None,
+            copy_limit_gbps: Some(9.0),
+            of_copy_limit: Some(0.5),
+            folio_copy_us: Some(200.0),
+            target_stall_us: None,
+            phases: Some(phases::PhasesMs {
+                copy_ms: 70.0,
+                ..Default::default()
+            }),
+            obtained: "2048K x256".into(),
+            note: None,
+        };
+        let mut v = serde_json::to_value(&row).unwrap();
+        assert_eq!(v["phases"]["copy_ms"], 70.0, "units in the field names");
+        v.as_object_mut().unwrap().remove("phases");
+        let old: MigrateRow = serde_json::from_value(v).unwrap();
+        assert!(old.phases.is_none());
+        assert_eq!(old.of_copy_limit, Some(0.5));
+    }
+
+    #[test]
     fn percentiles() {
         let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
         let l = Latency::of(&mut v).unwrap();
