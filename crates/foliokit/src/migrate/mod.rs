@@ -560,10 +560,13 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 ///   writes it before the exit call), so it waits; one alive at the second
 ///   look gets its page back. What is left is a thread that starts after
 ///   the first look and exits before the second, its last user-mode touch
-///   of its descriptor before the take-out and its exit after: on x86_64
-///   glibc, relocation finds such descriptors in the pages it took out
-///   (the TCB points to itself), clears a dead thread's `tid` word as the
-///   kernel would have and wakes its joiners once the page is back. On
+///   of its descriptor before the take-out and its exit after. Its task id
+///   was allocated between the first look and the end of the take-out:
+///   where an id allocated in the pid namespace meanwhile belongs to no
+///   task any more (or that cannot be told), on x86_64 glibc relocation
+///   searches the pages it took out for such descriptors (the TCB points
+///   to itself), clears a dead thread's `tid` word as the kernel would
+///   have and wakes its joiners once the page is back. On
 ///   other architectures or C libraries that window stays open: do not
 ///   relocate memory holding thread stacks there. A robust mutex in the
 ///   range is not supported (below).
