@@ -308,6 +308,9 @@ fn relocate_here(
             }
             at = stop;
         }
+        // A parking area matches its own mapping's protections and lock
+        // state: the next mapping's batches get areas of their own.
+        spare = None;
     }
     r.registered_batches = run.registered.get();
     // Every batch ended quiet (see `quiesce`), so no event is left unread
@@ -560,13 +563,18 @@ fn registered(
     let (node, folio) = (run.node, run.folio);
     let next = next.filter(|_| !prepare::on_node(b, node));
     out.phases.checks += since(&mut lap);
-    let mut steps = || out_copy_in(run, b, parking, dest, &layout, births, out);
-    let (first, ahead) = match next {
+    let mut steps = || {
+        let first = out_copy_in(run, b, parking, dest, &layout, births, out);
+        (first, Instant::now())
+    };
+    let ((first, done), ahead) = match next {
         Some((s, l, w)) => {
             crate::helpers::beside(steps, move || Prepared::ahead(s, l, w, node, folio, page))
         }
         None => (steps(), None),
     };
+    // Waiting for the helper to finish preparing: on this thread's time.
+    out.phases.prepare += done.elapsed();
     out.ahead = ahead.flatten();
     first
 }
