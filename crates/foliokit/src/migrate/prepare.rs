@@ -232,7 +232,50 @@ pub fn on_node(b: &PageLedger, node: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::missing;
+    use super::*;
+
+    /// Prepared ahead: a folio on the node for every page populated then,
+    /// none for the holes; what the batch later finds populated too is
+    /// added, nothing twice.
+    #[test]
+    fn ahead_allocates_for_the_populated_pages_only() {
+        let page = crate::batch::page_size();
+        let n = 64;
+        // SAFETY: a fresh private mapping of our own.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let a = p as usize;
+        // SAFETY: advice on our own mapping: base pages.
+        unsafe { libc::madvise(p, n * page, libc::MADV_NOHUGEPAGE) };
+        for i in [0usize, 1, 2, 40] {
+            // SAFETY: inside our mapping.
+            unsafe { ((a + i * page) as *mut u8).write_volatile(1) };
+        }
+        let v = super::super::vma::overlapping(a, n * page)
+            .unwrap()
+            .remove(0);
+        let node = crate::mem::system::numa_nodes()[0];
+        let mut r = Prepared::ahead(a, n * page, &v, node, page, page).expect("prepared");
+        assert!(r.fits(a, n * page) && !r.fits(a, page));
+        assert_eq!(r.filled(), 4);
+        let states = page_states(r.dest.base, n, page).unwrap();
+        let present: Vec<usize> = (0..n).filter(|&i| states[i] != PageState::Empty).collect();
+        assert_eq!(present, [0, 1, 2, 40]);
+        r.fill(&[(0, 4), (40, 2)], std::iter::empty(), page)
+            .unwrap();
+        assert_eq!(r.filled(), 6);
+        // SAFETY: our mapping, unused from here.
+        unsafe { libc::munmap(p, n * page) };
+    }
 
     #[test]
     fn only_what_is_missing_is_filled() {
