@@ -294,6 +294,52 @@ pub(crate) fn fan_out(extra: usize, job: &(dyn Fn() + Sync)) -> usize {
     joined
 }
 
+/// Runs `mine` on the calling thread while offering `spare` to one
+/// helper, which runs it if it takes the offer before `mine` returns;
+/// `spare` never runs on the calling thread. Returns `mine`'s result, and
+/// `spare`'s if it ran, once no helper runs it any more. For work worth
+/// doing beside the caller's but never in its way: relocation prepares
+/// the next batch's destination folios while a batch is out, and does it
+/// itself, later, where no helper was free.
+pub(crate) fn beside<A, B: Send>(
+    mine: impl FnOnce() -> A,
+    spare: impl FnOnce() -> B + Send,
+) -> (A, Option<B>) {
+    let spare = Mutex::new(Some(spare));
+    let out: Mutex<Option<B>> = Mutex::new(None);
+    let run = || {
+        let f = spare.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(f) = f {
+            let r = f();
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        }
+    };
+    // One helper besides this thread, which may be a helper itself.
+    let want = 1 + usize::from(worker::on_helper());
+    let Some(placement) = Placement::of_this_thread() else {
+        return (mine(), None);
+    };
+    let (q, helpers) = queue(want);
+    if helpers < want {
+        return (mine(), None);
+    }
+    // SAFETY: this function closes the offer and waits until no helper
+    // runs `run` before it returns, by return or unwind (`Closer` below).
+    let call = unsafe { Call::offer(&run, placement) };
+    // Refused if the helpers were released meanwhile: then nobody runs it.
+    q.push([call.clone()]);
+    let a = {
+        let _close = Closer(&call);
+        mine()
+    };
+    let panic = call.state().panic.take();
+    if let Some(p) = panic {
+        resume_unwind(p);
+    }
+    let b = out.lock().unwrap_or_else(|p| p.into_inner()).take();
+    (a, b)
+}
+
 /// Runs `job` once on a helper, never on the calling thread, and waits
 /// for it; `None` (and `job` not run) where no helper can be started or
 /// the one offered could not take on the caller's CPU affinity and memory
@@ -389,6 +435,40 @@ mod tests {
         .expect("a helper ran it");
         assert_ne!(outer, caller, "never on the calling thread");
         assert_eq!(inner, Some(outer), "nested: on the same helper");
+    }
+
+    #[test]
+    fn beside_runs_the_spare_only_off_the_caller() {
+        if start(2) < 2 {
+            eprintln!("SKIP: two helper threads could not be started here");
+            return;
+        }
+        let done = AtomicBool::new(false);
+        // The caller's part waits (boundedly) for the spare to start, so
+        // that a free helper takes it; from a helper too (nested).
+        let run = || {
+            let me = std::thread::current().id();
+            let (mine, spare) = beside(
+                || {
+                    let t = std::time::Instant::now();
+                    while !done.load(Ordering::SeqCst) && t.elapsed().as_secs() < 5 {
+                        std::thread::yield_now();
+                    }
+                    std::thread::current().id()
+                },
+                || {
+                    done.store(true, Ordering::SeqCst);
+                    std::thread::current().id()
+                },
+            );
+            assert_eq!(mine, me, "the caller's part runs on the caller");
+            if let Some(s) = spare {
+                assert_ne!(s, me, "the spare never runs on the caller");
+            }
+            done.store(false, Ordering::SeqCst);
+        };
+        run();
+        on_helper(run).expect("a helper ran it");
     }
 
     #[test]

@@ -78,6 +78,18 @@ pub const MAX_HELPERS: usize = 64;
 /// The rseq area is added exactly from `__rseq_offset`/`__rseq_size`.
 pub const THREAD_DESCRIPTOR_SPAN: usize = 4096;
 
+/// The most task ids allocated in the pid namespace while one relocation
+/// batch is out that relocation checks one by one for a thread that lived
+/// only while the batch was out (migrate/threads.rs, `Births`); beyond it
+/// it searches the parked pages for thread descriptors instead. Each
+/// costs a /proc lookup; a quiet machine allocates none per batch.
+pub const PID_WINDOW_MAX: u32 = 256;
+
+/// How many times relocation reads the state of a thread that is on a
+/// CPU (yielding in between) before it gives up telling whether that
+/// thread is creating another (migrate/threads.rs, `Births`).
+pub const THREAD_STATE_TRIES: usize = 20;
+
 /// How long relocation keeps asking for the robust list head of a thread
 /// that has none (a glibc thread sets it in its first instructions, once
 /// first scheduled; an exiting one drops it just before it goes) before

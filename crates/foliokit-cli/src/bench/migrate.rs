@@ -4,6 +4,7 @@
 use clap::Args;
 use foliokit::migrate::Path;
 use foliokit_lab::measure::Stats;
+use foliokit_lab::migrate::phases::PhasesMs;
 use foliokit_lab::migrate::{self, MigratePlan, MigrateRow};
 use std::time::Duration;
 
@@ -130,6 +131,13 @@ impl TableRow for MigrateRow {
             "target stall µs",
             "speedup",
             "% copy limit",
+            "prepare ms",
+            "checks ms",
+            "out ms",
+            "copy ms",
+            "in ms",
+            "finish ms",
+            "ahead ms",
             "obtained",
         ]
     }
@@ -140,7 +148,7 @@ impl TableRow for MigrateRow {
 
     fn cells(&self) -> Vec<String> {
         let dash = || "-".to_string();
-        vec![
+        let mut cells = vec![
             self.table.to_string(),
             self.direction.clone(),
             self.function.clone(),
@@ -158,8 +166,24 @@ impl TableRow for MigrateRow {
                 .map_or_else(dash, |l| format!("{:.0} / {:.0}", l.median, l.p99)),
             self.speedup.map_or_else(dash, |s| format!("{s:.2}x")),
             crate::report::pct(self.of_copy_limit),
+        ];
+        // Per run, summed over its batches (median over runs).
+        let phase = |f: fn(&PhasesMs) -> f64| {
+            self.phases
+                .as_ref()
+                .map_or_else(dash, |p| format!("{:.1}", f(p)))
+        };
+        cells.extend([
+            phase(|p| p.prepare_ms),
+            phase(|p| p.checks_ms),
+            phase(|p| p.out_ms),
+            phase(|p| p.copy_ms),
+            phase(|p| p.in_ms),
+            phase(|p| p.finish_ms),
+            phase(|p| p.ahead_ms),
             self.obtained.clone(),
-        ]
+        ]);
+        cells
     }
 }
 

@@ -13,6 +13,7 @@
 //! Table 4's mover is another process ([`mover`]).
 
 pub mod mover;
+pub mod phases;
 
 use foliokit::mem::system::{is_root, memory_only_nodes, numa_nodes};
 use foliokit::mem::Region;
@@ -199,6 +200,10 @@ pub struct MigrateRow {
     /// p99 over runs), timed by a thread in the target.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_stall_us: Option<Latency>,
+    /// Relocation: where a run's time went, per phase (absent in results
+    /// written before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<phases::PhasesMs>,
     /// Folios behind the source, from kpageflags (root), or the backing;
     /// with what the last run left where that differs.
     pub obtained: String,
@@ -221,6 +226,8 @@ struct Runs {
     backing_after: Option<String>,
     /// The copy limit probed before each run (GB/s).
     copy_limit: Vec<f64>,
+    /// Each run's phases, summed over its batches.
+    phases: Vec<foliokit::migrate::Phases>,
 }
 
 /// The copy limit of `src` and `scratch` on `channels` channels, probed
@@ -298,6 +305,7 @@ fn runs(
         unavailable: None,
         backing_after: None,
         copy_limit: Vec::new(),
+        phases: Vec::new(),
     };
     for l in 0..loops {
         if dir.from != dir.to {
@@ -325,6 +333,7 @@ fn runs(
         r.gbps.push(rep.gbps());
         r.first.extend(rep.batches.iter().map(|b| b.first_folio_us));
         r.total_ms.push(rep.secs * 1e3);
+        r.phases.push(phases::of_run(&rep));
         r.batch_pages
             .extend(rep.batches.iter().map(|b| b.pages as f64));
         r.moved.push(match rep.path {
@@ -405,6 +414,11 @@ fn row(
         copy_limit_gbps: limit,
         folio_copy_us,
         target_stall_us: None,
+        phases: if hide {
+            None
+        } else {
+            phases::median(&r.phases)
+        },
         obtained: match &r.backing_after {
             Some(after) if after != obtained => format!("{obtained}; after the runs: {after}"),
             _ => obtained.into(),
@@ -483,6 +497,7 @@ fn process_row(
         of_copy_limit: None,
         folio_copy_us: None,
         target_stall_us: Latency::of(&mut stall),
+        phases: None,
         obtained: obtained.into(),
         note: nothing.then(|| {
             if numa_nodes().len() > 1 {
@@ -826,6 +841,39 @@ mod tests {
         assert_eq!(clamp_batches(&[1, 4096], 512, 256), [256]);
         // Smallest first, whatever the order asked: table 2's base.
         assert_eq!(clamp_batches(&[4096, 512], 1, 8192), [512, 4096]);
+    }
+
+    #[test]
+    fn a_row_written_before_phases_were_measured_still_loads() {
+        let row = MigrateRow {
+            table: 1,
+            direction: "0 -> 0".into(),
+            function: "relocate".into(),
+            folio_size: 2 << 20,
+            channels: 1,
+            batch_pages: 8192,
+            pages_moved: 131072,
+            gbps: None,
+            first_folio_us: None,
+            total_ms: None,
+            speedup: None,
+            copy_limit_gbps: Some(9.0),
+            of_copy_limit: Some(0.5),
+            folio_copy_us: Some(200.0),
+            target_stall_us: None,
+            phases: Some(phases::PhasesMs {
+                copy_ms: 70.0,
+                ..Default::default()
+            }),
+            obtained: "2048K x256".into(),
+            note: None,
+        };
+        let mut v = serde_json::to_value(&row).unwrap();
+        assert_eq!(v["phases"]["copy_ms"], 70.0, "units in the field names");
+        v.as_object_mut().unwrap().remove("phases");
+        let old: MigrateRow = serde_json::from_value(v).unwrap();
+        assert!(old.phases.is_none());
+        assert_eq!(old.of_copy_limit, Some(0.5));
     }
 
     #[test]

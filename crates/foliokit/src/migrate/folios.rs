@@ -11,7 +11,10 @@
 //! come out as base pages. The kernel path keeps them whole.
 //!
 //! The folio a page belongs to is read from `/proc/self/pagemap` (the PFN)
-//! and `/proc/kpageflags` (COMPOUND_HEAD/TAIL), which need CAP_SYS_ADMIN.
+//! and `/proc/kpageflags` (COMPOUND_HEAD/TAIL), which need CAP_SYS_ADMIN;
+//! pages mapped by a PMD are told apart first with one `PAGEMAP_SCAN`
+//! (Linux 6.7+): a PMD maps exactly one PMD-sized folio, so their flags
+//! (512 words per THP) need not be read.
 //! Where they cannot be read, [`mthp_possible`] tells whether a fault in
 //! the mapping could have allocated an mTHP at all; relocation then
 //! refuses (and `Auto` takes the kernel path).
@@ -21,6 +24,7 @@ use std::os::unix::fs::FileExt;
 
 use super::vma::Vma;
 use crate::mem::system::{read_mthp, THP_DIR};
+use crate::sys::pagemap;
 
 const PM_PRESENT: u64 = 1 << 63;
 const PM_PFN_MASK: u64 = (1 << 55) - 1;
@@ -54,7 +58,7 @@ pub fn judge(start: usize, n: usize, page: usize) -> Option<Vec<Fol>> {
     pagemap
         .read_exact_at(&mut raw, (start / page * 8) as u64)
         .ok()?;
-    let pfns: Vec<Option<u64>> = raw
+    let mut pfns: Vec<Option<u64>> = raw
         .chunks_exact(8)
         .map(|e| {
             let v = u64::from_ne_bytes(e.try_into().unwrap_or_default());
@@ -63,6 +67,27 @@ pub fn judge(start: usize, n: usize, page: usize) -> Option<Vec<Fol>> {
         .collect();
     if pfns.iter().flatten().any(|&p| p == 0) {
         return None; // PFNs hidden from this process
+    }
+    let mut out = vec![Fol::Small; n];
+    // PMD-mapped pages: judged by their PMD alone, no flags read.
+    let end = start + n * page;
+    let pmds = pagemap::pmd_mapped(start, n * page)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    for (s, e) in pmds {
+        let mut block = s / PMD * PMD;
+        while block < e {
+            let (from, to) = (block.max(start), (block + PMD).min(end));
+            let (i, j) = ((from - start) / page, (to - start) / page);
+            if block >= start && block + PMD <= end {
+                out[i] = Fol::PmdHead;
+            } else {
+                out[i..j].iter_mut().for_each(|l| *l = Fol::Leave);
+            }
+            pfns[i..j].iter_mut().for_each(|p| *p = None);
+            block += PMD;
+        }
     }
     let flags = page_flags(&kflags, &pfns)?;
     let flag_of = |pfn: u64| -> u64 {
@@ -73,7 +98,6 @@ pub fn judge(start: usize, n: usize, page: usize) -> Option<Vec<Fol>> {
         }
     };
     let compound = KPF_COMPOUND_HEAD | KPF_COMPOUND_TAIL;
-    let mut out = vec![Fol::Small; n];
     let mut i = 0;
     while i < n {
         let (Some(pfn), f) = (pfns[i], flags[i]) else {

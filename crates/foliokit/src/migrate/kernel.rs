@@ -63,6 +63,7 @@ fn worker(
             pages: n,
             first_folio_us: lat.as_secs_f64() * 1e6,
             total_us: lat.as_secs_f64() * 1e6,
+            phases: super::Phases::default(),
         });
         if let Some(c) = ctl.as_mut() {
             c.observe(lat);

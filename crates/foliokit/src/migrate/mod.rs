@@ -17,6 +17,7 @@
 
 mod folios;
 mod kernel;
+mod prepare;
 pub mod process;
 mod relocate;
 mod stage;
@@ -317,6 +318,44 @@ pub struct BatchStat {
     pub first_folio_us: f64,
     /// Microseconds for the whole batch.
     pub total_us: f64,
+    /// Relocation: where the batch's time went (zero on the kernel path).
+    pub phases: Phases,
+}
+
+/// Where one relocation batch's time went, phase by phase, on the thread
+/// that runs the batch: the phases add up to the batch's time on that
+/// thread, with nothing counted twice. Work done ahead on a helper while
+/// the previous batch ran (its destination folios) is in `prepared_ahead`,
+/// outside the sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Phases {
+    /// Reading which pages are populated and which folios they belong to,
+    /// mapping the staging areas, and whatever of the destination folios
+    /// was not prepared ahead (before any page is registered).
+    pub prepare: Duration,
+    /// Registering the batch, reading pagemap and folios again and the
+    /// two looks at the threads (with any repair of a lost exit).
+    pub checks: Duration,
+    /// Moving the pages out into the parking area.
+    pub out: Duration,
+    /// Copying them into the destination folios (the copy channels).
+    pub copy: Duration,
+    /// Moving the destination folios in.
+    pub install: Duration,
+    /// Unregistering, waiting until no event is in flight, waking and
+    /// unmapping the staging areas (freeing the old pages).
+    pub finish: Duration,
+    /// Preparing this batch's destination folios ahead, on a helper while
+    /// the previous batch ran (not on the batch's own time).
+    pub prepared_ahead: Duration,
+}
+
+impl Phases {
+    /// The phases on the batch's own thread, added up.
+    pub fn sum(&self) -> Duration {
+        self.prepare + self.checks + self.out + self.copy + self.install + self.finish
+    }
 }
 
 /// What a migration did.
@@ -503,10 +542,13 @@ fn validate(addr: usize, len: usize, node: u32, o: &MigrateOptions) -> Result<()
 ///   writes it before the exit call), so it waits; one alive at the second
 ///   look gets its page back. What is left is a thread that starts after
 ///   the first look and exits before the second, its last user-mode touch
-///   of its descriptor before the take-out and its exit after: on x86_64
-///   glibc, relocation finds such descriptors in the pages it took out
-///   (the TCB points to itself), clears a dead thread's `tid` word as the
-///   kernel would have and wakes its joiners once the page is back. On
+///   of its descriptor before the take-out and its exit after. Its task id
+///   was allocated between the first look and the end of the take-out:
+///   where an id allocated in the pid namespace meanwhile belongs to no
+///   task any more (or that cannot be told), on x86_64 glibc relocation
+///   searches the pages it took out for such descriptors (the TCB points
+///   to itself), clears a dead thread's `tid` word as the kernel would
+///   have and wakes its joiners once the page is back. On
 ///   other architectures or C libraries that window stays open: do not
 ///   relocate memory holding thread stacks there. A robust mutex in the
 ///   range is not supported (below).

@@ -8,27 +8,43 @@
 //! 1. read pagemap: which pages are populated (holes stay holes), and
 //!    kpageflags: which belong to large folios a move would split
 //!    (`folios.rs`; those stay in place, whole, for `move_pages`);
-//! 2. map the staging areas and allocate destination folios on the target
-//!    node for the populated pages (threads are not held up yet);
+//! 2. map the parking area, and find destination folios on the target
+//!    node for the populated pages (threads are not held up yet): the
+//!    last batch's old folios where they are on that node already (its
+//!    parking area, kept), else an area a helper prepared while the last
+//!    batch was out, and allocate whatever is still missing
+//!    (`prepare.rs`);
 //! 3. register the batch with our userfaultfd in missing mode (the
 //!    parking area in write-protect mode: see below), with the
 //!    REMOVE, UNMAP, REMAP and FORK events;
 //! 4. read pagemap and kpageflags again (from here the populated set can
 //!    only shrink), and look up every thread's descriptor (`threads.rs`):
-//!    those pages stay in place;
+//!    those pages stay in place; from here to the end of step 5 a helper
+//!    may prepare the next batch's destination, unless this batch's old
+//!    folios will be it;
 //! 5. `UFFDIO_MOVE` the populated pages out into the parking area (a
 //!    PMD folio as one unit; one the kernel refuses stays whole); a
 //!    thread touching one now finds an empty entry and waits on the
 //!    userfaultfd, kernel-mode accesses included (the descriptor is not
 //!    user-mode-only); then look at the threads again and put back any descriptor page of a
 //!    thread that started meanwhile; clear the `tid` word of a thread that
-//!    exited meanwhile in the parked copy (its wake follows step 7);
+//!    exited meanwhile in the parked copy (its wake follows step 7): the
+//!    parked pages are searched for its descriptor only where a task id
+//!    allocated since the first look is gone (`threads::Births`);
 //! 6. copy parking → destination through the copy channels;
 //! 7. `UFFDIO_MOVE` the destination folios in (this wakes their waiters);
-//! 8. unregister, which wakes everyone left, and unmap the staging areas.
+//! 8. unregister, which wakes everyone left, and unmap the destination
+//!    area; the parking area is kept, unregistered, for the next batch if
+//!    every page it took is back or dropped.
 //!
 //! Why no write is lost, resurrected or exposed:
 //!
+//! - A destination folio is installed only at a page that was taken out
+//!   (step 5) and copied over whole (step 6): a recycled old folio, or a
+//!   fresh one allocated for a page that then stayed in place or went
+//!   empty, is never installed and goes with its area, so nothing of what
+//!   it held shows. Preparing ahead touches only our own staging areas and
+//!   pagemap; what it got wrong (stale) step 2 allocates, or frees unused.
 //! - The mapping is never replaced: only its pages move, so protections,
 //!   VmFlags and advice, lock state and memory policy are untouched.
 //! - A store before step 5 lands in the old page, which is then moved and
@@ -71,16 +87,17 @@
 //!   with `UFFDIO_COPY`, which installs into any mapping registered with us.
 
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::folios::{self, Fol};
+use super::prepare::{self, Prepared};
 use super::stage::{self as staging, Probe, Stage};
 use super::threads;
 use super::track::{PageLedger, State};
 use super::vma::{self, Vma};
 use super::{
     kernel, sys, BatchController, BatchStat, MigrateError, MigrateOptions, MigratePath,
-    MigrateReport, Refusal,
+    MigrateReport, Phases, Refusal,
 };
 use crate::batch::page_size;
 use crate::channels::{ChannelPool, Policy};
@@ -144,6 +161,11 @@ struct Outcome {
     whole_left: usize,
     /// Of `left`, pages holding a live thread's exit-time words.
     thread_left: usize,
+    phases: Phases,
+    /// The next batch's destination, prepared while this one was out.
+    ahead: Option<Prepared>,
+    /// This batch's parking area, its pages garbage now.
+    spare: Option<Stage<'static>>,
 }
 
 /// Why a batch could not start.
@@ -218,6 +240,8 @@ fn relocate_here(
     let mut leftovers: Vec<usize> = Vec::new();
     let mut stopped: Option<String> = None;
     let mut touched = false;
+    let mut ready: Option<Prepared> = None;
+    let mut spare: Option<Stage<'static>> = None;
     let t0 = Instant::now();
     for v in &vmas {
         let end = v.end.min(addr + len);
@@ -226,17 +250,21 @@ fn relocate_here(
             let want = ctl
                 .as_ref()
                 .map_or(o.batch_pages, BatchController::pages)
-                .saturating_mul(page)
-                .min(end - at);
-            // Batches end on folio boundaries so THPs move whole (`end` is
-            // below the top of the address space, so this cannot wrap).
-            let stop = (at + want.max(page)).next_multiple_of(folio).min(end);
+                .saturating_mul(page);
+            let stop = batch_end(at, end, want, page, folio);
             if stopped.is_some() {
                 leftovers.extend(populated(at, stop - at, page)?);
                 at = stop;
                 continue;
             }
-            let out = match batch(&run, at, stop - at, v) {
+            // The next batch as it would be cut now (a latency budget may
+            // cut it otherwise: then what was prepared is not used).
+            let next = vmas.iter().find_map(|w| {
+                let end = w.end.min(addr + len);
+                let at = w.start.max(addr).max(stop);
+                (at < end).then(|| (at, batch_end(at, end, want, page, folio) - at, w))
+            });
+            let out = match batch(&run, at, stop - at, v, ready.take(), spare.take(), next) {
                 Ok(out) => out,
                 Err(Start::Refused(why)) if !touched => {
                     return Err(MigrateError::Refused { addr: at, why })
@@ -261,6 +289,8 @@ fn relocate_here(
                 c.observe(std::time::Duration::from_secs_f64(s.first_folio_us / 1e6));
             }
             r.batches.extend(out.stat);
+            ready = out.ahead;
+            spare = out.spare;
             r.pool_secs += out.pool_secs;
             r.pages_to_move += out.populated;
             r.relocated_pages += out.relocated;
@@ -278,6 +308,9 @@ fn relocate_here(
             }
             at = stop;
         }
+        // A parking area matches its own mapping's protections and lock
+        // state: the next mapping's batches get areas of their own.
+        spare = None;
     }
     r.registered_batches = run.registered.get();
     // Every batch ended quiet (see `quiesce`), so no event is left unread
@@ -310,6 +343,15 @@ fn relocate_here(
     Ok(r)
 }
 
+/// Where the batch starting at `at` ends, asked for `want` bytes, in a
+/// mapping ending at `end`: on a folio boundary, so THPs move whole (`end`
+/// is below the top of the address space, so this cannot wrap).
+fn batch_end(at: usize, end: usize, want: usize, page: usize, folio: usize) -> usize {
+    (at + want.min(end - at).max(page))
+        .next_multiple_of(folio)
+        .min(end)
+}
+
 /// Addresses of the populated (present or swapped) pages of a range.
 fn populated(at: usize, len: usize, page: usize) -> Result<Vec<usize>, MigrateError> {
     let states = page_states(at, len / page, page).map_err(sys("read /proc/self/pagemap"))?;
@@ -321,8 +363,21 @@ fn populated(at: usize, len: usize, page: usize) -> Result<Vec<usize>, MigrateEr
         .collect())
 }
 
-/// Relocates one batch `[start, start + len)` of mapping `v`.
-fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start> {
+/// Relocates one batch `[start, start + len)` of mapping `v`, with its
+/// destination `ready` where it was prepared ahead, or recycled from the
+/// last batch's parking area (`spare`); prepares the `next` batch's
+/// meanwhile where a helper is free and this batch's old folios will not
+/// do.
+fn batch(
+    run: &Run,
+    start: usize,
+    len: usize,
+    v: &Vma,
+    ready: Option<Prepared>,
+    spare: Option<Stage<'static>>,
+    next: Option<(usize, usize, &Vma)>,
+) -> Result<Outcome, Start> {
+    let t0 = Instant::now();
     let page = run.page;
     let n = len / page;
     let stop = |what: &str, e: io::Error| Start::Stop(format!("{what}: {e}"));
@@ -340,19 +395,38 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         });
     }
     let tp = Instant::now();
-    let dest = Stage::dest(start, len, v, run.node, run.folio).map_err(|e| {
-        if v.has("lo") {
-            Start::Refused(Refusal::Mlock(e))
-        } else {
-            stop("destination area", e)
+    let ready = ready.filter(|r| r.fits(start, len));
+    let ready_took = ready.as_ref().map_or(Duration::ZERO, |r| r.took);
+    // The last batch's old folios first: those on the target node need no
+    // allocating (and no zeroing) at all.
+    let recycled =
+        spare.and_then(|a| Prepared::recycled(a, start, len, v, (run.node, run.folio, page)));
+    // Whichever holds more of the folios the batch needs.
+    let (ready, prepared_ahead) = match (recycled, ready) {
+        (Some(r), Some(a)) if a.filled() > r.filled() => (Some(a), ready_took),
+        (Some(r), _) => (Some(r), Duration::ZERO),
+        (None, a) => (a, ready_took),
+    };
+    let mut dest = match ready {
+        Some(r) => r,
+        None => {
+            let d = Stage::dest(start, len, v, run.node, run.folio).map_err(|e| {
+                if v.has("lo") {
+                    Start::Refused(Refusal::Mlock(e))
+                } else {
+                    stop("destination area", e)
+                }
+            })?;
+            Prepared::now(start, len, d, page)
         }
-    })?;
-    for (i, k) in pb.runs(State::Untouched) {
-        dest.populate(i, k, page)
-            .map_err(|e| stop("allocating on the target node", e))?;
-    }
+    };
+    let heads = (0..n).filter(|&i| pb.whole[i] && pb.state[i] == State::Untouched);
+    dest.fill(&pb.runs(State::Untouched), heads, page)
+        .map_err(|e| stop("allocating on the target node", e))?;
     let parking = Stage::parking(start, len, v, run.uffd).map_err(|e| stop("parking area", e))?;
     let pool_secs = tp.elapsed().as_secs_f64();
+    let prepare = t0.elapsed();
+    let tg = Instant::now();
 
     // From here threads touching an empty entry of the batch wait, and
     // glibc forks wait for the batch to end (see `uffd/gate.rs`).
@@ -372,9 +446,19 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
     let mut b = PageLedger::new(start, page, &vec![PageState::Empty; n]);
     let mut out = Outcome {
         pool_secs,
+        phases: Phases {
+            prepare,
+            // Waiting for forks in flight, and registering.
+            checks: tg.elapsed(),
+            prepared_ahead,
+            ..Phases::default()
+        },
         ..Outcome::default()
     };
-    let res = registered(run, &mut b, &pre, &parking, &dest, ioctls, v, &mut out);
+    let res = registered(
+        run, &mut b, &pre, &parking, &dest.dest, ioctls, v, next, &mut out,
+    );
+    let tf = Instant::now();
     // Whatever happened: read what is left, unregister, and make sure no
     // event is still in flight when the batch ends.
     quiesce(run, &mut b, &parking, &mut out);
@@ -390,8 +474,15 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         .collect();
     threads::wake(&installed);
     let total = tb.elapsed();
-    drop(parking);
+    // Once every page is back or dropped, what is left in the parking area
+    // is garbage: the next batch's destination, where it fits.
+    if res.is_ok() && !b.state.contains(&State::Out) {
+        out.spare = Some(parking.keep());
+    } else {
+        drop(parking);
+    }
     drop(dest);
+    out.phases.finish = tf.elapsed();
     let first_in = res?;
     out.populated = b.state.iter().filter(|&&s| s != State::Empty).count();
     out.relocated = b.count(State::In);
@@ -407,6 +498,7 @@ fn batch(run: &Run, start: usize, len: usize, v: &Vma) -> Result<Outcome, Start>
         // first install: the take-out and the copy are part of the wait.
         first_folio_us: first_in.map_or(total, |t| t - tb).as_secs_f64() * 1e6,
         total_us: total.as_secs_f64() * 1e6,
+        phases: out.phases,
     });
     Ok(out)
 }
@@ -422,8 +514,10 @@ fn registered(
     dest: &Stage,
     ioctls: u64,
     v: &Vma,
+    next: Option<(usize, usize, &Vma)>,
     out: &mut Outcome,
 ) -> Result<Option<Instant>, Start> {
+    let mut lap = Instant::now();
     let page = run.page;
     let start = b.addr[0];
     *b = PageLedger::new(
@@ -446,6 +540,7 @@ fn registered(
     // exit-time words is never taken (see `threads.rs`).
     let unknown = |u: threads::Unknown| Start::Refused(Refusal::UnknownThread { tid: u.tid });
     let layout = run.layout.map_err(unknown)?;
+    let births = threads::Births::open();
     let areas = threads::exit_areas(&layout, page).map_err(unknown)?;
     for i in 0..b.len() {
         if b.state[i] == State::Untouched && threads::inside(&areas, b.addr[i]) {
@@ -454,13 +549,52 @@ fn registered(
         }
     }
     out.whole_left += b.keep_units_whole();
+    // While the batch is out, a helper prepares the next one's
+    // destination (nothing of the application's is touched there), unless
+    // this batch's old folios, on the target node already, will be it.
+    let (node, folio) = (run.node, run.folio);
+    let next = next.filter(|_| !prepare::on_node(b, node));
+    out.phases.checks += since(&mut lap);
+    let mut steps = || {
+        let first = out_copy_in(run, b, parking, dest, &layout, births, out);
+        (first, Instant::now())
+    };
+    let ((first, done), ahead) = match next {
+        Some((s, l, w)) => {
+            crate::helpers::beside(steps, move || Prepared::ahead(s, l, w, node, folio, page))
+        }
+        None => (steps(), None),
+    };
+    // Waiting for the helper to finish preparing: on this thread's time.
+    out.phases.prepare += done.elapsed();
+    out.ahead = ahead.flatten();
+    first
+}
+
+/// Steps 5 to 7: takes the batch out, looks at the threads again, copies
+/// and installs. Returns the moment the first pages were usable again.
+fn out_copy_in(
+    run: &Run,
+    b: &mut PageLedger,
+    parking: &Stage,
+    dest: &Stage,
+    layout: &threads::Layout,
+    mut births: threads::Births,
+    out: &mut Outcome,
+) -> Result<Option<Instant>, Start> {
+    let mut lap = Instant::now();
+    let page = run.page;
+    let start = b.addr[0];
     // An error means nothing was taken: the memory is as it was.
-    take_out(run, b, parking, out).map_err(Start::Refused)?;
+    let taken = take_out(run, b, parking, out).map_err(Start::Refused);
+    births.seal();
+    out.phases.out += since(&mut lap);
+    taken?;
     // Second look, now that the pages are out: a thread that started
     // meanwhile and has its descriptor in a page we took gets that page
     // back before anything is copied. (One that also exited meanwhile is
     // found below; the ordering argument is in `migrate`'s contract.)
-    match threads::exit_areas(&layout, page) {
+    match threads::exit_areas(layout, page) {
         Ok(areas) => {
             let back = put_back(run, b, parking, out, |b, i| {
                 threads::inside(&areas, b.addr[i])
@@ -478,19 +612,28 @@ fn registered(
     // A thread that started after the first look and exited before the
     // second, with its descriptor taken out in between, lost the
     // kernel's clear of its `tid` word: redo it in the parked copy, and
-    // wake its joiners once the page is back.
-    let parked: Vec<(usize, usize)> = (0..b.len())
-        .filter(|&i| b.state[i] == State::Out)
-        .map(|i| (b.addr[i], parking.base + i * page))
-        .collect();
-    let lost = threads::repair_lost_exits(&layout, &parked, page);
+    // wake its joiners once the page is back. Only where such a thread
+    // can have lived (see `threads::Births`) are the parked pages
+    // searched for its descriptor.
+    let lost = if births.may_have_lost() {
+        let parked: Vec<(usize, usize)> = (0..b.len())
+            .filter(|&i| b.state[i] == State::Out)
+            .map(|i| (b.addr[i], parking.base + i * page))
+            .collect();
+        threads::repair_lost_exits(layout, &parked, page)
+    } else {
+        threads::Repaired::default()
+    };
+    out.phases.checks += since(&mut lap);
     if let Err(e) = copy_in_stage(run, b, parking, dest, start) {
         // Cannot happen (pieces are never empty, lists never differ); if it
         // did, the parked pages go back unchanged rather than uncopied.
         out.notes.push(format!("copy failed ({e}); pages put back"));
         restore(run, b, parking, out);
     }
+    out.phases.copy += since(&mut lap);
     let first = install(run, b, parking, dest, out);
+    out.phases.install += since(&mut lap);
     // Woken after the batch is unregistered (see `batch`), so a shared
     // wake never faults on a page of ours that is not back.
     out.wake = lost.wake;
@@ -501,6 +644,14 @@ fn registered(
         ));
     }
     Ok(first)
+}
+
+/// The time since `*lap`, which moves to now.
+fn since(lap: &mut Instant) -> Duration {
+    let now = Instant::now();
+    let d = now - *lap;
+    *lap = now;
+    d
 }
 
 /// How many rounds [`quiesce`] waits for in-flight events before it gives

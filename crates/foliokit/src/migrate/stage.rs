@@ -126,15 +126,57 @@ impl<'u> Stage<'u> {
         folio: usize,
     ) -> io::Result<Stage<'u>> {
         let s = Self::map(like, len, v)?;
-        numa::mbind(s.base, len, node)
+        s.bind(v, node, folio)?;
+        Ok(s)
+    }
+
+    /// Binds new pages of the area to `node`, with THP where the
+    /// application's mapping would have THP and `folio` asks for it.
+    pub fn bind(&self, v: &Vma, node: u32, folio: usize) -> io::Result<()> {
+        numa::mbind(self.base, self.len, node)
             .map_err(|e| io::Error::new(e.kind(), format!("mbind: {e}")))?;
         let (advice, what) = if folio >= PMD && thp_allowed(v) {
             (libc::MADV_HUGEPAGE, "madvise(HUGEPAGE)")
         } else {
             (libc::MADV_NOHUGEPAGE, "madvise(NOHUGEPAGE)")
         };
-        s.advise(advice, what)?;
-        Ok(s)
+        self.advise(advice, what)
+    }
+
+    /// A parking area whose batch is over, kept for the next batch's
+    /// destination: unregistered (nothing can wait on it any more), its
+    /// old pages left where they are.
+    pub fn keep(mut self) -> Stage<'static> {
+        if let Some(u) = self.uffd.take() {
+            let _ = u.unregister(self.base, self.len);
+        }
+        let kept = Stage {
+            map: self.map,
+            map_len: self.map_len,
+            base: self.base,
+            len: self.len,
+            uffd: None,
+        };
+        // The mapping now belongs to `kept`.
+        std::mem::forget(self);
+        kept
+    }
+
+    /// Whether the area can stage the batch `[like, like + len)`: as long,
+    /// at the same offset within a PMD.
+    pub fn fits(&self, like: usize, len: usize) -> bool {
+        self.len == len && self.base % PMD == like % PMD
+    }
+
+    /// Frees pages `first .. first + pages` of the area.
+    pub fn zap(&self, first: usize, pages: usize, page: usize) -> io::Result<()> {
+        let at = self.base + first * page;
+        // SAFETY: inside our own mapping, unregistered; its bytes are ours.
+        if unsafe { libc::madvise(at as *mut libc::c_void, pages * page, libc::MADV_DONTNEED) } != 0
+        {
+            return Err(last_err("madvise(DONTNEED) staging area"));
+        }
+        Ok(())
     }
 
     /// Allocates pages `first .. first + pages` (write faults, so on the

@@ -24,7 +24,7 @@
 
 use std::io;
 
-use crate::params::{THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_WAIT};
+use crate::params::{PID_WINDOW_MAX, THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_WAIT, THREAD_STATE_TRIES};
 
 /// A thread whose exit-time words cannot be located.
 #[derive(Debug, Clone, Copy)]
@@ -309,6 +309,125 @@ pub fn wake(words: &[usize]) {
     }
 }
 
+/// The window in which a thread of this process can be born and die
+/// unseen: from just before the first look at the threads to the end of
+/// the take-out.
+///
+/// [`repair_lost_exits`] is only needed for a thread that starts after
+/// the first look, touches its descriptor for the last time before the
+/// page is taken and exits before the second look. Its id was allocated
+/// before it ran, so before the take-out ended: after [`Births::open`]
+/// read the pid namespace's last allocated id, and no later than
+/// [`Births::seal`] reads it again. Every id in between is then checked
+/// ([`Births::may_have_lost`], after the second look): a live task with
+/// one is another process's, or a thread of ours alive at the second
+/// look, which put its pages back. Only an id whose task is gone can have
+/// been a thread that died unseen: then the parked pages are searched.
+/// A few stat calls per id allocated meanwhile, instead of a read of
+/// every parked byte.
+///
+/// A `clone` in flight when the window opens allocated its child's id
+/// before it, while the child joins the thread list (where the first look
+/// finds threads) only at the end of the call. So the window opens only
+/// when no other thread of this process is inside `clone`, `clone3`,
+/// `fork` or `vfork` at some instant after the id is read
+/// (`/proc/self/task/*/syscall`; a thread that stays on a CPU cannot be
+/// told, and leaves the window unknown). Ids come from the namespace's cyclic allocator: a
+/// window that wrapped, or saw more than `PID_WINDOW_MAX` ids, is unknown
+/// too. Assumed: nothing rewinds `ns_last_pid` (checkpoint and restore
+/// tools) while a batch is out.
+#[derive(Debug, Clone, Copy)]
+pub struct Births {
+    /// The namespace's last id when the window opened; `None`: unknown.
+    open: Option<u32>,
+    /// And when it was sealed.
+    sealed: Option<u32>,
+}
+
+fn last_pid() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether thread `tid` of this process may be inside a call that
+/// creates a task (or is on a CPU, where the kernel cannot say, after a
+/// few yields to let it settle: a helper that just finished its part of
+/// the last batch is about to sleep).
+fn maybe_cloning(tid: i32) -> bool {
+    for _ in 0..THREAD_STATE_TRIES {
+        let Ok(s) = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) else {
+            // Gone meanwhile: it creates nothing more. Unreadable: unknown.
+            return std::path::Path::new(&format!("/proc/self/task/{tid}")).exists();
+        };
+        // "running", or a number and the call's arguments.
+        match s.split_whitespace().next().map(str::parse::<libc::c_long>) {
+            Some(Ok(nr)) => {
+                return [
+                    libc::SYS_clone,
+                    libc::SYS_clone3,
+                    #[cfg(target_arch = "x86_64")]
+                    libc::SYS_fork,
+                    #[cfg(target_arch = "x86_64")]
+                    libc::SYS_vfork,
+                ]
+                .contains(&nr)
+            }
+            _ => std::thread::yield_now(),
+        }
+    }
+    true
+}
+
+/// Whether no live task has id `t` now (a zombie process still has one;
+/// `/proc/<id>` finds threads too).
+fn gone(t: u32) -> bool {
+    !std::path::Path::new(&format!("/proc/{t}")).exists()
+}
+
+impl Births {
+    /// Opens the window; call it before the first look.
+    pub fn open() -> Births {
+        let unknown = Births {
+            open: None,
+            sealed: None,
+        };
+        let Some(last) = last_pid() else {
+            return unknown;
+        };
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let quiet = tids().is_ok_and(|ts| ts.iter().all(|&t| t == me || !maybe_cloning(t)));
+        Births {
+            open: quiet.then_some(last),
+            ..unknown
+        }
+    }
+
+    /// Closes the window; call it once the batch's pages are out.
+    pub fn seal(&mut self) {
+        self.sealed = self.open.and(last_pid());
+    }
+
+    /// Whether a thread of this process may have started after
+    /// [`open`](Births::open), had its descriptor taken out, and exited
+    /// before now; call it after the second look.
+    pub fn may_have_lost(&self) -> bool {
+        match (self.open, self.sealed) {
+            (Some(a), Some(b)) => window_unclear(a, b, gone),
+            _ => true,
+        }
+    }
+}
+
+/// Whether the ids allocated after `a` up to `b` may include a thread
+/// that died unseen (`gone` tells whether an id's task is gone now).
+fn window_unclear(a: u32, b: u32, gone: impl Fn(u32) -> bool) -> bool {
+    b < a || b - a > PID_WINDOW_MAX || (a + 1..=b).any(gone)
+}
+
 /// The threads of this process now.
 fn tids() -> io::Result<Vec<i32>> {
     Ok(std::fs::read_dir("/proc/self/task")?
@@ -323,12 +442,13 @@ pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, U
     let tids = tids().map_err(|_| Unknown { tid: 0 })?;
     let mut out = Vec::with_capacity(tids.len());
     for tid in tids {
+        let mut head = robust_head(tid);
         // A zombie (a main thread that called pthread_exit) keeps its
-        // task with no robust list: it will write nothing more.
-        if zombie(tid) {
+        // task with no robust list (the kernel drops it at exit): it will
+        // write nothing more.
+        if head == Some(0) && zombie(tid) {
             continue;
         }
-        let mut head = robust_head(tid);
         // A glibc thread sets its head in its first instructions, once it
         // is first scheduled, which on a busy machine can take a while; an
         // exiting one drops its head (futex_exit_release) just before it
@@ -401,6 +521,41 @@ mod tests {
             areas.len()
         });
         assert!(t.join().unwrap() >= 2, "this thread and the spawned one");
+    }
+}
+
+#[cfg(test)]
+mod births_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_window_without_gone_ids_is_clear() {
+        let none_gone = |_| false;
+        assert!(!window_unclear(100, 100, none_gone), "no id allocated");
+        assert!(!window_unclear(100, 140, none_gone), "all alive");
+        assert!(window_unclear(100, 140, |t| t == 140), "one gone");
+        assert!(window_unclear(100, 101, |t| t == 101));
+        assert!(!window_unclear(100, 101, |t| t == 100), "before the window");
+        assert!(window_unclear(40_000, 300, none_gone), "wrapped");
+        assert!(window_unclear(100, 100 + PID_WINDOW_MAX + 1, none_gone));
+        assert!(!window_unclear(100, 100 + PID_WINDOW_MAX, none_gone));
+    }
+
+    #[test]
+    fn a_thread_born_and_dead_inside_the_window_is_never_missed() {
+        let mut b = Births::open();
+        if b.open.is_none() {
+            // Another test's thread on a CPU, or no ns_last_pid here: the
+            // window is unknown, which is the safe answer.
+            assert!(b.may_have_lost());
+            eprintln!(
+                "SKIP: the window could not be opened here (a thread on a CPU, or no ns_last_pid)"
+            );
+            return;
+        }
+        std::thread::spawn(|| {}).join().unwrap();
+        b.seal();
+        assert!(b.may_have_lost(), "a thread lived and died inside it");
     }
 }
 

@@ -49,6 +49,7 @@ pub fn page_states(addr: usize, pages: usize, page: usize) -> io::Result<Vec<Pag
 const PAGEMAP_SCAN: u64 = 0xC060_6610;
 const PAGE_IS_PRESENT: u64 = 1 << 3;
 const PAGE_IS_SWAPPED: u64 = 1 << 4;
+const PAGE_IS_HUGE: u64 = 1 << 6;
 
 /// `struct pm_scan_arg` (uapi/linux/fs.h).
 #[repr(C)]
@@ -84,6 +85,24 @@ struct PageRegion {
 /// them: it skips empty page tables whole, where a query per page costs
 /// the same for a hole. `None` where the kernel cannot say (before 6.7).
 pub fn populated(addr: usize, len: usize) -> io::Result<Option<Vec<(usize, usize)>>> {
+    scan(addr, len, 0, PAGE_IS_PRESENT | PAGE_IS_SWAPPED)
+}
+
+/// The extents of `[addr, addr + len)` mapped by present PMDs (a THP
+/// mapped whole, or a PMD-sized hugetlb page), clipped to the range, in
+/// order. `None` where the kernel cannot say (before 6.7).
+pub fn pmd_mapped(addr: usize, len: usize) -> io::Result<Option<Vec<(usize, usize)>>> {
+    scan(addr, len, PAGE_IS_HUGE | PAGE_IS_PRESENT, 0)
+}
+
+/// `PAGEMAP_SCAN` over `[addr, addr + len)`: the extents whose pages have
+/// every category of `all_of` and, unless it is 0, one of `any_of`.
+fn scan(
+    addr: usize,
+    len: usize,
+    all_of: u64,
+    any_of: u64,
+) -> io::Result<Option<Vec<(usize, usize)>>> {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open("/proc/self/pagemap")?;
     let mut out: Vec<(usize, usize)> = Vec::new();
@@ -97,8 +116,9 @@ pub fn populated(addr: usize, len: usize) -> io::Result<Option<Vec<(usize, usize
             end: end as u64,
             vec: buf.as_mut_ptr() as u64,
             vec_len: buf.len() as u64,
-            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            category_mask: all_of,
+            category_anyof_mask: any_of,
+            return_mask: all_of | any_of,
             ..PmScanArg::default()
         };
         // SAFETY: `arg` is the uAPI struct of this request (its size is in
@@ -133,6 +153,49 @@ pub fn populated(addr: usize, len: usize) -> io::Result<Option<Vec<(usize, usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A THP mapped whole is found as PMD-mapped, clipped to the range;
+    /// base pages next to it are not.
+    #[test]
+    fn pmd_mapped_extents_are_the_whole_thps() {
+        let page = crate::sys::page_size();
+        let pmd = 2usize << 20;
+        let len = 3 * pmd;
+        // SAFETY: a fresh private mapping of our own.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let a = (p as usize).next_multiple_of(pmd);
+        // SAFETY: advice on our mapping; the aligned PMD may get a THP.
+        unsafe { libc::madvise(a as *mut libc::c_void, pmd, libc::MADV_HUGEPAGE) };
+        // SAFETY: inside our mapping.
+        unsafe { (a as *mut u8).write_volatile(1) };
+        let got = pmd_mapped(a - page, pmd).unwrap();
+        let states = page_states(a, pmd / page, page).unwrap();
+        match got {
+            None => println!("SKIP: no PAGEMAP_SCAN here (Linux 6.7+)"),
+            Some(v) if v.is_empty() => {
+                // No THP could be had: every page but the first is a hole.
+                assert_eq!(states[1], PageState::Empty);
+                println!("SKIP: no THP allocated here");
+            }
+            Some(v) => {
+                assert!(states.iter().all(|&s| s == PageState::Present));
+                // Clipped to the range: one page short of the THP's end.
+                assert_eq!(v, vec![(a, a + pmd - page)]);
+            }
+        }
+        // SAFETY: our mapping, unused from here.
+        unsafe { libc::munmap(p, len) };
+    }
 
     /// Written pages are found, holes and never-touched pages are not, and
     /// the answer agrees with the per-page read of pagemap.
