@@ -9,7 +9,7 @@ use crate::batch::page_size;
 use crate::migrate::prepare::Prepared;
 use crate::migrate::stage::{Probe, Stage};
 use crate::migrate::threads;
-use crate::migrate::vma;
+use crate::migrate::vma::{self, Vma};
 use crate::migrate::{
     kernel, sys, BatchController, MigrateError, MigrateOptions, MigratePath, MigrateReport, Refusal,
 };
@@ -92,39 +92,121 @@ fn relocate_here(
     };
     let mut r = MigrateReport::new(MigratePath::Relocate, len);
     r.strategy = Some(copy);
-    let mut ctl = o
-        .latency_budget
-        .map(|b| BatchController::new(b, o.batch_pages, folio / page, len / page));
-    let mut leftovers: Vec<usize> = Vec::new();
-    let mut stopped: Option<String> = None;
-    let mut touched = false;
-    let mut ready: Option<Prepared> = None;
-    let mut spare: Option<Stage<'static>> = None;
+    let mut batches = Batches::new(&run, &vmas, addr, len, o);
     let t0 = Instant::now();
-    for v in &vmas {
-        let end = v.end.min(addr + len);
-        let mut at = v.start.max(addr);
-        while at < end {
-            let want = ctl
-                .as_ref()
-                .map_or(o.batch_pages, BatchController::pages)
-                .saturating_mul(page);
-            let stop = batch_end(at, end, want, page, folio);
-            if stopped.is_some() {
-                leftovers.extend(populated(at, stop - at, page)?);
+    batches.all(&mut r)?;
+    let leftovers = batches.leftovers;
+    r.registered_batches = run.registered.get();
+    // Every batch ended quiet (see `quiesce`), so no event is left unread
+    // and closing the descriptor cannot strand a forking thread; closing is
+    // also the backstop that unregisters anything a failed unregistration
+    // left behind and wakes every waiter.
+    drop(run);
+    drop(uffd);
+    hand_over(&mut r, &leftovers, node, o)?;
+    r.secs = t0.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+/// The range cut into batches, and what passes from one batch to the
+/// next.
+struct Batches<'r, 'a> {
+    run: &'r Run<'a>,
+    vmas: &'r [Vma],
+    addr: usize,
+    len: usize,
+    batch_pages: usize,
+    ctl: Option<BatchController>,
+    /// Populated pages no batch relocated, for the kernel path.
+    leftovers: Vec<usize>,
+    /// Why relocation stopped, once it has: the rest goes to the kernel
+    /// path.
+    stopped: Option<String>,
+    /// Whether a batch went through take-out (then a refusal no longer
+    /// finds everything as it was).
+    touched: bool,
+    /// The next batch's destination, where the last one prepared it.
+    ready: Option<Prepared>,
+    /// The last batch's parking area, kept for the next one.
+    spare: Option<Stage<'static>>,
+}
+
+impl<'r, 'a> Batches<'r, 'a> {
+    fn new(run: &'r Run<'a>, vmas: &'r [Vma], addr: usize, len: usize, o: &MigrateOptions) -> Self {
+        let (page, folio) = (run.page, run.folio);
+        Batches {
+            run,
+            vmas,
+            addr,
+            len,
+            batch_pages: o.batch_pages,
+            ctl: o
+                .latency_budget
+                .map(|b| BatchController::new(b, o.batch_pages, folio / page, len / page)),
+            leftovers: Vec::new(),
+            stopped: None,
+            touched: false,
+            ready: None,
+            spare: None,
+        }
+    }
+
+    /// Relocates every batch of every mapping, in order, into `r`.
+    fn all(&mut self, r: &mut MigrateReport) -> Result<(), MigrateError> {
+        let (page, folio) = (self.run.page, self.run.folio);
+        let vmas = self.vmas;
+        for v in vmas {
+            let end = v.end.min(self.addr + self.len);
+            let mut at = v.start.max(self.addr);
+            while at < end {
+                let want = self.want();
+                let stop = batch_end(at, end, want, page, folio);
+                if self.stopped.is_some() {
+                    self.leftovers.extend(populated(at, stop - at, page)?);
+                } else {
+                    let out = self.one(at, stop, v, want)?;
+                    self.absorb(r, out, at);
+                }
                 at = stop;
-                continue;
             }
-            // The next batch as it would be cut now (a latency budget may
-            // cut it otherwise: then what was prepared is not used).
-            let next = vmas.iter().find_map(|w| {
-                let end = w.end.min(addr + len);
-                let at = w.start.max(addr).max(stop);
-                (at < end).then(|| (at, batch_end(at, end, want, page, folio) - at, w))
-            });
-            let out = match batch(&run, at, stop - at, v, ready.take(), spare.take(), next) {
+            // A parking area matches its own mapping's protections and lock
+            // state: the next mapping's batches get areas of their own.
+            self.spare = None;
+        }
+        Ok(())
+    }
+
+    /// The bytes the next batch asks for.
+    fn want(&self) -> usize {
+        self.ctl
+            .as_ref()
+            .map_or(self.batch_pages, BatchController::pages)
+            .saturating_mul(self.run.page)
+    }
+
+    /// Relocates the batch `[at, stop)` of `v`; a refusal before any batch
+    /// touched the memory refuses the call, a later one stops relocation.
+    fn one(
+        &mut self,
+        at: usize,
+        stop: usize,
+        v: &Vma,
+        want: usize,
+    ) -> Result<Outcome, MigrateError> {
+        let (page, folio) = (self.run.page, self.run.folio);
+        let (addr, len) = (self.addr, self.len);
+        // The next batch as it would be cut now (a latency budget may
+        // cut it otherwise: then what was prepared is not used).
+        let next = self.vmas.iter().find_map(|w| {
+            let end = w.end.min(addr + len);
+            let at = w.start.max(addr).max(stop);
+            (at < end).then(|| (at, batch_end(at, end, want, page, folio) - at, w))
+        });
+        let (ready, spare) = (self.ready.take(), self.spare.take());
+        Ok(
+            match batch(self.run, at, stop - at, v, ready, spare, next) {
                 Ok(out) => out,
-                Err(Start::Refused(why)) if !touched => {
+                Err(Start::Refused(why)) if !self.touched => {
                     return Err(MigrateError::Refused { addr: at, why })
                 }
                 Err(Start::Refused(why)) => Outcome {
@@ -137,46 +219,50 @@ fn relocate_here(
                     left: populated(at, stop - at, page)?,
                     ..Outcome::default()
                 },
-            };
-            // Only a batch that went through take-out can have touched
-            // the memory: one whose pages were all left (large folios a
-            // move would split, holes) did not, and a refusal after it
-            // still finds everything as it was.
-            touched |= out.stat.is_some();
-            if let (Some(c), Some(s)) = (ctl.as_mut(), out.stat.as_ref()) {
-                c.observe(std::time::Duration::from_secs_f64(s.first_folio_us / 1e6));
-            }
-            r.batches.extend(out.stat);
-            ready = out.ahead;
-            spare = out.spare;
-            r.pool_secs += out.pool_secs;
-            r.pages_to_move += out.populated;
-            r.relocated_pages += out.relocated;
-            r.dropped_pages += out.dropped;
-            r.left_in_place += out.left.len();
-            r.left_whole_folio_pages += out.whole_left;
-            r.left_thread_pages += out.thread_left;
-            leftovers.extend(out.left);
-            r.notes.extend(out.notes);
-            if let Some(why) = out.stop {
-                r.notes.push(format!(
-                    "relocation stopped at {at:#x} ({why}); the rest went to move_pages"
-                ));
-                stopped = Some(why);
-            }
-            at = stop;
-        }
-        // A parking area matches its own mapping's protections and lock
-        // state: the next mapping's batches get areas of their own.
-        spare = None;
+            },
+        )
     }
-    r.registered_batches = run.registered.get();
-    // Every batch ended quiet (see `quiesce`), so no event is left unread
-    // and closing the descriptor cannot strand a forking thread; closing is
-    // also the backstop that unregisters anything a failed unregistration
-    // left behind and wakes every waiter.
-    drop(run);
-    drop(uffd);
+
+    /// Adds what the batch at `at` did to `r`, and keeps what the next
+    /// batch takes over.
+    fn absorb(&mut self, r: &mut MigrateReport, out: Outcome, at: usize) {
+        // Only a batch that went through take-out can have touched
+        // the memory: one whose pages were all left (large folios a
+        // move would split, holes) did not, and a refusal after it
+        // still finds everything as it was.
+        self.touched |= out.stat.is_some();
+        if let (Some(c), Some(s)) = (self.ctl.as_mut(), out.stat.as_ref()) {
+            c.observe(std::time::Duration::from_secs_f64(s.first_folio_us / 1e6));
+        }
+        r.batches.extend(out.stat);
+        self.ready = out.ahead;
+        self.spare = out.spare;
+        r.pool_secs += out.pool_secs;
+        r.pages_to_move += out.populated;
+        r.relocated_pages += out.relocated;
+        r.dropped_pages += out.dropped;
+        r.left_in_place += out.left.len();
+        r.left_whole_folio_pages += out.whole_left;
+        r.left_thread_pages += out.thread_left;
+        self.leftovers.extend(out.left);
+        r.notes.extend(out.notes);
+        if let Some(why) = out.stop {
+            r.notes.push(format!(
+                "relocation stopped at {at:#x} ({why}); the rest went to move_pages"
+            ));
+            self.stopped = Some(why);
+        }
+    }
+}
+
+/// Says in `r` what relocation left in place and why, and hands the
+/// `leftovers` to the kernel path.
+fn hand_over(
+    r: &mut MigrateReport,
+    leftovers: &[usize],
+    node: u32,
+    o: &MigrateOptions,
+) -> Result<(), MigrateError> {
     if r.left_whole_folio_pages > 0 {
         r.notes.push(format!(
             "{} pages of large folios UFFDIO_MOVE would split (mTHP, PTE-mapped, cut by the range or pinned) were left whole: kernel path for them",
@@ -190,15 +276,14 @@ fn relocate_here(
         ));
     }
     if !leftovers.is_empty() {
-        let (_, failed) = kernel::move_list(&leftovers, node, o)?;
+        let (_, failed) = kernel::move_list(leftovers, node, o)?;
         r.notes.push(format!(
             "{} populated pages relocation could not take (pinned, shared, swapped or changed) were handed to move_pages",
             leftovers.len()
         ));
         r.failed = failed;
     }
-    r.secs = t0.elapsed().as_secs_f64();
-    Ok(r)
+    Ok(())
 }
 
 /// Where the batch starting at `at` ends, asked for `want` bytes, in a
