@@ -188,21 +188,95 @@ fn batch(
     let t0 = Instant::now();
     let page = run.page;
     let n = len / page;
-    let stop = |what: &str, e: io::Error| Start::Stop(format!("{what}: {e}"));
     let pre = page_states(start, n, page).map_err(|e| stop("pagemap", e))?;
     let mut pb = PageLedger::new(start, page, &pre);
     let whole_left = keep_large(&mut pb, v, page).map_err(Start::Refused)?;
     if pb.count(State::Untouched) == 0 {
-        // Nothing relocation can move whole: not even registered.
-        let left = populated(start, len, page).unwrap_or_default();
-        return Ok(Outcome {
-            populated: left.len(),
-            whole_left: whole_left.min(left.len()),
-            left,
-            ..Outcome::default()
-        });
+        return Ok(nothing_to_take(start, len, page, whole_left));
     }
     let tp = Instant::now();
+    let (dest, prepared_ahead) = destination(run, &pb, len, v, ready, spare)?;
+    let parking = Stage::parking(start, len, v, run.uffd).map_err(|e| stop("parking area", e))?;
+    let pool_secs = tp.elapsed().as_secs_f64();
+    let prepare = t0.elapsed();
+    let tg = Instant::now();
+
+    // From here threads touching an empty entry of the batch wait, and
+    // glibc forks wait for the batch to end (see `uffd/gate.rs`).
+    let _gate = ForkGate::enter();
+    let tb = Instant::now();
+    let ioctls = register(run, start, len)?;
+    let mut b = PageLedger::new(start, page, &vec![PageState::Empty; n]);
+    let mut out = Outcome {
+        pool_secs,
+        phases: Phases {
+            prepare,
+            // Waiting for forks in flight, and registering.
+            checks: tg.elapsed(),
+            prepared_ahead,
+            ..Phases::default()
+        },
+        ..Outcome::default()
+    };
+    let res = registered(
+        run, &mut b, &pre, &parking, &dest.dest, ioctls, v, next, &mut out,
+    );
+    let tf = Instant::now();
+    settle(run, &mut b, &parking, &mut out);
+    let total = tb.elapsed();
+    // Once every page is back or dropped, what is left in the parking area
+    // is garbage: the next batch's destination, where it fits.
+    if res.is_ok() && !b.state.contains(&State::Out) {
+        out.spare = Some(parking.keep());
+    } else {
+        drop(parking);
+    }
+    drop(dest);
+    out.phases.finish = tf.elapsed();
+    let first_in = res?;
+    tally(&b, &mut out);
+    out.stat = Some(BatchStat {
+        pages: n,
+        // From the batch's start (before anything was taken out) to the
+        // first install: the take-out and the copy are part of the wait.
+        first_folio_us: first_in.map_or(total, |t| t - tb).as_secs_f64() * 1e6,
+        total_us: total.as_secs_f64() * 1e6,
+        phases: out.phases,
+    });
+    Ok(out)
+}
+
+/// A batch stops, saying `what` failed and why.
+fn stop(what: &str, e: io::Error) -> Start {
+    Start::Stop(format!("{what}: {e}"))
+}
+
+/// What a batch with nothing relocation can move whole did: it is not
+/// even registered, and its populated pages are left.
+fn nothing_to_take(start: usize, len: usize, page: usize, whole_left: usize) -> Outcome {
+    let left = populated(start, len, page).unwrap_or_default();
+    Outcome {
+        populated: left.len(),
+        whole_left: whole_left.min(left.len()),
+        left,
+        ..Outcome::default()
+    }
+}
+
+/// Step 2: the destination folios for the pages of `pb` still to take,
+/// and how long preparing it ahead took where it was: the last batch's
+/// old folios, the area prepared ahead, whichever holds more of what the
+/// batch needs, else a new area; whatever is missing is allocated.
+fn destination(
+    run: &Run,
+    pb: &PageLedger,
+    len: usize,
+    v: &Vma,
+    ready: Option<Prepared>,
+    spare: Option<Stage<'static>>,
+) -> Result<(Prepared, Duration), Start> {
+    let page = run.page;
+    let (start, n) = (pb.base, pb.len());
     let ready = ready.filter(|r| r.fits(start, len));
     let ready_took = ready.as_ref().map_or(Duration::ZERO, |r| r.took);
     // The last batch's old folios first: those on the target node need no
@@ -231,15 +305,12 @@ fn batch(
     let heads = (0..n).filter(|&i| pb.whole[i] && pb.state[i] == State::Untouched);
     dest.fill(&pb.runs(State::Untouched), heads, page)
         .map_err(|e| stop("allocating on the target node", e))?;
-    let parking = Stage::parking(start, len, v, run.uffd).map_err(|e| stop("parking area", e))?;
-    let pool_secs = tp.elapsed().as_secs_f64();
-    let prepare = t0.elapsed();
-    let tg = Instant::now();
+    Ok((dest, prepared_ahead))
+}
 
-    // From here threads touching an empty entry of the batch wait, and
-    // glibc forks wait for the batch to end (see `uffd/gate.rs`).
-    let _gate = ForkGate::enter();
-    let tb = Instant::now();
+/// Step 3: registers the batch with our userfaultfd; returns the ioctls
+/// the registration allows.
+fn register(run: &Run, start: usize, len: usize) -> Result<u64, Start> {
     let ioctls = match run.uffd.register_missing(start, len) {
         Ok(i) => i,
         Err(e) if errno(&e) == libc::EBUSY => {
@@ -251,25 +322,15 @@ fn batch(
         Err(e) => return Err(stop("the mapping changed before its batch", e)),
     };
     run.registered.set(run.registered.get() + 1);
-    let mut b = PageLedger::new(start, page, &vec![PageState::Empty; n]);
-    let mut out = Outcome {
-        pool_secs,
-        phases: Phases {
-            prepare,
-            // Waiting for forks in flight, and registering.
-            checks: tg.elapsed(),
-            prepared_ahead,
-            ..Phases::default()
-        },
-        ..Outcome::default()
-    };
-    let res = registered(
-        run, &mut b, &pre, &parking, &dest.dest, ioctls, v, next, &mut out,
-    );
-    let tf = Instant::now();
-    // Whatever happened: read what is left, unregister, and make sure no
-    // event is still in flight when the batch ends.
-    quiesce(run, &mut b, &parking, &mut out);
+    Ok(ioctls)
+}
+
+/// Step 8, whatever happened before: reads what is left, unregisters, and
+/// makes sure no event is still in flight when the batch ends; then wakes
+/// the joiners of threads whose exit clear was redone.
+fn settle(run: &Run, b: &mut PageLedger, parking: &Stage, out: &mut Outcome) {
+    let page = run.page;
+    quiesce(run, b, parking, out);
     // Joiners of threads whose exit clear was redone: only words whose page
     // is back (a shared wake looks the page up, and would fault in a page
     // the application zapped meanwhile).
@@ -277,38 +338,22 @@ fn batch(
         .into_iter()
         .filter(|&w| {
             let at = w / page * page;
-            (0..n).any(|i| b.addr[i] == at && b.state[i] == State::In)
+            (0..b.len()).any(|i| b.addr[i] == at && b.state[i] == State::In)
         })
         .collect();
     threads::wake(&installed);
-    let total = tb.elapsed();
-    // Once every page is back or dropped, what is left in the parking area
-    // is garbage: the next batch's destination, where it fits.
-    if res.is_ok() && !b.state.contains(&State::Out) {
-        out.spare = Some(parking.keep());
-    } else {
-        drop(parking);
-    }
-    drop(dest);
-    out.phases.finish = tf.elapsed();
-    let first_in = res?;
+}
+
+/// Counts in `out` where the pages of the finished batch `b` ended.
+fn tally(b: &PageLedger, out: &mut Outcome) {
     out.populated = b.state.iter().filter(|&&s| s != State::Empty).count();
     out.relocated = b.count(State::In);
     out.dropped = b.count(State::Dropped);
     out.left.extend(
-        (0..n)
+        (0..b.len())
             .filter(|&i| b.state[i] == State::Left)
             .map(|i| b.addr[i]),
     );
-    out.stat = Some(BatchStat {
-        pages: n,
-        // From the batch's start (before anything was taken out) to the
-        // first install: the take-out and the copy are part of the wait.
-        first_folio_us: first_in.map_or(total, |t| t - tb).as_secs_f64() * 1e6,
-        total_us: total.as_secs_f64() * 1e6,
-        phases: out.phases,
-    });
-    Ok(out)
 }
 
 /// Steps 4 to 7, with the batch registered. Returns the moment the first
