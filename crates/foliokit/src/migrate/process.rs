@@ -357,6 +357,53 @@ pub fn migrate_process(
     node: u32,
     o: &ProcessOptions,
 ) -> Result<ProcessReport, ProcessError> {
+    check_request(node, o)?;
+    let page = page_size();
+    let mut report = ProcessReport {
+        pid: target.pid,
+        node,
+        dry_run: o.dry_run,
+        budget_us: o.budget.as_secs_f64() * 1e6,
+        ..ProcessReport::default()
+    };
+    let (list, mapped) = ranges_to_move(target, ranges, page, &mut report)?;
+    let call = Call {
+        target,
+        node,
+        page,
+        dry_run: o.dry_run,
+        mo: MigrateOptions::default()
+            .channels(o.threads.max(1))
+            .batch_pages(crate::params::PROCESS_MOVE_START_PAGES)
+            .latency_budget(Some(o.budget)),
+        mapped,
+    };
+    let gone = |report: ProcessReport| ProcessError::Gone {
+        pid: target.pid,
+        partial: Box::new(report),
+    };
+    let t0 = Instant::now();
+    let mut batch_sizes = Vec::new();
+    for (start, end) in list {
+        if !target.alive() {
+            return Err(gone(report));
+        }
+        // A target found gone partway through a range has the ranges
+        // done before it as its partial report.
+        match call.range(start, end, &mut batch_sizes, &mut report.notes) {
+            Ok(r) => report.ranges.push(r),
+            Err(ProcessError::Gone { .. }) => return Err(gone(report)),
+            Err(e) => return Err(e),
+        }
+    }
+    batch_sizes.sort_unstable();
+    report.batch_pages_median = batch_sizes.get(batch_sizes.len() / 2).copied();
+    report.secs = t0.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Refuses a call whose thread count or node cannot be served.
+fn check_request(node: u32, o: &ProcessOptions) -> Result<(), ProcessError> {
     if o.threads > crate::params::MAX_CHANNELS {
         return Err(ProcessError::TooManyThreads {
             asked: o.threads,
@@ -371,19 +418,21 @@ pub fn migrate_process(
     if !with_memory.contains(&node) {
         return Err(ProcessError::NoMemory { node, with_memory });
     }
-    let page = page_size();
-    let mut report = ProcessReport {
-        pid: target.pid,
-        node,
-        dry_run: o.dry_run,
-        budget_us: o.budget.as_secs_f64() * 1e6,
-        ..ProcessReport::default()
-    };
-    // Where the target has memory: a given range's pages are looked up
-    // only there (a range may span unmapped space, up to the whole
-    // address space: a list of every page of it would not fit in memory).
-    let mut mapped: Option<Vec<(usize, usize)>> = None;
-    let list = match ranges {
+    Ok(())
+}
+
+/// The `[start, end)` ranges to move, and for given ranges where the
+/// target has memory: their pages are looked up only there (a range may
+/// span unmapped space, up to the whole address space: a list of every
+/// page of it would not fit in memory). The mappings all-anon leaves alone
+/// go to `report`.
+fn ranges_to_move(
+    target: &Target,
+    ranges: &Ranges,
+    page: usize,
+    report: &mut ProcessReport,
+) -> Result<(Spans, Option<Spans>), ProcessError> {
+    match ranges {
         Ranges::Given(v) => {
             for &(start, end) in v {
                 let why = if end <= start {
@@ -397,40 +446,50 @@ pub fn migrate_process(
                     return Err(ProcessError::BadRange { start, end, why });
                 }
             }
-            mapped = Some(
-                read_maps(target)?
-                    .iter()
-                    .map(|m| (m.start, m.end))
-                    .collect(),
-            );
-            v.clone()
+            let mapped = read_maps(target)?
+                .iter()
+                .map(|m| (m.start, m.end))
+                .collect();
+            Ok((v.clone(), Some(mapped)))
         }
         Ranges::AllAnon { stack } => {
             let (keep, skipped) = anon_mappings(target, *stack)?;
             report.skipped = skipped;
-            keep
+            Ok((keep, None))
         }
-    };
-    let gone = |report: ProcessReport| ProcessError::Gone {
-        pid: target.pid,
-        partial: Box::new(report),
-    };
-    let mo = MigrateOptions::default()
-        .channels(o.threads.max(1))
-        .batch_pages(crate::params::PROCESS_MOVE_START_PAGES)
-        .latency_budget(Some(o.budget));
-    let t0 = Instant::now();
-    let mut batch_sizes = Vec::new();
-    // A range is queried and moved chunk by chunk: its lists take about 20
-    // bytes a page, and a mapped range may be a reservation of terabytes.
-    let chunk = crate::params::MIGRATE_CHUNK_PAGES * page;
-    for (start, end) in list {
-        if !target.alive() {
-            return Err(gone(report));
-        }
+    }
+}
+
+/// `[start, end)` address ranges.
+type Spans = Vec<(usize, usize)>;
+
+/// What stays the same for every range of one [`migrate_process`] call.
+struct Call<'a> {
+    target: &'a Target,
+    node: u32,
+    page: usize,
+    dry_run: bool,
+    mo: MigrateOptions,
+    /// Where the target has memory, for given ranges.
+    mapped: Option<Spans>,
+}
+
+impl Call<'_> {
+    /// Moves (or, in a dry run, counts) the pages of `[start, end)`, chunk
+    /// by chunk: its lists take about 20 bytes a page, and a mapped range
+    /// may be a reservation of terabytes. [`ProcessError::Gone`] (its
+    /// partial report empty) where the target went away.
+    fn range(
+        &self,
+        start: usize,
+        end: usize,
+        batch_sizes: &mut Vec<usize>,
+        notes: &mut Vec<String>,
+    ) -> Result<RangeReport, ProcessError> {
+        let pid = self.target.pid;
         let tr = Instant::now();
         let huge_kib_before =
-            crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
+            crate::sys::smaps::anon_huge_bytes(Some(pid), start, end).map(|b| b >> 10);
         let mut r = RangeReport {
             start,
             end,
@@ -438,128 +497,155 @@ pub fn migrate_process(
             ..RangeReport::default()
         };
         let mut would_move = 0;
+        let chunk = crate::params::MIGRATE_CHUNK_PAGES * self.page;
         let mut at = start;
         while at < end {
             let (cs, ce) = (at, end.min(at.saturating_add(chunk)));
             at = ce;
-            let pages: Vec<usize> = match &mapped {
-                Some(maps) => maps
-                    .iter()
-                    .filter(|&&(s, e)| s < ce && e > cs)
-                    .flat_map(|&(s, e)| (s.max(cs)..e.min(ce)).step_by(page))
-                    .collect(),
-                None => (cs..ce).step_by(page).collect(),
-            };
-            if pages.is_empty() {
-                continue;
-            }
-            let before = match query(target, &pages) {
-                Err(ProcessError::Gone { .. }) => return Err(gone(report)),
-                r => r?,
-            };
-            r.pages += pages.len();
-            add_counts(&mut r.nodes_before, histogram(&before));
-            // Pages the query could not locate are handed to move_pages
-            // too: a THP under a hinting fault or another migration reads
-            // -ENOENT or -EFAULT for a moment (seen in the 6.12 guest: one
-            // THP of a written 1 GiB target), and move_pages on a page that
-            // is really absent just reports it again. Where each ended
-            // decides below.
-            let to_move: Vec<usize> = pages
-                .iter()
-                .zip(&before)
-                .filter(|&(_, &s)| s != node as i32)
-                .map(|(&p, _)| p)
-                .collect();
-            r.already += pages.len() - to_move.len();
-            if o.dry_run {
-                r.not_present += before.iter().filter(|&&s| s < 0).count();
-                would_move += to_move.len();
-                continue;
-            }
-            let moved = match move_list_of(target.pid, &to_move, node, &mo) {
-                Ok(m) => m,
-                Err(e) => {
-                    if target.gone() {
-                        return Err(gone(report));
-                    }
-                    return Err(match e {
-                        MigrateError::Sys { source, .. }
-                            if source.raw_os_error() == Some(libc::EPERM) =>
-                        {
-                            ProcessError::Permission {
-                                pid: target.pid,
-                                source,
-                            }
-                        }
-                        MigrateError::Sys { what, source } => ProcessError::Sys { what, source },
-                        other => ProcessError::Sys {
-                            what: "move_pages",
-                            source: io::Error::other(other.to_string()),
-                        },
-                    });
-                }
-            };
-            if !target.alive() {
-                return Err(gone(report));
-            }
-            let (stats, failed) = moved;
-            r.calls += stats.len();
-            if r.first_call_us.is_none() {
-                r.first_call_us = stats.first().map(|b| b.total_us);
-            }
-            r.longest_call_us = stats
-                .iter()
-                .map(|b| b.total_us)
-                .chain(r.longest_call_us)
-                .reduce(f64::max);
-            batch_sizes.extend(stats.iter().map(|b| b.pages));
-            let after = match query(target, &pages) {
-                Err(ProcessError::Gone { .. }) => return Err(gone(report)),
-                r => r?,
-            };
-            add_counts(&mut r.nodes_after, histogram(&after));
-            // Every page that was elsewhere is judged once, by where it is
-            // now: on the node it moved (even if a call reported a
-            // transient error for it first); elsewhere it failed, with the
-            // call's errno where one was reported, else 0 (moved back or
-            // freed meanwhile).
-            let errno: std::collections::HashMap<usize, i32> = failed.into_iter().collect();
-            for ((&p, &s), &b) in pages.iter().zip(&after).zip(&before) {
-                if b == node as i32 {
-                    continue;
-                }
-                if s == node as i32 {
-                    r.moved += 1;
-                    if b >= 0 {
-                        *r.moved_from.entry(b as u32).or_default() += 1;
-                    }
-                } else if s < 0 && b < 0 {
-                    r.not_present += 1;
-                } else {
-                    *r.failed
-                        .entry(errno.get(&p).copied().unwrap_or(0))
-                        .or_default() += 1;
-                }
+            let pages = self.pages_in(cs, ce);
+            if !pages.is_empty() {
+                would_move += self.chunk(&pages, &mut r, batch_sizes)?;
             }
         }
-        if o.dry_run {
+        if self.dry_run {
             r.nodes_after = r.nodes_before.clone();
             r.huge_kib_after = huge_kib_before;
-            report.notes.push(format!(
+            notes.push(format!(
                 "dry run: {would_move} pages of {start:#x}-{end:#x} would move"
             ));
         } else {
             r.huge_kib_after =
-                crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
+                crate::sys::smaps::anon_huge_bytes(Some(pid), start, end).map(|b| b >> 10);
         }
         r.secs = tr.elapsed().as_secs_f64();
-        report.ranges.push(r);
+        Ok(r)
     }
-    batch_sizes.sort_unstable();
-    report.batch_pages_median = batch_sizes.get(batch_sizes.len() / 2).copied();
-    report.secs = t0.elapsed().as_secs_f64();
-    Ok(report)
+
+    /// The pages of `[cs, ce)` to look up: where the target has memory,
+    /// for given ranges.
+    fn pages_in(&self, cs: usize, ce: usize) -> Vec<usize> {
+        let page = self.page;
+        match &self.mapped {
+            Some(maps) => maps
+                .iter()
+                .filter(|&&(s, e)| s < ce && e > cs)
+                .flat_map(|&(s, e)| (s.max(cs)..e.min(ce)).step_by(page))
+                .collect(),
+            None => (cs..ce).step_by(page).collect(),
+        }
+    }
+
+    /// Moves the chunk's `pages` that are elsewhere and judges each by
+    /// where it is afterwards, into `r`; in a dry run only counts them.
+    /// Returns how many pages a dry run would move.
+    fn chunk(
+        &self,
+        pages: &[usize],
+        r: &mut RangeReport,
+        batch_sizes: &mut Vec<usize>,
+    ) -> Result<usize, ProcessError> {
+        let (target, node) = (self.target, self.node);
+        let before = query(target, pages)?;
+        r.pages += pages.len();
+        add_counts(&mut r.nodes_before, histogram(&before));
+        // Pages the query could not locate are handed to move_pages
+        // too: a THP under a hinting fault or another migration reads
+        // -ENOENT or -EFAULT for a moment (seen in the 6.12 guest: one
+        // THP of a written 1 GiB target), and move_pages on a page that
+        // is really absent just reports it again. Where each ended
+        // decides below.
+        let to_move: Vec<usize> = pages
+            .iter()
+            .zip(&before)
+            .filter(|&(_, &s)| s != node as i32)
+            .map(|(&p, _)| p)
+            .collect();
+        r.already += pages.len() - to_move.len();
+        if self.dry_run {
+            r.not_present += before.iter().filter(|&&s| s < 0).count();
+            return Ok(to_move.len());
+        }
+        let (stats, failed) = move_list_of(target.pid, &to_move, node, &self.mo)
+            .map_err(|e| move_error(target, e))?;
+        if !target.alive() {
+            return Err(gone_now(target));
+        }
+        r.calls += stats.len();
+        if r.first_call_us.is_none() {
+            r.first_call_us = stats.first().map(|b| b.total_us);
+        }
+        r.longest_call_us = stats
+            .iter()
+            .map(|b| b.total_us)
+            .chain(r.longest_call_us)
+            .reduce(f64::max);
+        batch_sizes.extend(stats.iter().map(|b| b.pages));
+        let after = query(target, pages)?;
+        add_counts(&mut r.nodes_after, histogram(&after));
+        judge(pages, &before, &after, failed, node, r);
+        Ok(0)
+    }
+}
+
+/// Every page that was elsewhere is judged once, by where it is now: on
+/// the node it moved (even if a call reported a transient error for it
+/// first); elsewhere it failed, with the call's errno where one was
+/// reported, else 0 (moved back or freed meanwhile).
+fn judge(
+    pages: &[usize],
+    before: &[i32],
+    after: &[i32],
+    failed: Vec<(usize, i32)>,
+    node: u32,
+    r: &mut RangeReport,
+) {
+    let errno: std::collections::HashMap<usize, i32> = failed.into_iter().collect();
+    for ((&p, &s), &b) in pages.iter().zip(after).zip(before) {
+        if b == node as i32 {
+            continue;
+        }
+        if s == node as i32 {
+            r.moved += 1;
+            if b >= 0 {
+                *r.moved_from.entry(b as u32).or_default() += 1;
+            }
+        } else if s < 0 && b < 0 {
+            r.not_present += 1;
+        } else {
+            *r.failed
+                .entry(errno.get(&p).copied().unwrap_or(0))
+                .or_default() += 1;
+        }
+    }
+}
+
+/// The target went away (the caller adds the partial report).
+fn gone_now(target: &Target) -> ProcessError {
+    ProcessError::Gone {
+        pid: target.pid,
+        partial: Box::default(),
+    }
+}
+
+/// What a failed `move_pages` means for the call: the target went away,
+/// or the call may not or cannot move its pages.
+fn move_error(target: &Target, e: MigrateError) -> ProcessError {
+    if target.gone() {
+        return gone_now(target);
+    }
+    match e {
+        MigrateError::Sys { source, .. } if source.raw_os_error() == Some(libc::EPERM) => {
+            ProcessError::Permission {
+                pid: target.pid,
+                source,
+            }
+        }
+        MigrateError::Sys { what, source } => ProcessError::Sys { what, source },
+        other => ProcessError::Sys {
+            what: "move_pages",
+            source: io::Error::other(other.to_string()),
+        },
+    }
 }
 
 /// The `[start, end)` ranges to move, and the mappings left alone.
