@@ -10,7 +10,7 @@
 //!   the copy channels into folios allocated on the target node, and moved
 //!   back in with `UFFDIO_MOVE`. The mapping itself is never replaced, so
 //!   its protections, flags, advice, lock state and memory policy stay what
-//!   they were; the ordering argument is in `relocate.rs`.
+//!   they were; the ordering argument is in `relocate/mod.rs`.
 //!
 //! Both record per-batch latency until the batch's first folio is usable
 //! again, and a latency budget can pick the batch size as it goes.

@@ -11,6 +11,8 @@
 //! under migration and on its mmap lock while a call runs), spread over
 //! the helper threads in shares that never split a PMD-sized block.
 
+mod moving;
+
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -18,12 +20,12 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use super::kernel::move_list_of;
-use super::{MigrateError, MigrateOptions};
+use super::MigrateOptions;
 use crate::batch::page_size;
 use crate::mem::system::{memory_nodes, numa_nodes};
 use crate::sys::maps::{self, MapLine};
 use crate::sys::numa::page_nodes_of;
+use moving::Call;
 
 /// A process to move pages of, held by a pidfd so that its pid cannot
 /// silently come to mean another process.
@@ -342,9 +344,6 @@ pub enum ProcessError {
     },
 }
 
-/// Pages queried per `move_pages` status call.
-const QUERY_CHUNK: usize = 16384;
-
 /// Moves the pages of `target` in `ranges` to `node`.
 ///
 /// Safe for the target in every way `move_pages(2)` is: the kernel keeps
@@ -357,6 +356,53 @@ pub fn migrate_process(
     node: u32,
     o: &ProcessOptions,
 ) -> Result<ProcessReport, ProcessError> {
+    check_request(node, o)?;
+    let page = page_size();
+    let mut report = ProcessReport {
+        pid: target.pid,
+        node,
+        dry_run: o.dry_run,
+        budget_us: o.budget.as_secs_f64() * 1e6,
+        ..ProcessReport::default()
+    };
+    let (list, mapped) = ranges_to_move(target, ranges, page, &mut report)?;
+    let call = Call {
+        target,
+        node,
+        page,
+        dry_run: o.dry_run,
+        mo: MigrateOptions::default()
+            .channels(o.threads.max(1))
+            .batch_pages(crate::params::PROCESS_MOVE_START_PAGES)
+            .latency_budget(Some(o.budget)),
+        mapped,
+    };
+    let gone = |report: ProcessReport| ProcessError::Gone {
+        pid: target.pid,
+        partial: Box::new(report),
+    };
+    let t0 = Instant::now();
+    let mut batch_sizes = Vec::new();
+    for (start, end) in list {
+        if !target.alive() {
+            return Err(gone(report));
+        }
+        // A target found gone partway through a range has the ranges
+        // done before it as its partial report.
+        match call.range(start, end, &mut batch_sizes, &mut report.notes) {
+            Ok(r) => report.ranges.push(r),
+            Err(ProcessError::Gone { .. }) => return Err(gone(report)),
+            Err(e) => return Err(e),
+        }
+    }
+    batch_sizes.sort_unstable();
+    report.batch_pages_median = batch_sizes.get(batch_sizes.len() / 2).copied();
+    report.secs = t0.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Refuses a call whose thread count or node cannot be served.
+fn check_request(node: u32, o: &ProcessOptions) -> Result<(), ProcessError> {
     if o.threads > crate::params::MAX_CHANNELS {
         return Err(ProcessError::TooManyThreads {
             asked: o.threads,
@@ -371,19 +417,21 @@ pub fn migrate_process(
     if !with_memory.contains(&node) {
         return Err(ProcessError::NoMemory { node, with_memory });
     }
-    let page = page_size();
-    let mut report = ProcessReport {
-        pid: target.pid,
-        node,
-        dry_run: o.dry_run,
-        budget_us: o.budget.as_secs_f64() * 1e6,
-        ..ProcessReport::default()
-    };
-    // Where the target has memory: a given range's pages are looked up
-    // only there (a range may span unmapped space, up to the whole
-    // address space: a list of every page of it would not fit in memory).
-    let mut mapped: Option<Vec<(usize, usize)>> = None;
-    let list = match ranges {
+    Ok(())
+}
+
+/// The `[start, end)` ranges to move, and for given ranges where the
+/// target has memory: their pages are looked up only there (a range may
+/// span unmapped space, up to the whole address space: a list of every
+/// page of it would not fit in memory). The mappings all-anon leaves alone
+/// go to `report`.
+fn ranges_to_move(
+    target: &Target,
+    ranges: &Ranges,
+    page: usize,
+    report: &mut ProcessReport,
+) -> Result<(Spans, Option<Spans>), ProcessError> {
+    match ranges {
         Ranges::Given(v) => {
             for &(start, end) in v {
                 let why = if end <= start {
@@ -397,170 +445,22 @@ pub fn migrate_process(
                     return Err(ProcessError::BadRange { start, end, why });
                 }
             }
-            mapped = Some(
-                read_maps(target)?
-                    .iter()
-                    .map(|m| (m.start, m.end))
-                    .collect(),
-            );
-            v.clone()
+            let mapped = read_maps(target)?
+                .iter()
+                .map(|m| (m.start, m.end))
+                .collect();
+            Ok((v.clone(), Some(mapped)))
         }
         Ranges::AllAnon { stack } => {
             let (keep, skipped) = anon_mappings(target, *stack)?;
             report.skipped = skipped;
-            keep
+            Ok((keep, None))
         }
-    };
-    let gone = |report: ProcessReport| ProcessError::Gone {
-        pid: target.pid,
-        partial: Box::new(report),
-    };
-    let mo = MigrateOptions::default()
-        .channels(o.threads.max(1))
-        .batch_pages(crate::params::PROCESS_MOVE_START_PAGES)
-        .latency_budget(Some(o.budget));
-    let t0 = Instant::now();
-    let mut batch_sizes = Vec::new();
-    // A range is queried and moved chunk by chunk: its lists take about 20
-    // bytes a page, and a mapped range may be a reservation of terabytes.
-    let chunk = crate::params::MIGRATE_CHUNK_PAGES * page;
-    for (start, end) in list {
-        if !target.alive() {
-            return Err(gone(report));
-        }
-        let tr = Instant::now();
-        let huge_kib_before =
-            crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
-        let mut r = RangeReport {
-            start,
-            end,
-            huge_kib_before,
-            ..RangeReport::default()
-        };
-        let mut would_move = 0;
-        let mut at = start;
-        while at < end {
-            let (cs, ce) = (at, end.min(at.saturating_add(chunk)));
-            at = ce;
-            let pages: Vec<usize> = match &mapped {
-                Some(maps) => maps
-                    .iter()
-                    .filter(|&&(s, e)| s < ce && e > cs)
-                    .flat_map(|&(s, e)| (s.max(cs)..e.min(ce)).step_by(page))
-                    .collect(),
-                None => (cs..ce).step_by(page).collect(),
-            };
-            if pages.is_empty() {
-                continue;
-            }
-            let before = match query(target, &pages) {
-                Err(ProcessError::Gone { .. }) => return Err(gone(report)),
-                r => r?,
-            };
-            r.pages += pages.len();
-            add_counts(&mut r.nodes_before, histogram(&before));
-            // Pages the query could not locate are handed to move_pages
-            // too: a THP under a hinting fault or another migration reads
-            // -ENOENT or -EFAULT for a moment (seen in the 6.12 guest: one
-            // THP of a written 1 GiB target), and move_pages on a page that
-            // is really absent just reports it again. Where each ended
-            // decides below.
-            let to_move: Vec<usize> = pages
-                .iter()
-                .zip(&before)
-                .filter(|&(_, &s)| s != node as i32)
-                .map(|(&p, _)| p)
-                .collect();
-            r.already += pages.len() - to_move.len();
-            if o.dry_run {
-                r.not_present += before.iter().filter(|&&s| s < 0).count();
-                would_move += to_move.len();
-                continue;
-            }
-            let moved = match move_list_of(target.pid, &to_move, node, &mo) {
-                Ok(m) => m,
-                Err(e) => {
-                    if target.gone() {
-                        return Err(gone(report));
-                    }
-                    return Err(match e {
-                        MigrateError::Sys { source, .. }
-                            if source.raw_os_error() == Some(libc::EPERM) =>
-                        {
-                            ProcessError::Permission {
-                                pid: target.pid,
-                                source,
-                            }
-                        }
-                        MigrateError::Sys { what, source } => ProcessError::Sys { what, source },
-                        other => ProcessError::Sys {
-                            what: "move_pages",
-                            source: io::Error::other(other.to_string()),
-                        },
-                    });
-                }
-            };
-            if !target.alive() {
-                return Err(gone(report));
-            }
-            let (stats, failed) = moved;
-            r.calls += stats.len();
-            if r.first_call_us.is_none() {
-                r.first_call_us = stats.first().map(|b| b.total_us);
-            }
-            r.longest_call_us = stats
-                .iter()
-                .map(|b| b.total_us)
-                .chain(r.longest_call_us)
-                .reduce(f64::max);
-            batch_sizes.extend(stats.iter().map(|b| b.pages));
-            let after = match query(target, &pages) {
-                Err(ProcessError::Gone { .. }) => return Err(gone(report)),
-                r => r?,
-            };
-            add_counts(&mut r.nodes_after, histogram(&after));
-            // Every page that was elsewhere is judged once, by where it is
-            // now: on the node it moved (even if a call reported a
-            // transient error for it first); elsewhere it failed, with the
-            // call's errno where one was reported, else 0 (moved back or
-            // freed meanwhile).
-            let errno: std::collections::HashMap<usize, i32> = failed.into_iter().collect();
-            for ((&p, &s), &b) in pages.iter().zip(&after).zip(&before) {
-                if b == node as i32 {
-                    continue;
-                }
-                if s == node as i32 {
-                    r.moved += 1;
-                    if b >= 0 {
-                        *r.moved_from.entry(b as u32).or_default() += 1;
-                    }
-                } else if s < 0 && b < 0 {
-                    r.not_present += 1;
-                } else {
-                    *r.failed
-                        .entry(errno.get(&p).copied().unwrap_or(0))
-                        .or_default() += 1;
-                }
-            }
-        }
-        if o.dry_run {
-            r.nodes_after = r.nodes_before.clone();
-            r.huge_kib_after = huge_kib_before;
-            report.notes.push(format!(
-                "dry run: {would_move} pages of {start:#x}-{end:#x} would move"
-            ));
-        } else {
-            r.huge_kib_after =
-                crate::sys::smaps::anon_huge_bytes(Some(target.pid), start, end).map(|b| b >> 10);
-        }
-        r.secs = tr.elapsed().as_secs_f64();
-        report.ranges.push(r);
     }
-    batch_sizes.sort_unstable();
-    report.batch_pages_median = batch_sizes.get(batch_sizes.len() / 2).copied();
-    report.secs = t0.elapsed().as_secs_f64();
-    Ok(report)
 }
+
+/// `[start, end)` address ranges.
+type Spans = Vec<(usize, usize)>;
 
 /// The `[start, end)` ranges to move, and the mappings left alone.
 pub type AnonMappings = (Vec<(usize, usize)>, Vec<SkippedMapping>);
@@ -570,57 +470,6 @@ pub type AnonMappings = (Vec<(usize, usize)>, Vec<SkippedMapping>);
 pub fn anon_mappings(target: &Target, stack: bool) -> Result<AnonMappings, ProcessError> {
     Ok(anon_ranges(&read_maps(target)?, stack))
 }
-
-/// Each page's node (or negative errno), in chunks.
-fn query(target: &Target, pages: &[usize]) -> Result<Vec<i32>, ProcessError> {
-    let mut status = vec![0i32; pages.len()];
-    for (p, s) in pages
-        .chunks(QUERY_CHUNK)
-        .zip(status.chunks_mut(QUERY_CHUNK))
-    {
-        if let Err(e) = page_nodes_of(target.pid, p, s) {
-            // A process that exited has no mm: the kernel says EINVAL or
-            // ESRCH depending on how far its exit got.
-            if target.gone() {
-                return Err(ProcessError::Gone {
-                    pid: target.pid,
-                    partial: Box::default(),
-                });
-            }
-            return Err(match e.raw_os_error() {
-                Some(libc::EPERM) => ProcessError::Permission {
-                    pid: target.pid,
-                    source: e,
-                },
-                Some(libc::ESRCH) => ProcessError::Gone {
-                    pid: target.pid,
-                    partial: Box::default(),
-                },
-                _ => ProcessError::Sys {
-                    what: "move_pages (status query)",
-                    source: e,
-                },
-            });
-        }
-    }
-    Ok(status)
-}
-
-/// Adds the counts of `more` to `into`.
-fn add_counts(into: &mut BTreeMap<u32, usize>, more: BTreeMap<u32, usize>) {
-    for (k, v) in more {
-        *into.entry(k).or_default() += v;
-    }
-}
-
-fn histogram(status: &[i32]) -> BTreeMap<u32, usize> {
-    let mut h = BTreeMap::new();
-    for &s in status.iter().filter(|&&s| s >= 0) {
-        *h.entry(s as u32).or_default() += 1;
-    }
-    h
-}
-
 /// The target's mappings, read while it is known to be the same process.
 fn read_maps(target: &Target) -> Result<Vec<MapLine>, ProcessError> {
     let text =
@@ -728,11 +577,5 @@ mod tests {
         assert_eq!(skipped.len(), 6);
         let (keep, _) = anon_ranges(&maps, true);
         assert!(keep.contains(&(0x7ffd00000000, 0x7ffd00021000)));
-    }
-
-    #[test]
-    fn histograms_count_present_pages_per_node() {
-        let h = histogram(&[0, 0, 1, -libc::ENOENT, 2, -libc::EFAULT]);
-        assert_eq!(h, BTreeMap::from([(0, 2), (1, 1), (2, 1)]));
     }
 }
