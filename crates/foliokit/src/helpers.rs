@@ -218,6 +218,16 @@ fn queue(want: usize) -> (Arc<Queue<Arc<Call>>>, usize) {
     }
 }
 
+/// The helpers' queue and how many serve it, starting none: for a caller
+/// that must not create a thread (see [`beside`]).
+fn queue_existing() -> Option<(Arc<Queue<Arc<Call>>>, usize)> {
+    let mut guard = HELPERS.lock();
+    guard
+        .get_or_insert_with(|| None)
+        .as_ref()
+        .map(|h| (h.crew.queue().clone(), h.count()))
+}
+
 /// Whether `q` is still the helpers' queue and some helper serves it (or
 /// is being started for it). A released queue is never the helpers' any
 /// more: [`release`] takes it out of the registry before closing it.
@@ -319,7 +329,13 @@ pub(crate) fn beside<A, B: Send>(
     let Some(placement) = Placement::of_this_thread() else {
         return (mine(), None);
     };
-    let (q, helpers) = queue(want);
+    // Never a new thread here: the caller may be mid-batch (relocation
+    // registers its range before this), and a thread started now may get
+    // the cached stack of one that exited, inside that range, and wait on
+    // it. Callers start their helpers beforehand ([`start`]).
+    let Some((q, helpers)) = queue_existing() else {
+        return (mine(), None);
+    };
     if helpers < want {
         return (mine(), None);
     }

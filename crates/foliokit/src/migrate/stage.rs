@@ -145,10 +145,16 @@ impl<'u> Stage<'u> {
 
     /// A parking area whose batch is over, kept for the next batch's
     /// destination: unregistered (nothing can wait on it any more), its
-    /// old pages left where they are.
-    pub fn keep(mut self) -> Stage<'static> {
+    /// old pages left where they are. `None` where it could not be
+    /// unregistered: it is left mapped then (see `Drop`).
+    pub fn keep(mut self) -> Option<Stage<'static>> {
         if let Some(u) = self.uffd.take() {
-            let _ = u.unregister(self.base, self.len);
+            if u.unregister(self.base, self.len).is_err() {
+                // Unmapping a range still registered would wait for its
+                // UNMAP event, which only this thread reads.
+                std::mem::forget(self);
+                return None;
+            }
         }
         let kept = Stage {
             map: self.map,
@@ -159,7 +165,7 @@ impl<'u> Stage<'u> {
         };
         // The mapping now belongs to `kept`.
         std::mem::forget(self);
-        kept
+        Some(kept)
     }
 
     /// Whether the area can stage the batch `[like, like + len)`: as long,
@@ -203,7 +209,12 @@ impl<'u> Stage<'u> {
 impl Drop for Stage<'_> {
     fn drop(&mut self) {
         if let Some(u) = self.uffd.take() {
-            let _ = u.unregister(self.base, self.len);
+            if u.unregister(self.base, self.len).is_err() {
+                // Still registered: unmapping it would wait for an UNMAP
+                // event only this thread reads. Left mapped (a leak of
+                // one batch's staging, not a hang).
+                return;
+            }
         }
         // SAFETY: the whole mapping is ours; pages moved out of it are gone
         // from it already, whatever is left (old pages) is freed.
