@@ -210,6 +210,17 @@ pub enum Refusal {
         /// The thread's id.
         tid: i32,
     },
+    /// `/proc` shows another pid namespace than the one this process's
+    /// thread ids come from (a process in a new pid namespace that did not
+    /// remount `/proc`): the threads' ids cannot be checked against it.
+    #[error(
+        "/proc belongs to another pid namespace than this process's ({levels} ids in NSpid): \
+         relocation cannot check its threads; mount /proc in the process's own pid namespace"
+    )]
+    ForeignPidNamespace {
+        /// How many namespaces `NSpid` spans (1 would be the same one).
+        levels: usize,
+    },
     /// mTHP sizes are enabled for the mapping, and which pages are in
     /// large folios cannot be read here (`/proc/kpageflags` and pagemap
     /// PFNs need CAP_SYS_ADMIN): `UFFDIO_MOVE` would split any PTE-mapped

@@ -26,10 +26,36 @@ use std::io;
 
 use crate::params::{PID_WINDOW_MAX, THREAD_DESCRIPTOR_SPAN, THREAD_HEAD_WAIT, THREAD_STATE_TRIES};
 
-/// A thread whose exit-time words cannot be located.
+/// Why the threads' exit-time words cannot be located.
 #[derive(Debug, Clone, Copy)]
-pub struct Unknown {
-    pub tid: i32,
+pub enum Unknown {
+    /// This thread (0: the list of threads) could not be placed.
+    Thread(i32),
+    /// `/proc` belongs to another pid namespace than the one this
+    /// process's ids are allocated in (`NSpid` lists this many ids): the
+    /// ids this module reads and the ids it looks up would not agree.
+    PidNamespace(usize),
+}
+
+impl std::fmt::Display for Unknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unknown::Thread(0) => write!(f, "the threads could not be listed"),
+            Unknown::Thread(tid) => write!(f, "thread {tid} has no robust list"),
+            Unknown::PidNamespace(n) => {
+                write!(f, "/proc shows another pid namespace ({n} ids in NSpid)")
+            }
+        }
+    }
+}
+
+/// How many pid namespaces `/proc/self/status`'s `NSpid` spans, from the
+/// one `/proc` was mounted in down to this process's own (1: the same).
+fn pid_namespace_levels(status: &str) -> usize {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map_or(1, |ids| ids.split_whitespace().count())
 }
 
 /// The robust list head of thread `tid` (0 if it has none); `None` if the
@@ -134,11 +160,16 @@ const SELF_WORDS: [usize; 2] = [0, 16];
 
 impl Layout {
     pub fn of_this_process() -> Result<Layout, Unknown> {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let levels = pid_namespace_levels(&status);
+        if levels != 1 {
+            return Err(Unknown::PidNamespace(levels));
+        }
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
         let head = match robust_head(0) {
             Some(h) if h != 0 => h as isize,
-            _ => return Err(Unknown { tid: me }),
+            _ => return Err(Unknown::Thread(me)),
         };
         let span = THREAD_DESCRIPTOR_SPAN as isize;
         let Some(tp) = thread_pointer().map(|t| t as isize) else {
@@ -439,7 +470,7 @@ fn tids() -> io::Result<Vec<i32>> {
 /// (descriptor with `tid` and robust list head, rseq area), rounded out to
 /// pages; or the first thread that cannot be placed.
 pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, Unknown> {
-    let tids = tids().map_err(|_| Unknown { tid: 0 })?;
+    let tids = tids().map_err(|_| Unknown::Thread(0))?;
     let mut out = Vec::with_capacity(tids.len());
     for tid in tids {
         let mut head = robust_head(tid);
@@ -460,7 +491,7 @@ pub fn exit_areas(layout: &Layout, page: usize) -> Result<Vec<(usize, usize)>, U
         }
         let head = match head {
             None => continue, // exited: nothing of it is left to write
-            Some(0) => return Err(Unknown { tid }),
+            Some(0) => return Err(Unknown::Thread(tid)),
             Some(h) => h as isize,
         };
         let pages = |from: isize, to: isize| {
@@ -501,6 +532,14 @@ pub fn inside(areas: &[(usize, usize)], addr: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proc_of_another_pid_namespace_is_told_by_nspid() {
+        assert_eq!(pid_namespace_levels("Name:\tx\nNSpid:\t4242\n"), 1);
+        assert_eq!(pid_namespace_levels("NSpid:\t4242\t7\n"), 2);
+        // Kernels before 4.1 have no NSpid: no namespace to disagree with.
+        assert_eq!(pid_namespace_levels("Name:\tx\n"), 1);
+    }
 
     #[test]
     fn every_thread_here_is_placed_and_covers_its_descriptor() {

@@ -393,7 +393,12 @@ fn registered(
     }
     // First look at the threads: a page holding a live thread's
     // exit-time words is never taken (see `threads.rs`).
-    let unknown = |u: threads::Unknown| Start::Refused(Refusal::UnknownThread { tid: u.tid });
+    let unknown = |u: threads::Unknown| {
+        Start::Refused(match u {
+            threads::Unknown::Thread(tid) => Refusal::UnknownThread { tid },
+            threads::Unknown::PidNamespace(levels) => Refusal::ForeignPidNamespace { levels },
+        })
+    };
     let layout = run.layout.map_err(unknown)?;
     let births = threads::Births::open();
     let areas = threads::exit_areas(&layout, page).map_err(unknown)?;
@@ -459,8 +464,7 @@ fn out_copy_in(
         Err(u) => {
             put_back(run, b, parking, out, |_, _| true);
             return Err(Start::Stop(format!(
-                "thread {} has no robust list: its exit-time words cannot be located",
-                u.tid
+                "{u}: its exit-time words cannot be located"
             )));
         }
     }
