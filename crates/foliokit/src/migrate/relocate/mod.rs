@@ -144,6 +144,9 @@ struct Run<'a> {
 struct Outcome {
     /// `tid` words to wake once the batch is unregistered.
     wake: Vec<usize>,
+    /// Step 8 ran already (before waiting for the next batch's
+    /// destination to be prepared).
+    settled: bool,
     stat: Option<BatchStat>,
     pool_secs: f64,
     populated: usize,
@@ -222,7 +225,9 @@ fn batch(
         run, &mut b, &pre, &parking, &dest.dest, ioctls, v, next, &mut out,
     );
     let tf = Instant::now();
-    settle(run, &mut b, &parking, &mut out);
+    if !out.settled {
+        settle(run, &mut b, &parking, &mut out);
+    }
     let total = tb.elapsed();
     // Once every page is back or dropped, what is left in the parking area
     // is garbage: the next batch's destination, where it fits and its old
@@ -234,7 +239,7 @@ fn batch(
         drop(parking);
     }
     drop(dest);
-    out.phases.finish = tf.elapsed();
+    out.phases.finish += tf.elapsed();
     let first_in = res?;
     tally(&b, &mut out);
     out.stat = Some(BatchStat {
@@ -334,13 +339,13 @@ fn settle(run: &Run, b: &mut PageLedger, parking: &Stage, out: &mut Outcome) {
     let page = run.page;
     quiesce(run, b, parking, out);
     // Joiners of threads whose exit clear was redone: only words whose page
-    // is back (a shared wake looks the page up, and would fault in a page
-    // the application zapped meanwhile).
+    // is back, installed or put back (a shared wake looks the page up, and
+    // would fault in a page the application zapped meanwhile).
     let installed: Vec<usize> = std::mem::take(&mut out.wake)
         .into_iter()
         .filter(|&w| {
             let at = w / page * page;
-            (0..b.len()).any(|i| b.addr[i] == at && b.state[i] == State::In)
+            (0..b.len()).any(|i| b.addr[i] == at && matches!(b.state[i], State::In | State::Left))
         })
         .collect();
     threads::wake(&installed);
@@ -417,6 +422,13 @@ fn registered(
     out.phases.checks += since(&mut lap);
     let mut steps = || {
         let first = out_copy_in(run, b, parking, dest, &layout, births, out);
+        // Step 8 here, not after the helper preparing the next batch is
+        // done: threads waiting on the batch, and the senders of events,
+        // wait for this batch only.
+        let tf = Instant::now();
+        settle(run, b, parking, out);
+        out.settled = true;
+        out.phases.finish += tf.elapsed();
         (first, Instant::now())
     };
     let ((first, done), ahead) = match next {
@@ -462,7 +474,13 @@ fn out_copy_in(
             out.thread_left += back;
         }
         Err(u) => {
+            // Everything goes back; a thread that started and exited
+            // while its descriptor was out lost its clear all the same, so
+            // the parked copies are repaired first (no window tells here
+            // that none did).
+            let lost = threads::repair_lost_exits(layout, &parked(b, parking, page), page);
             put_back(run, b, parking, out, |_, _| true);
+            out.wake = lost.wake;
             return Err(Start::Stop(format!(
                 "{u}: its exit-time words cannot be located"
             )));
@@ -475,11 +493,7 @@ fn out_copy_in(
     // can have lived (see `threads::Births`) are the parked pages
     // searched for its descriptor.
     let lost = if births.may_have_lost() {
-        let parked: Vec<(usize, usize)> = (0..b.len())
-            .filter(|&i| b.state[i] == State::Out)
-            .map(|i| (b.addr[i], parking.base + i * page))
-            .collect();
-        threads::repair_lost_exits(layout, &parked, page)
+        threads::repair_lost_exits(layout, &parked(b, parking, page), page)
     } else {
         threads::Repaired::default()
     };
@@ -503,6 +517,14 @@ fn out_copy_in(
         ));
     }
     Ok(first)
+}
+
+/// The pages of `b` that are out: (their address, their parked copy).
+fn parked(b: &PageLedger, parking: &Stage, page: usize) -> Vec<(usize, usize)> {
+    (0..b.len())
+        .filter(|&i| b.state[i] == State::Out)
+        .map(|i| (b.addr[i], parking.base + i * page))
+        .collect()
 }
 
 /// The time since `*lap`, which moves to now.
