@@ -365,8 +365,13 @@ pub fn wake(words: &[usize]) {
 /// (`/proc/self/task/*/syscall`; a thread that stays on a CPU cannot be
 /// told, and leaves the window unknown). Ids come from the namespace's cyclic allocator: a
 /// window that wrapped, or saw more than `PID_WINDOW_MAX` ids, is unknown
-/// too. Assumed: nothing rewinds `ns_last_pid` (checkpoint and restore
-/// tools) while a batch is out.
+/// too. Assumed, while a batch is out: nothing rewinds `ns_last_pid`
+/// (checkpoint and restore tools), no thread is made with an id chosen by
+/// `clone3`'s `set_tid` (it does not move the allocator's cursor, so it
+/// falls outside the window; that needs CAP_CHECKPOINT_RESTORE), the
+/// namespace's `pid_max` is not so small that the ids wrap all the way
+/// round within one batch, and no thread enters `clone` through the 32-bit
+/// `int 0x80` entry (its syscall numbers are not the ones looked for).
 #[derive(Debug, Clone, Copy)]
 pub struct Births {
     /// The namespace's last id when the window opened; `None`: unknown.
