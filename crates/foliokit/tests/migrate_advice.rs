@@ -21,11 +21,11 @@
 #[macro_use]
 mod common;
 
-use common::{node, MIB, PAGE, RUN, THP};
+use common::{fill_page, node, page_is, word, MIB, PAGE, RUN, THP};
 use foliokit::mem::Region;
 use foliokit::migrate::{migrate, MigrateOptions, MigratePath, MigrateReport, Path};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -130,37 +130,6 @@ impl Drop for StopOnPanic<'_> {
             self.0.store(true, Release);
         }
     }
-}
-
-fn word<'a>(addr: usize) -> &'a AtomicU64 {
-    // SAFETY: callers pass 8-aligned addresses inside a mapping they keep
-    // while they use the reference; every access to a shared word is atomic.
-    unsafe { AtomicU64::from_ptr(addr as *mut u64) }
-}
-
-/// Word `k` of a page whose generation is `v` (word 0 is `v` itself).
-fn page_word(v: u64, k: usize) -> u64 {
-    if k == 0 {
-        v
-    } else {
-        v ^ (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-}
-
-/// Writes generation `v` of the page at `addr`.
-fn fill_page(addr: usize, v: u64) {
-    for k in (1..PAGE / 8).rev() {
-        word(addr + k * 8).store(page_word(v, k), Relaxed);
-    }
-    word(addr).store(v, Release);
-}
-
-/// Whether the page at `addr` holds generation `v` exactly (0: all zero).
-fn page_is(addr: usize, v: u64) -> bool {
-    (0..PAGE / 8).all(|k| {
-        let want = if v == 0 { 0 } else { page_word(v, k) };
-        word(addr + k * 8).load(Relaxed) == want
-    })
 }
 
 fn advise(addr: usize, len: usize, advice: libc::c_int) -> Result<(), i32> {

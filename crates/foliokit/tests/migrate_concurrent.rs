@@ -13,7 +13,8 @@
 mod common;
 
 use common::{
-    in_child, maps_overlapping, missing, node, pattern, Need, LIMIT, MIB, PAGE, RUN, THP,
+    fill_page, in_child, maps_overlapping, missing, node, page_is, pattern, word, Need, LIMIT, MIB,
+    PAGE, RUN, THP,
 };
 use foliokit::mem::Region;
 use foliokit::migrate::{migrate, MigrateError, MigrateOptions, MigratePath, MigrateReport, Path};
@@ -58,14 +59,6 @@ fn call(addr: usize, len: usize, path: Path) -> Result<MigrateReport, MigrateErr
     unsafe { migrate(addr as *mut u8, len, node(), &opts(path)) }
 }
 
-/// The u64 at `addr`, shared between threads.
-fn word<'a>(addr: usize) -> &'a AtomicU64 {
-    // SAFETY: callers pass 8-aligned addresses inside a mapping they keep
-    // while they use the reference; while threads share a word, every
-    // user-space access to it is atomic.
-    unsafe { AtomicU64::from_ptr(addr as *mut u64) }
-}
-
 /// `[addr, addr + len)` as bytes.
 fn bytes<'a>(addr: usize, len: usize) -> &'a [u8] {
     // SAFETY: callers pass a mapped, readable range they keep while the
@@ -90,32 +83,6 @@ fn assert_same(got: &[u8], want: &[u8], what: &str) {
             want[i]
         );
     }
-}
-
-/// Word `k` of a page whose version is `v` (word 0 is `v` itself).
-fn page_word(v: u64, k: usize) -> u64 {
-    if k == 0 {
-        v
-    } else {
-        v ^ (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-}
-
-/// Writes version `v` of the page at `addr`, word 0 last (with release),
-/// so a reader that sees `v` in word 0 sees the whole version.
-fn fill_page(addr: usize, v: u64) {
-    for k in (1..PAGE / 8).rev() {
-        word(addr + k * 8).store(page_word(v, k), Relaxed);
-    }
-    word(addr).store(v, Release);
-}
-
-/// Whether the page at `addr` holds version `v` exactly (0: all zero).
-fn page_is(addr: usize, v: u64) -> bool {
-    (0..PAGE / 8).all(|k| {
-        let want = if v == 0 { 0 } else { page_word(v, k) };
-        word(addr + k * 8).load(Relaxed) == want
-    })
 }
 
 /// Deterministic pseudo-random numbers (xorshift64).

@@ -913,3 +913,39 @@ pub fn maps_overlapping(start: usize, end: usize) -> Vec<MapsLine> {
         .filter(|m| m.end > start && m.start < end)
         .collect()
 }
+
+/// The 8-byte word at `addr`, shared with other threads.
+pub fn word<'a>(addr: usize) -> &'a std::sync::atomic::AtomicU64 {
+    // SAFETY: callers pass 8-aligned addresses inside a mapping they keep
+    // while they use the reference; while threads share a word, every
+    // user-space access to it is atomic.
+    unsafe { std::sync::atomic::AtomicU64::from_ptr(addr as *mut u64) }
+}
+
+/// Word `k` of a page whose version is `v` (word 0 is `v` itself).
+pub fn page_word(v: u64, k: usize) -> u64 {
+    if k == 0 {
+        v
+    } else {
+        v ^ (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+}
+
+/// Writes version `v` of the page at `addr`, word 0 last (with release),
+/// so a reader that sees `v` in word 0 sees the whole version.
+pub fn fill_page(addr: usize, v: u64) {
+    use std::sync::atomic::Ordering::{Relaxed, Release};
+    for k in (1..PAGE / 8).rev() {
+        word(addr + k * 8).store(page_word(v, k), Relaxed);
+    }
+    word(addr).store(v, Release);
+}
+
+/// Whether the page at `addr` holds version `v` exactly (0: all zero).
+pub fn page_is(addr: usize, v: u64) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    (0..PAGE / 8).all(|k| {
+        let want = if v == 0 { 0 } else { page_word(v, k) };
+        word(addr + k * 8).load(Relaxed) == want
+    })
+}
