@@ -332,7 +332,9 @@ pub(crate) fn beside<A, B: Send>(
     // Never a new thread here: the caller may be mid-batch (relocation
     // registers its range before this), and a thread started now may get
     // the cached stack of one that exited, inside that range, and wait on
-    // it. Callers start their helpers beforehand ([`start`]).
+    // it. Nor anywhere on its behalf: foliokit's threads are the ones
+    // `start_shared` started (the C API promises no thread after it), so
+    // the work goes beside only where a second helper exists already.
     let Some((q, helpers)) = queue_existing() else {
         return (mine(), None);
     };

@@ -67,9 +67,6 @@ fn relocate_here(
     // first, so that the check sees its memory and its threads' stacks
     // (a new thread may get the cached stack of one that exited).
     let pool = crate::channels::shared(o.channels)?;
-    // The helper that prepares the next batch beside this one is started
-    // now too (it never is mid-batch); without it this one prepares.
-    crate::helpers::start(2);
     let vmas = vma::relocatable(addr, len)?;
     let uffd = open_uffd(addr, o)?;
     let folio = o.folio_size.max(page);
