@@ -90,12 +90,16 @@ impl fmt::Display for Unavailable {
 
 impl std::error::Error for Unavailable {}
 
-/// Whether this kernel's DAMON has virtual-address operations, from its
-/// symbol list: `None` where the list says nothing about DAMON (no DAMON
-/// symbols visible), so only the sysfs context can tell.
-fn vaddr_in_symbols(kallsyms: &str) -> Option<bool> {
+/// Whether this kernel's DAMON has virtual-address operations, from the
+/// lines of its symbol list (it stops at the first `damon_va_` symbol):
+/// `None` where the list says nothing about DAMON (no DAMON symbols
+/// visible), so only the sysfs context can tell.
+fn vaddr_in_symbols<S: AsRef<str>>(lines: impl IntoIterator<Item = S>) -> Option<bool> {
     let mut any = false;
-    for name in kallsyms.lines().filter_map(|l| l.split_whitespace().nth(2)) {
+    for line in lines {
+        let Some(name) = line.as_ref().split_whitespace().nth(2) else {
+            continue;
+        };
         if name.starts_with("damon_va_") {
             return Some(true);
         }
@@ -105,19 +109,11 @@ fn vaddr_in_symbols(kallsyms: &str) -> Option<bool> {
 }
 
 /// [`vaddr_in_symbols`] of this kernel, read line by line (the list is
-/// megabytes; it stops at the first `damon_va_` symbol).
+/// megabytes).
 fn vaddr_in_kallsyms() -> Option<bool> {
     use std::io::BufRead;
     let f = std::fs::File::open(KALLSYMS).ok()?;
-    let mut any = false;
-    for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
-        match vaddr_in_symbols(&line) {
-            Some(true) => return Some(true),
-            Some(false) => any = true,
-            None => {}
-        }
-    }
-    any.then_some(false)
+    vaddr_in_symbols(std::io::BufReader::new(f).lines().map_while(Result::ok))
 }
 
 /// What this kernel's DAMON offers for `--cold`, read without writing
@@ -303,12 +299,12 @@ mod tests {
     fn vaddr_is_read_from_the_symbol_list() {
         let paddr_only =
             "ffffffff816a5270 t damon_pa_scheme_score\nffffffff816a52d0 t damon_pa_batch_lock\n";
-        assert_eq!(vaddr_in_symbols(paddr_only), Some(false));
+        assert_eq!(vaddr_in_symbols(paddr_only.lines()), Some(false));
         let both =
             "0000000000000000 t damon_pa_apply_scheme\n0000000000000000 t damon_va_apply_scheme\n";
-        assert_eq!(vaddr_in_symbols(both), Some(true));
-        assert_eq!(vaddr_in_symbols("0000000000000000 T do_sys_open\n"), None);
-        assert_eq!(vaddr_in_symbols(""), None);
+        assert_eq!(vaddr_in_symbols(both.lines()), Some(true));
+        assert_eq!(vaddr_in_symbols(["0000000000000000 T do_sys_open"]), None);
+        assert_eq!(vaddr_in_symbols([""; 0]), None);
     }
 
     #[test]
