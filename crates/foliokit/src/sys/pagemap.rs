@@ -154,14 +154,10 @@ fn scan(
 mod tests {
     use super::*;
 
-    /// A THP mapped whole is found as PMD-mapped, clipped to the range;
-    /// base pages next to it are not.
-    #[test]
-    fn pmd_mapped_extents_are_the_whole_thps() {
-        let page = crate::sys::page_size();
-        let pmd = 2usize << 20;
-        let len = 3 * pmd;
-        // SAFETY: a fresh private mapping of our own.
+    /// A fresh private anonymous mapping of `len` bytes, unmapped by the
+    /// caller.
+    fn anon(len: usize) -> *mut libc::c_void {
+        // SAFETY: a new mapping; nothing else is affected.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -173,6 +169,17 @@ mod tests {
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
+        p
+    }
+
+    /// A THP mapped whole is found as PMD-mapped, clipped to the range;
+    /// base pages next to it are not.
+    #[test]
+    fn pmd_mapped_extents_are_the_whole_thps() {
+        let page = crate::sys::page_size();
+        let pmd = 2usize << 20;
+        let len = 3 * pmd;
+        let p = anon(len);
         let a = (p as usize).next_multiple_of(pmd);
         // SAFETY: advice on our mapping; the aligned PMD may get a THP.
         unsafe { libc::madvise(a as *mut libc::c_void, pmd, libc::MADV_HUGEPAGE) };
@@ -203,18 +210,7 @@ mod tests {
     fn populated_extents_are_the_written_pages() {
         let page = crate::sys::page_size();
         let len = 64 * page;
-        // SAFETY: a fresh private mapping of our own.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
+        let p = anon(len);
         let a = p as usize;
         // SAFETY: advice on our mapping; it keeps 4 KiB pages.
         unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
