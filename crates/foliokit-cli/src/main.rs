@@ -6,6 +6,7 @@ mod calibrate;
 mod compare;
 mod damon;
 mod guest;
+mod handler;
 mod html;
 mod info;
 mod lab;
@@ -72,6 +73,13 @@ enum Cmd {
     /// Move another process's memory to a NUMA node (what a tiering agent does), in
     /// move_pages calls kept under a latency budget. Example: move --pid 4242 --to 1 --all-anon
     Move(moves::MoveArgs),
+    /// The page-fault handler Firecracker starts for a snapshot: serve its guest memory from
+    /// MEM_FILE at memory bandwidth. Example: uffd-handler /run/fc/uffd.sock /snapshots/vm1/mem
+    #[command(name = "uffd-handler")]
+    UffdHandler(handler::HandlerArgs),
+    /// (internal) A process playing Firecracker's side of the handler's protocol.
+    #[command(name = "__vmm", hide = true)]
+    Vmm(handler::VmmArgs),
     /// (internal) The target process of `bench migrate` table 4.
     #[command(name = "__target", hide = true)]
     Target(bench::migrate::TargetArgs),
@@ -159,6 +167,8 @@ fn dispatch(cmd: Cmd) -> Result<(), CliError> {
         Cmd::Bench(BenchCmd::Migrate(a)) => bench::migrate::run(a),
         Cmd::Bench(BenchCmd::Restore(a)) => bench::restore::run(a),
         Cmd::Target(a) => bench::migrate::target(a),
+        Cmd::UffdHandler(a) => handler::run(a),
+        Cmd::Vmm(a) => handler::vmm(a),
         Cmd::Move(a) => match moves::run(a) {
             Ok(0) => Ok(()),
             Ok(code) => std::process::exit(code),

@@ -14,7 +14,9 @@
 //! - [`migrate`]: seed 001's batched migration (and seed 000's move_pages
 //!   table), with another process as the mover for table 4;
 //! - [`remap`]: seed 004's mremap loop and the selftest's 1 GiB mremap;
-//! - [`restore`]: restoring guest RAM from a snapshot, eager and lazy.
+//! - [`restore`]: restoring guest RAM from a snapshot, eager and lazy;
+//! - [`vmm`]: a process playing Firecracker on snapshot load, for the
+//!   external page-fault handler's tests and bench rows.
 //!
 //! Around them:
 //!
@@ -56,6 +58,7 @@ pub mod schema;
 pub mod seeds;
 pub mod summary;
 pub mod units;
+pub mod vmm;
 
 pub use error::LabError;
 pub use progress::Progress;

@@ -22,3 +22,8 @@ pub const THP_DIR: &str = crate::mem::system::THP_DIR;
 pub fn hugetlb_dir(size: usize) -> String {
     crate::mem::system::hugetlb_dir(size)
 }
+
+/// The userfaultfd a VMM makes, registers and hands to its page-fault
+/// handler: the lab's player of Firecracker's side opens it with the
+/// wrapper foliokit uses, not a second one.
+pub use crate::sys::uffd::{Uffd, FEATURE_EVENT_REMOVE};

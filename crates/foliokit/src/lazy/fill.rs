@@ -5,7 +5,7 @@
 //! `ledger.rs`.
 
 use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +60,22 @@ pub(super) struct Filler {
     pub(super) strategy: CopyStrategy,
     pub(super) ctl: BatchController,
     pub(super) shared: Arc<Shared>,
+    /// What happens once every page is in.
+    pub(super) end: End,
     pub(super) tally: Tally,
+}
+
+/// How a fill ends: the caller's policy.
+pub(super) enum End {
+    /// The ranges are this process's: unregister them, and they are plain
+    /// memory again.
+    Unregister,
+    /// The ranges are another process's (a VMM's, whose registration is
+    /// its own): keep serving faults (zeros where it discarded pages)
+    /// until the descriptor becomes readable (it says that process has
+    /// gone: its pidfd, the socket it connected on); a fill still running
+    /// then stops.
+    ServeUntil(OwnedFd),
 }
 
 /// What the report says beyond the shared counters.
@@ -72,6 +87,8 @@ pub(super) struct Tally {
     pub(super) longest: Duration,
     pub(super) forks: u64,
     pub(super) t0: Instant,
+    /// When every page was in (a fill that serves on afterwards).
+    pub(super) resident: Option<Duration>,
 }
 
 impl Filler {
@@ -168,6 +185,10 @@ impl Filler {
             if self.ledger.pending() == 0 {
                 break;
             }
+            if self.owner_gone(Some(Duration::ZERO)) {
+                self.abandon();
+                break;
+            }
             let cancelled = self.shared.cancelled.load(Ordering::Acquire)
                 && !self.shared.finish.load(Ordering::Acquire);
             if cancelled {
@@ -176,14 +197,56 @@ impl Filler {
             }
             self.batch();
         }
+        if matches!(self.end, End::ServeUntil(_)) {
+            self.tally.resident = Some(self.tally.t0.elapsed());
+            // Every page is in: what the caller waits for (the report
+            // comes when the owner has gone).
+            self.shared.done.store(true, Ordering::Release);
+            self.linger();
+        }
         self.finish();
         drop(active);
+    }
+
+    /// Whether the process whose memory this is has gone, waiting up to
+    /// `wait` (`None`: until it has, or a message comes). Always false for
+    /// the caller's own memory.
+    pub(super) fn owner_gone(&self, wait: Option<Duration>) -> bool {
+        let End::ServeUntil(gone) = &self.end else {
+            return false;
+        };
+        let [_, g] = crate::sys::poll::readable([self.uffd.raw(), gone.as_raw_fd()], wait);
+        g
+    }
+
+    /// The owner went away mid-fill: nothing left to fill is filled.
+    fn abandon(&mut self) {
+        self.tally
+            .notes
+            .push("the process whose memory this is went away before every page was in".into());
+        for s in 0..self.ledger.segs.len() {
+            let (a, l) = (self.ledger.segs[s].addr, self.ledger.segs[s].len);
+            self.discard(a, a + l, false);
+        }
+    }
+
+    /// Every page is in; the memory is another process's, still registered
+    /// there: serve what faults now (pages it discarded, which read zeros)
+    /// until it goes away.
+    fn linger(&mut self) {
+        while !self.owner_gone(None) {
+            self.drain();
+            while let Some(addr) = self.faults.pop_front() {
+                self.serve(addr);
+            }
+        }
     }
 
     /// Unregisters everything (where it is now), reads what is left, and
     /// publishes the report.
     pub(super) fn finish(mut self) {
-        for i in 0..self.ledger.segs.len() {
+        let own = matches!(self.end, End::Unregister);
+        for i in (0..self.ledger.segs.len()).filter(|_| own) {
             let (a, l) = (self.ledger.segs[i].addr, self.ledger.segs[i].len);
             for (s, n) in self.ledger.remaps.image(a, l) {
                 if let Err(e) = self.uffd.unregister(s, n) {
@@ -195,7 +258,7 @@ impl Filler {
         }
         // Events raised before the unregistration: read them so their
         // threads go on (faults were woken by the unregistration).
-        for _ in 0..3 {
+        for _ in (0..3).filter(|_| own) {
             self.drain();
             self.faults.clear();
         }
@@ -213,7 +276,11 @@ impl Filler {
             whole_folios: self.tally.whole,
             batches: self.tally.batches,
             longest_batch_us: self.tally.longest.as_secs_f64() * 1e6,
-            secs: self.tally.t0.elapsed().as_secs_f64(),
+            secs: self
+                .tally
+                .resident
+                .unwrap_or_else(|| self.tally.t0.elapsed())
+                .as_secs_f64(),
             forks: self.tally.forks,
             strategy: Some(self.strategy),
             notes: std::mem::take(&mut self.tally.notes),

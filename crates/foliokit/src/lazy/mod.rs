@@ -120,7 +120,10 @@
 //!   which waits for a page only the fill can install.
 
 mod batch;
+mod external;
 mod fill;
+#[cfg(feature = "serde")]
+pub mod firecracker;
 mod install;
 mod ledger;
 mod map;
@@ -142,6 +145,7 @@ use crate::channels::ChannelError;
 use crate::copy::CopyStrategy;
 use crate::mc::{FaultKind, McError};
 
+pub use external::{fill_external, External, ExternalSegment};
 pub use source::Source;
 
 /// One range to fill: `len` bytes at host address `addr`, whose contents

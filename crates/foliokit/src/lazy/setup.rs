@@ -8,13 +8,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::fill::{Filler, Tally};
+use super::fill::{End, Filler, Tally};
 use super::ledger::{Ledger, Seg};
 use super::map::Map;
 use super::park::{Active, Parked};
 use super::{LazyError, LazyFill, LazyOptions, LazyRefusal, Segment, Shared, Source};
 use crate::batch::page_size;
 use crate::budget::BatchController;
+use crate::copy::CopyStrategy;
+use crate::mc::McCopyFn;
 use crate::sys::maps::{self, MapLine};
 use crate::sys::uffd::{self, Uffd};
 use crate::tune::Shape;
@@ -236,15 +238,7 @@ pub(super) fn start(
     let t0 = Instant::now();
     let page = page_size();
     let (sorted, folio) = checked(segments, &source, opts, page)?;
-    let (copy_strategy, mc) = crate::mc::mc_routine(
-        opts.strategy,
-        Shape::batch(
-            folio,
-            crate::params::LAZY_MAX_BATCH_BYTES / folio,
-            crate::Reuse::Stream,
-        )
-        .on_channels(opts.channels),
-    )?;
+    let (copy_strategy, mc) = mc_for(opts, folio)?;
     let pool = crate::channels::shared(opts.channels.max(1))?;
     // Counted as a fill thread before the first registration: a fork from
     // now on raises an event only the fill thread can read, so it must
@@ -255,6 +249,176 @@ pub(super) fn start(
     let (uffd, features) = open_uffd()?;
     let reg = register(&uffd, &sorted, opts, folio, page)?;
     let poison = reg.poison && features & uffd::FEATURE_POISON != 0;
+    let begun = Begun {
+        t0,
+        uffd,
+        poison,
+        reg,
+        folio,
+        page,
+        pool,
+        mc,
+        copy_strategy,
+        end: End::Unregister,
+        notes: Vec::new(),
+    };
+    spawn(begun, source, opts, active)
+}
+
+/// Checks the segments of another process's memory, carves them and
+/// starts the fill thread on its descriptor (see `external.rs`).
+pub(super) fn start_external(
+    ext: super::External,
+    segments: &[super::ExternalSegment],
+    source: Source,
+    opts: &LazyOptions,
+) -> Result<LazyFill, LazyError> {
+    let t0 = Instant::now();
+    let page = page_size();
+    let plain: Vec<Segment> = segments.iter().map(|s| s.segment).collect();
+    let (_, folio) = checked(&plain, &source, opts, page)?;
+    let mut sorted = segments.to_vec();
+    sorted.sort_by_key(|s| s.segment.addr);
+    let mut segs = Vec::with_capacity(sorted.len());
+    let mut blocks = Vec::new();
+    let mut pages = 0;
+    let mut unit_max = page;
+    for (i, e) in sorted.iter().enumerate() {
+        let (s, unit) = (e.segment, e.page_size);
+        let bad = |why| LazyError::BadSegment {
+            addr: s.addr,
+            len: s.len,
+            why,
+        };
+        if unit < page || !unit.is_power_of_two() || unit > 1 << 30 {
+            return Err(bad(
+                "its page size is not a power of two from the base page to 1 GiB",
+            ));
+        }
+        if s.addr % unit != 0 || s.len % unit != 0 {
+            return Err(bad("not aligned to its page size"));
+        }
+        unit_max = unit_max.max(unit);
+        Ledger::carve(s.addr, s.len, folio.max(unit), i as u32, &mut blocks);
+        segs.push(Seg {
+            addr: s.addr,
+            len: s.len,
+            offset: s.offset,
+            unit,
+            movable: false,
+            first_page: pages,
+        });
+        pages += s.len / page;
+    }
+    let mut notes = ext.costs();
+    if let Some(pid) = ext.pid {
+        check_page_sizes(pid, &sorted, &mut notes)?;
+    }
+    let (copy_strategy, mc) = mc_for(opts, folio)?;
+    let pool = crate::channels::shared(opts.channels.max(1))?;
+    let active = Active::enter();
+    let poison = ext.poison();
+    let begun = Begun {
+        t0,
+        uffd: ext.uffd,
+        poison,
+        reg: Registered {
+            ledger: Ledger::new(segs, blocks, page),
+            unit_max,
+            any_movable: false,
+            poison,
+        },
+        folio,
+        page,
+        pool,
+        mc,
+        copy_strategy,
+        end: End::ServeUntil(ext.gone),
+        notes,
+    };
+    spawn(begun, source, opts, active)
+}
+
+/// Refuses a segment whose page size is not that of process `pid`'s
+/// mapping there (an install of the wrong unit fails or splits a huge
+/// page's contents), or where nothing is mapped; notes where its smaps
+/// cannot be read.
+fn check_page_sizes(
+    pid: i32,
+    segments: &[super::ExternalSegment],
+    notes: &mut Vec<String>,
+) -> Result<(), LazyError> {
+    let starts: Vec<usize> = segments.iter().map(|s| s.segment.addr).collect();
+    let Some(found) = crate::sys::smaps::kernel_page_sizes_of(pid, &starts) else {
+        notes.push(format!(
+            "page sizes not checked against process {pid}'s mappings (its smaps cannot be read here)"
+        ));
+        return Ok(());
+    };
+    for (e, k) in segments.iter().zip(found) {
+        let why = match k {
+            None => "nothing is mapped there in the process",
+            Some(k) if k != e.page_size => "its page size is not the mapping's",
+            Some(_) => continue,
+        };
+        return Err(LazyError::BadSegment {
+            addr: e.segment.addr,
+            len: e.segment.len,
+            why,
+        });
+    }
+    Ok(())
+}
+
+/// The mc copy routine for the fill's batches.
+fn mc_for(opts: &LazyOptions, folio: usize) -> Result<(CopyStrategy, McCopyFn), LazyError> {
+    Ok(crate::mc::mc_routine(
+        opts.strategy,
+        Shape::batch(
+            folio,
+            crate::params::LAZY_MAX_BATCH_BYTES / folio,
+            crate::Reuse::Stream,
+        )
+        .on_channels(opts.channels),
+    )?)
+}
+
+/// What both fronts have found and made before the fill thread starts.
+struct Begun {
+    t0: Instant,
+    uffd: Uffd,
+    poison: bool,
+    reg: Registered,
+    folio: usize,
+    page: usize,
+    pool: Arc<crate::channels::ChannelPool>,
+    mc: McCopyFn,
+    copy_strategy: CopyStrategy,
+    end: End,
+    notes: Vec<String>,
+}
+
+/// Maps the staging area and the zero source, builds the fill thread's
+/// state and starts it.
+fn spawn(
+    b: Begun,
+    source: Source,
+    opts: &LazyOptions,
+    active: Active,
+) -> Result<LazyFill, LazyError> {
+    let Begun {
+        t0,
+        uffd,
+        poison,
+        reg,
+        folio,
+        page,
+        pool,
+        mc,
+        copy_strategy,
+        end,
+        notes,
+    } = b;
     let (pages, unit_max) = (reg.ledger.pages(), reg.unit_max);
     let slots = (crate::params::LAZY_MAX_BATCH_BYTES / folio).max(1);
     let staging = staging_area(reg.any_movable, slots, folio)?;
@@ -305,14 +469,16 @@ pub(super) fn start(
             slots * folio / page,
         ),
         shared: shared.clone(),
+        end,
         tally: Tally {
             bad: Vec::new(),
-            notes: Vec::new(),
+            notes,
             whole: 0,
             batches: 0,
             longest: Duration::ZERO,
             forks: 0,
             t0,
+            resident: None,
         },
     };
     f.take_order(opts);

@@ -9,6 +9,7 @@ pub(crate) mod maps;
 pub mod numa;
 pub mod pagemap;
 pub(crate) mod poll;
+pub(crate) mod scm;
 pub mod smaps;
 pub mod uffd;
 pub(crate) mod vma;

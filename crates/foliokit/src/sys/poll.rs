@@ -5,7 +5,8 @@ use std::time::Duration;
 
 /// Waits until one of `fds` is readable or `timeout` passes (`None`: no
 /// limit); which of them are readable (none after a timeout, or when the
-/// call failed, e.g. interrupted by a signal).
+/// call failed, e.g. interrupted by a signal). A descriptor whose peer hung
+/// up or that is in error counts as readable: reading it no longer waits.
 pub(crate) fn readable<const N: usize>(fds: [RawFd; N], timeout: Option<Duration>) -> [bool; N] {
     let mut p = fds.map(|fd| libc::pollfd {
         fd,
@@ -22,5 +23,5 @@ pub(crate) fn readable<const N: usize>(fds: [RawFd; N], timeout: Option<Duration
     // SAFETY: N valid pollfds and a valid (or null) timespec for the call;
     // no signal mask change.
     let n = unsafe { libc::ppoll(p.as_mut_ptr(), N as libc::nfds_t, tsp, std::ptr::null()) };
-    p.map(|q| n > 0 && q.revents & libc::POLLIN != 0)
+    p.map(|q| n > 0 && q.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
 }

@@ -31,6 +31,23 @@ pub fn kernel_page_size(addr: usize) -> Option<usize> {
     }
 }
 
+/// The page size of process `pid`'s mapping at each of `addrs` (its
+/// `KernelPageSize`), from one read of its smaps: `None` inside where no
+/// mapping is there; `None` where smaps cannot be read (another user's
+/// process, no /proc).
+pub fn kernel_page_sizes_of(pid: i32, addrs: &[usize]) -> Option<Vec<Option<usize>>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    Some(
+        addrs
+            .iter()
+            .map(|&a| {
+                let kib = kib_fields(&text, a, a + 1, "KernelPageSize:").next()?;
+                Some(kib.unwrap_or(4) << 10)
+            })
+            .collect(),
+    )
+}
+
 /// [`kernel_page_size`] from smaps.
 fn smaps_page_size(addr: usize) -> Option<usize> {
     let text = std::fs::read_to_string("/proc/self/smaps").ok()?;

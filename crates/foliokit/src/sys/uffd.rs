@@ -15,7 +15,7 @@
 //! (include/uapi/linux/userfaultfd.h), checked in the tests.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
@@ -25,12 +25,18 @@ use super::poll::readable;
 const UFFD_API: u64 = 0xAA;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 
-/// Feature bits (UFFD_FEATURE_*).
+// Feature bits (UFFD_FEATURE_*).
+/// Fork events: a forked child's copy registered with a new descriptor.
 pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
+/// mremap events.
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
+/// Discard events (MADV_DONTNEED, MADV_REMOVE).
 pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+/// munmap events.
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+/// UFFDIO_POISON (Linux 6.6).
 pub const FEATURE_POISON: u64 = 1 << 14;
+/// UFFDIO_MOVE (Linux 6.8).
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
 const REGISTER_MODE_MISSING: u64 = 1 << 0;
@@ -303,6 +309,12 @@ pub struct Uffd {
     fd: OwnedFd,
 }
 
+impl AsFd for Uffd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 fn ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<()> {
     // SAFETY: `arg` is the exact uAPI struct for `req` (sizes are part of
     // the request number) and lives for the duration of the call.
@@ -364,6 +376,17 @@ fn open_all_faults(flags: libc::c_int) -> io::Result<OwnedFd> {
         sys_err.kind(),
         format!("/dev/userfaultfd: {dev_err}; userfaultfd(2): {sys_err}"),
     ))
+}
+
+/// The features in a userfaultfd's fdinfo (`API:\t<api>:<features>:<ioctls>`,
+/// hexadecimal), less the kernel's own "initialised" bit (1 << 31);
+/// `None` where the line is missing or names another API.
+fn parse_fdinfo_features(info: &str) -> Option<u64> {
+    let api = info.lines().find_map(|l| l.strip_prefix("API:"))?;
+    let mut parts = api.trim().split(':');
+    let version = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let features = u64::from_str_radix(parts.next()?, 16).ok()?;
+    (version == UFFD_API).then_some(features & !(1 << 31))
 }
 
 impl Uffd {
@@ -590,6 +613,43 @@ impl Uffd {
         m
     }
 
+    /// A userfaultfd another process made, initialised and registered (a
+    /// VMM's, received over a socket), and the features its maker enabled
+    /// (read from `/proc/self/fdinfo`; the API call that set them can be
+    /// made once only). Made non-blocking: this side polls before it
+    /// reads, and the kernel answers poll on a blocking descriptor with
+    /// an error. Refuses a descriptor that is no userfaultfd.
+    pub fn adopt(fd: OwnedFd) -> io::Result<(Uffd, u64)> {
+        let raw = fd.as_raw_fd();
+        let what = std::fs::read_link(format!("/proc/self/fd/{raw}"))?;
+        if what.to_str() != Some("anon_inode:[userfaultfd]") {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the descriptor is {}, not a userfaultfd", what.display()),
+            ));
+        }
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}"))?;
+        let features = parse_fdinfo_features(&info).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the userfaultfd's fdinfo names no API this library knows",
+            )
+        })?;
+        // SAFETY: F_GETFL/F_SETFL on a descriptor we own; no memory passed.
+        unsafe {
+            let fl = libc::fcntl(raw, libc::F_GETFL);
+            if fl < 0 || libc::fcntl(raw, libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok((Uffd { fd }, features))
+    }
+
+    /// The descriptor, to poll beside others.
+    pub(crate) fn raw(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// A second descriptor of the same userfaultfd, for another thread to
     /// poll (never to read: messages are the owner's).
     pub(crate) fn try_clone_fd(&self) -> io::Result<OwnedFd> {
@@ -711,5 +771,26 @@ mod tests {
             after(&io::Error::from_raw_os_error(libc::ENOENT)),
             After::Fails
         );
+    }
+
+    #[test]
+    fn fdinfo_features_are_read_without_the_initialised_bit() {
+        let info = "pos:\t0\nflags:\t02004000\npending:\t0\ntotal:\t0\nAPI:\taa:80000008:1f800000000000ff\n";
+        assert_eq!(parse_fdinfo_features(info), Some(FEATURE_EVENT_REMOVE));
+        assert_eq!(parse_fdinfo_features("API:\tab:8:0\n"), None, "another API");
+        assert_eq!(parse_fdinfo_features("pending:\t0\n"), None);
+    }
+
+    #[test]
+    fn an_adopted_descriptor_names_its_features_and_anything_else_is_refused() {
+        let Ok((u, _)) = Uffd::open(FEATURE_EVENT_REMOVE, true) else {
+            eprintln!("SKIP: no userfaultfd here");
+            return;
+        };
+        let (_, features) = Uffd::adopt(u.fd).expect("our own userfaultfd");
+        assert_eq!(features, FEATURE_EVENT_REMOVE);
+        let f = std::fs::File::open("/proc/self/stat").expect("a file");
+        let e = Uffd::adopt(OwnedFd::from(f)).expect_err("a file is no userfaultfd");
+        assert!(e.to_string().contains("not a userfaultfd"), "{e}");
     }
 }

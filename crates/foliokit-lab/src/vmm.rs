@@ -1,0 +1,402 @@
+//! A process playing a VMM exactly as Firecracker does on snapshot load
+//! with an external page-fault handler: it maps guest memory privately
+//! (4 KiB anonymous pages, or 2 MiB hugetlb pages), makes a userfaultfd
+//! (non-blocking, REMOVE events only), registers every region in missing
+//! mode, connects to the handler's socket and sends one message: the JSON
+//! regions with the descriptor. Then vCPU threads touch the guest's pages
+//! and a balloon thread may discard ranges, as a guest would; every byte
+//! read is checked against the memory file.
+//!
+//! What a touch must find: the file's bytes, or what a vCPU wrote after
+//! its first touch (a write the fill lost would show as the file's bytes
+//! or zeros), or zeros where the balloon discarded the page (never the
+//! file's bytes). `foliokit __vmm` runs it; the handler's tests and the
+//! external-handler rows of `bench restore` start that.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use foliokit::internals::{Uffd, FEATURE_EVENT_REMOVE};
+use foliokit::lazy::firecracker::{self, GuestRegion};
+use serde::{Deserialize, Serialize};
+
+/// The guest's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Backing {
+    /// Private anonymous 4 KiB pages (Firecracker's default).
+    Anon,
+    /// Private hugetlb 2 MiB pages (a snapshot with huge pages).
+    Hugetlb,
+}
+
+/// What the player does.
+#[derive(Debug, Clone)]
+pub struct VmmPlan {
+    /// The handler's socket.
+    pub socket: PathBuf,
+    /// The memory file the handler serves from (checked against here).
+    pub mem_file: PathBuf,
+    /// Guest bytes, split into `regions` equal regions.
+    pub size: usize,
+    /// Regions (Firecracker has one per memory slot).
+    pub regions: usize,
+    /// What backs the guest.
+    pub backing: Backing,
+    /// vCPU threads touching pages.
+    pub vcpus: usize,
+    /// Every n-th page a vCPU touches it also writes (0: none).
+    pub write_every: usize,
+    /// Pages the balloon discards while the handler fills, a run every
+    /// `balloon_every` pages (0: no balloon).
+    pub balloon_every: usize,
+    /// Exit (as a VMM killed mid-restore) after touching this many pages.
+    pub exit_after: Option<usize>,
+    /// Send these bytes instead of the regions' JSON (with the
+    /// descriptor): a malformed message for the handler's tests.
+    pub message: Option<Vec<u8>>,
+    /// Give the handler this long to fill before the vCPUs start touching
+    /// (time to all resident without a touch).
+    pub idle: Duration,
+}
+
+/// What the player saw.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VmmResult {
+    /// Pages checked.
+    pub pages: usize,
+    /// Pages that held what they must not (the first few, described).
+    pub wrong: Vec<String>,
+    /// How many were wrong.
+    pub wrong_count: usize,
+    /// Pages the balloon discarded.
+    pub ballooned: usize,
+    /// First-touch latency percentiles, microseconds (p50, p99, max).
+    pub touch_us: [f64; 3],
+    /// Seconds from the handoff until the vCPUs had touched every page.
+    pub secs: f64,
+}
+
+/// Why the player stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The plan cannot run.
+    #[error("{0}")]
+    Plan(String),
+}
+
+fn sys(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmmError {
+    let what = what.into();
+    move |source| VmmError::Sys { what, source }
+}
+
+/// A stamp a vCPU writes into page `i`: not the file's bytes, not zeros.
+fn stamp(i: usize) -> u64 {
+    0x5EED_0000_0000_0000 | i as u64
+}
+
+/// The guest's memory, unmapped on drop.
+struct Guest {
+    base: usize,
+    len: usize,
+}
+
+impl Guest {
+    fn map(len: usize, backing: Backing) -> Result<Guest, VmmError> {
+        let huge = match backing {
+            Backing::Anon => 0,
+            Backing::Hugetlb => libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT),
+        };
+        // SAFETY: a fresh private mapping nobody else refers to.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | huge,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(sys("mapping guest memory")(std::io::Error::last_os_error()));
+        }
+        Ok(Guest {
+            base: p as usize,
+            len,
+        })
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// The memory file, mapped read-only for checking.
+struct FileMap {
+    base: *const u8,
+    len: usize,
+}
+
+// SAFETY: read-only shared mapping, read from several threads.
+unsafe impl Send for FileMap {}
+// SAFETY: as above.
+unsafe impl Sync for FileMap {}
+
+impl FileMap {
+    fn open(path: &PathBuf, len: usize) -> Result<FileMap, VmmError> {
+        let f = std::fs::File::open(path).map_err(sys(format!("opening {}", path.display())))?;
+        // SAFETY: a fresh read-only mapping of our descriptor.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(sys("mapping the memory file")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(FileMap {
+            base: p.cast(),
+            len,
+        })
+    }
+
+    fn page(&self, off: usize, len: usize) -> &[u8] {
+        // SAFETY: inside the mapping (the plan's size is the file's).
+        unsafe { std::slice::from_raw_parts(self.base.add(off), len) }
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// What page `i` must hold now.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    File,
+    Stamped,
+    Zero,
+}
+
+struct Checker {
+    wrong: std::sync::Mutex<Vec<String>>,
+    count: AtomicUsize,
+}
+
+impl Checker {
+    fn check(&self, i: usize, got: &[u8], file: &[u8], want: Want) {
+        let ok = match want {
+            Want::File => got == file,
+            Want::Zero => got.iter().all(|&b| b == 0),
+            Want::Stamped => got[..8] == stamp(i).to_ne_bytes() && got[8..] == file[8..],
+        };
+        if !ok {
+            let n = self.count.fetch_add(1, Ordering::Relaxed);
+            if n < 8 {
+                let what = match want {
+                    Want::File => "the memory file's bytes",
+                    Want::Zero => "zeros (the balloon discarded it)",
+                    Want::Stamped => "a vCPU's write",
+                };
+                let first = got.iter().zip(file).position(|(a, b)| a != b).unwrap_or(0);
+                self.wrong
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("page {i} should hold {what}; byte {first} differs"));
+            }
+        }
+    }
+}
+
+/// Makes the descriptor as Firecracker does and registers the guest.
+fn handoff_uffd(guest: &Guest) -> Result<Uffd, VmmError> {
+    let (uffd, _) = Uffd::open(FEATURE_EVENT_REMOVE, false).map_err(sys("making a userfaultfd"))?;
+    uffd.register_missing(guest.base, guest.len)
+        .map_err(sys("registering guest memory"))?;
+    Ok(uffd)
+}
+
+/// Plays the VMM: hands the guest to the handler at `plan.socket`, then
+/// touches, writes and discards as planned, and checks every page.
+pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
+    let page = match plan.backing {
+        Backing::Anon => 4096,
+        Backing::Hugetlb => 2 << 20,
+    };
+    let regions = plan.regions.max(1);
+    if plan.size == 0 || plan.size % (page * regions) != 0 {
+        return Err(VmmError::Plan(format!(
+            "the guest size must be a multiple of {regions} x {page} bytes"
+        )));
+    }
+    let guest = Guest::map(plan.size, plan.backing)?;
+    let file = FileMap::open(&plan.mem_file, plan.size)?;
+    let uffd = handoff_uffd(&guest)?;
+    let stream = UnixStream::connect(&plan.socket)
+        .map_err(sys(format!("connecting to {}", plan.socket.display())))?;
+    let per = plan.size / regions;
+    let table: Vec<GuestRegion> = (0..regions)
+        .map(|r| {
+            GuestRegion::new(
+                (guest.base + r * per) as u64,
+                per as u64,
+                (r * per) as u64,
+                page as u64,
+            )
+        })
+        .collect();
+    let t0 = Instant::now();
+    match &plan.message {
+        Some(bytes) => {
+            foliokit::lazy::firecracker::send_raw(&stream, bytes, uffd.as_fd())
+                .map_err(sys("sending the message"))?;
+            // A handler that refuses must not be waited for.
+            std::thread::sleep(Duration::from_millis(500));
+            return Ok(VmmResult::default());
+        }
+        None => {
+            firecracker::send(&stream, &table, uffd.as_fd()).map_err(sys("sending the regions"))?
+        }
+    }
+    std::thread::sleep(plan.idle);
+    let pages = plan.size / 4096;
+    let per_unit = page / 4096;
+    // Units (a page of the mapping: 4 KiB, or a whole huge page) the
+    // balloon discards, and every 4 KiB page inside them.
+    let balloon: Vec<usize> = match plan.balloon_every {
+        0 => Vec::new(),
+        n => {
+            let k = (n / per_unit).max(2);
+            (0..pages / per_unit).filter(|u| u % k == k / 2).collect()
+        }
+    };
+    let ballooned: Vec<AtomicBool> = (0..pages).map(|_| AtomicBool::new(false)).collect();
+    for &u in &balloon {
+        for b in &ballooned[u * per_unit..(u + 1) * per_unit] {
+            b.store(true, Ordering::Relaxed);
+        }
+    }
+    let checker = Checker {
+        wrong: std::sync::Mutex::new(Vec::new()),
+        count: AtomicUsize::new(0),
+    };
+    let touched = AtomicUsize::new(0);
+    let vcpus = plan.vcpus.max(1);
+    let start = Barrier::new(vcpus + 2);
+    let lat = std::thread::scope(|s| {
+        let balloon_thread = s.spawn(|| {
+            start.wait();
+            // Discards whole pages of the mapping (a hugetlb page at once).
+            for &u in &balloon {
+                let at = guest.base + u * page;
+                // SAFETY: discarding part of our own guest mapping; no
+                // vCPU touches a ballooned page until this is done.
+                unsafe { libc::madvise(at as *mut libc::c_void, page, libc::MADV_DONTNEED) };
+            }
+        });
+        let workers: Vec<_> = (0..vcpus)
+            .map(|v| {
+                let (guest, file, checker, touched, start, ballooned) =
+                    (&guest, &file, &checker, &touched, &start, &ballooned);
+                s.spawn(move || {
+                    let mut lat = Vec::new();
+                    start.wait();
+                    // Touch this vCPU's pages in a scattered order.
+                    let mine: Vec<usize> = (0..pages).filter(|i| i % vcpus == v).collect();
+                    let n = mine.len();
+                    for k in 0..n {
+                        let i = mine[(k * 7919) % n];
+                        if ballooned[i].load(Ordering::Relaxed) {
+                            continue;
+                        }
+                        if plan
+                            .exit_after
+                            .is_some_and(|e| touched.load(Ordering::Relaxed) >= e)
+                        {
+                            // A VMM killed mid-restore: no destructor runs.
+                            std::process::exit(0);
+                        }
+                        let at = guest.base + i * 4096;
+                        let t = Instant::now();
+                        // SAFETY: a page of our mapping; the read faults
+                        // into the handler and returns once it is in.
+                        let got = unsafe { std::slice::from_raw_parts(at as *const u8, 4096) };
+                        let _ = std::hint::black_box(got[0]);
+                        lat.push(t.elapsed());
+                        checker.check(i, got, file.page(i * 4096, 4096), Want::File);
+                        if plan.write_every > 0 && i % plan.write_every == 0 {
+                            // SAFETY: our page, written by this vCPU alone.
+                            unsafe { (at as *mut u64).write_volatile(stamp(i)) };
+                        }
+                        touched.fetch_add(1, Ordering::Relaxed);
+                    }
+                    lat
+                })
+            })
+            .collect();
+        start.wait();
+        let _ = balloon_thread.join();
+        let mut all: Vec<Duration> = Vec::new();
+        for w in workers {
+            all.extend(w.join().unwrap_or_default());
+        }
+        all
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    // Everything once more, now that the balloon and the fill are done.
+    for (i, b) in ballooned.iter().enumerate() {
+        // SAFETY: a page of our mapping.
+        let got = unsafe { std::slice::from_raw_parts((guest.base + i * 4096) as *const u8, 4096) };
+        let want = if b.load(Ordering::Relaxed) {
+            Want::Zero
+        } else if plan.write_every > 0 && i % plan.write_every == 0 {
+            Want::Stamped
+        } else {
+            Want::File
+        };
+        checker.check(i, got, file.page(i * 4096, 4096), want);
+    }
+    let mut us: Vec<f64> = lat.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    us.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        us.get(((us.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Ok(VmmResult {
+        pages,
+        wrong: checker
+            .wrong
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner()),
+        wrong_count: checker.count.load(Ordering::Relaxed),
+        ballooned: balloon.len() * per_unit,
+        touch_us: [pct(0.5), pct(0.99), us.last().copied().unwrap_or(0.0)],
+        secs,
+    })
+}

@@ -1,0 +1,325 @@
+//! Firecracker's page-fault handler handoff: on snapshot load the VMM
+//! connects to the handler's Unix socket and sends one message, a JSON
+//! array of its guest memory regions, with its userfaultfd attached
+//! (`SCM_RIGHTS`). Nothing more is said on the socket. Both sides are
+//! here: [`receive`] for a handler, [`send`] for a VMM (or a test playing
+//! one).
+
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::{ExternalSegment, Segment};
+use crate::sys::scm;
+
+/// The most a handoff message may be: a VMM has a handful of regions,
+/// each about 130 bytes of JSON.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// How long a handler waits for the rest of a message that arrived in
+/// part (a stream socket may split one send).
+const REST_WAIT: Duration = Duration::from_secs(2);
+
+/// One guest memory region as Firecracker describes it: where the VMM
+/// mapped it, how long, where its bytes start in the memory file, and its
+/// page size (`page_size` in bytes; older versions send only
+/// `page_size_kib`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestRegion {
+    /// Where the region is mapped in the VMM.
+    pub base_host_virt_addr: u64,
+    /// Its length in bytes.
+    pub size: u64,
+    /// Where its bytes start in the memory file.
+    pub offset: u64,
+    /// Its page size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u64>,
+    /// Its page size in KiB (deprecated by Firecracker, still sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size_kib: Option<u64>,
+}
+
+impl GuestRegion {
+    /// A region as current Firecracker sends it (both page size fields).
+    pub fn new(base_host_virt_addr: u64, size: u64, offset: u64, page_size: u64) -> GuestRegion {
+        GuestRegion {
+            base_host_virt_addr,
+            size,
+            offset,
+            page_size: Some(page_size),
+            page_size_kib: Some(page_size / 1024),
+        }
+    }
+
+    /// Its page size in bytes, from either field; they must agree.
+    pub fn page_size(&self) -> Result<u64, HandoffError> {
+        let kib = self.page_size_kib.map(|k| k.saturating_mul(1024));
+        match (self.page_size, kib) {
+            (Some(b), Some(k)) if b != k => Err(self.bad("page_size and page_size_kib disagree")),
+            (Some(b), _) | (None, Some(b)) => Ok(b),
+            (None, None) => Err(self.bad("no page size (page_size or page_size_kib)")),
+        }
+    }
+
+    fn bad(&self, why: &'static str) -> HandoffError {
+        HandoffError::BadRegion {
+            addr: self.base_host_virt_addr,
+            size: self.size,
+            why,
+        }
+    }
+}
+
+/// What a VMM handed over.
+#[derive(Debug)]
+pub struct Handoff {
+    /// Its regions, as sent.
+    pub regions: Vec<GuestRegion>,
+    /// Its userfaultfd.
+    pub uffd: OwnedFd,
+    /// Its pid (`SO_PEERCRED`).
+    pub pid: i32,
+}
+
+impl Handoff {
+    /// The regions as segments of a fill whose source is a memory file of
+    /// `file_len` bytes: every region checked (a page size that is a
+    /// power of two from 4 KiB, an address and size aligned to it, its
+    /// bytes inside the file) before any is taken.
+    pub fn segments(&self, file_len: u64) -> Result<Vec<ExternalSegment>, HandoffError> {
+        self.regions
+            .iter()
+            .map(|r| {
+                let page = r.page_size()?;
+                if page < 4096 || !page.is_power_of_two() {
+                    return Err(r.bad("the page size is not a power of two from 4 KiB"));
+                }
+                if r.size == 0 || r.base_host_virt_addr % page != 0 || r.size % page != 0 {
+                    return Err(r.bad("empty, or not aligned to its page size"));
+                }
+                let end = r.offset.checked_add(r.size).filter(|&e| e <= file_len);
+                if end.is_none() || r.offset % 4096 != 0 {
+                    return Err(HandoffError::OutsideFile {
+                        addr: r.base_host_virt_addr,
+                        offset: r.offset,
+                        size: r.size,
+                        file_len,
+                    });
+                }
+                let as_usize = |v: u64| usize::try_from(v).map_err(|_| r.bad("too large"));
+                Ok(ExternalSegment {
+                    segment: Segment {
+                        addr: as_usize(r.base_host_virt_addr)?,
+                        len: as_usize(r.size)?,
+                        offset: r.offset,
+                    },
+                    page_size: as_usize(page)?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Why a handoff could not be taken.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum HandoffError {
+    /// The socket failed.
+    #[error("reading the VMM's message: {0}")]
+    Io(#[from] io::Error),
+    /// The VMM closed the connection before a whole message came.
+    #[error("the VMM's message ended after {got} bytes, before its JSON did")]
+    Short {
+        /// Bytes received.
+        got: usize,
+    },
+    /// The message is no JSON array of regions.
+    #[error("the VMM's message is not a JSON array of guest regions: {0}")]
+    Malformed(String),
+    /// The message is longer than [`MAX_MESSAGE`].
+    #[error("the VMM's message is over {MAX_MESSAGE} bytes")]
+    TooLong,
+    /// No userfaultfd came with the message, or more than one descriptor.
+    #[error("the VMM's message carried {0} descriptors, not its userfaultfd alone")]
+    Descriptors(usize),
+    /// A region is not one a fill can take.
+    #[error("guest region {addr:#x} + {size:#x}: {why}")]
+    BadRegion {
+        /// Its address in the VMM.
+        addr: u64,
+        /// Its size.
+        size: u64,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// A region's bytes lie outside the memory file.
+    #[error("guest region {addr:#x} wants bytes {offset:#x} + {size:#x} of the memory file, which has {file_len:#x} (or its offset is not page-aligned)")]
+    OutsideFile {
+        /// Its address in the VMM.
+        addr: u64,
+        /// Its offset in the file.
+        offset: u64,
+        /// Its size.
+        size: u64,
+        /// The file's length.
+        file_len: u64,
+    },
+}
+
+/// Reads a VMM's handoff from `stream`, a connection it made: one
+/// message, its JSON read to the end (the rest of a message the socket
+/// split is waited for briefly), one descriptor with it.
+pub fn receive(stream: &UnixStream) -> Result<Handoff, HandoffError> {
+    let pid = scm::peer_pid(stream.as_raw_fd())?;
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut got, mut fds) = scm::recv_with_fds(stream.as_raw_fd(), &mut buf)?;
+    let regions = loop {
+        match serde_json::from_slice::<Vec<GuestRegion>>(&buf[..got]) {
+            Ok(r) => break r,
+            Err(e) if e.is_eof() => {}
+            Err(e) => return Err(HandoffError::Malformed(e.to_string())),
+        }
+        if got == buf.len() {
+            if buf.len() >= MAX_MESSAGE {
+                return Err(HandoffError::TooLong);
+            }
+            buf.resize((buf.len() * 2).min(MAX_MESSAGE), 0);
+        }
+        stream.set_read_timeout(Some(REST_WAIT))?;
+        let n = match (&*stream).read(&mut buf[got..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e.into()),
+        };
+        if n == 0 {
+            return Err(HandoffError::Short { got });
+        }
+        got += n;
+    };
+    stream.set_read_timeout(None)?;
+    if fds.len() != 1 {
+        return Err(HandoffError::Descriptors(fds.len()));
+    }
+    Ok(Handoff {
+        regions,
+        uffd: fds.remove(0),
+        pid,
+    })
+}
+
+/// Sends `regions` and `uffd` as a VMM does: the JSON in one message with
+/// the descriptor attached.
+pub fn send(stream: &UnixStream, regions: &[GuestRegion], uffd: BorrowedFd<'_>) -> io::Result<()> {
+    let body = serde_json::to_vec(regions).map_err(io::Error::other)?;
+    send_raw(stream, &body, uffd)
+}
+
+/// Sends `bytes` with `uffd` attached (what the socket did not take in
+/// that call follows plain): [`send`]'s wire, for any bytes (a test of a
+/// handler's refusals sends malformed ones).
+pub fn send_raw(stream: &UnixStream, bytes: &[u8], uffd: BorrowedFd<'_>) -> io::Result<()> {
+    let n = scm::send_with_fd(stream.as_raw_fd(), bytes, uffd)?;
+    io::Write::write_all(&mut &*stream, &bytes[n..])
+}
+
+/// A descriptor that becomes readable when the VMM at the other end of
+/// `stream` has gone: its pidfd where the kernel has them (5.3), else
+/// the stream itself (closed when the VMM exits).
+pub fn gone_signal(stream: &UnixStream, pid: i32) -> io::Result<OwnedFd> {
+    match scm::pidfd(pid) {
+        Ok(fd) => Ok(fd),
+        Err(_) => stream.as_fd().try_clone_to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handoff(regions: Vec<GuestRegion>) -> Handoff {
+        let f = std::fs::File::open("/proc/self/stat").expect("a file");
+        Handoff {
+            regions,
+            uffd: OwnedFd::from(f),
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn old_and_new_page_size_fields_are_read_and_must_agree() {
+        let both: Vec<GuestRegion> = serde_json::from_str(
+            r#"[{"base_host_virt_addr":4096,"size":8192,"offset":0,"page_size":4096,"page_size_kib":4}]"#,
+        )
+        .expect("parses");
+        assert_eq!(both[0].page_size().expect("agree"), 4096);
+        let old: Vec<GuestRegion> = serde_json::from_str(
+            r#"[{"base_host_virt_addr":4096,"size":8192,"offset":0,"page_size_kib":2048}]"#,
+        )
+        .expect("parses");
+        assert_eq!(old[0].page_size().expect("kib alone"), 2 << 20);
+        let mut r = GuestRegion::new(0, 4096, 0, 4096);
+        r.page_size_kib = Some(2048);
+        assert!(r.page_size().is_err());
+        r.page_size = None;
+        r.page_size_kib = None;
+        assert!(r.page_size().is_err());
+    }
+
+    #[test]
+    fn regions_outside_the_file_or_misaligned_are_refused_before_any_is_taken() {
+        let ok = GuestRegion::new(0x10000, 0x4000, 0, 4096);
+        let h = handoff(vec![ok, GuestRegion::new(0x40000, 0x4000, 0x4000, 4096)]);
+        let segs = h.segments(0x8000).expect("inside");
+        assert_eq!(segs[1].segment.offset, 0x4000);
+        assert!(matches!(
+            h.segments(0x7000),
+            Err(HandoffError::OutsideFile { .. })
+        ));
+        let huge = handoff(vec![GuestRegion::new(0x10000, 2 << 20, 0, 2 << 20)]);
+        assert!(matches!(
+            huge.segments(4 << 20),
+            Err(HandoffError::BadRegion { .. })
+        ));
+        let odd = handoff(vec![GuestRegion::new(0x10000, 0x4000, 0, 3000)]);
+        assert!(odd.segments(1 << 20).is_err());
+        let wraps = handoff(vec![GuestRegion::new(0x10000, 0x4000, u64::MAX - 10, 4096)]);
+        assert!(matches!(
+            wraps.segments(u64::MAX),
+            Err(HandoffError::OutsideFile { .. })
+        ));
+    }
+
+    #[test]
+    fn a_split_message_is_read_whole_and_a_broken_one_refused() {
+        let (vmm, handler) = UnixStream::pair().expect("a pair");
+        let regions = vec![GuestRegion::new(0x200000, 0x200000, 0, 4096)];
+        let f = std::fs::File::open("/proc/self/stat").expect("a file");
+        let body = serde_json::to_vec(&regions).expect("json");
+        let cut = 10;
+        scm::send_with_fd(vmm.as_raw_fd(), &body[..cut], f.as_fd()).expect("first part");
+        io::Write::write_all(&mut &vmm, &body[cut..]).expect("rest");
+        let h = receive(&handler).expect("whole");
+        assert_eq!(h.regions, regions);
+
+        let (vmm, handler) = UnixStream::pair().expect("a pair");
+        scm::send_with_fd(vmm.as_raw_fd(), &body[..cut], f.as_fd()).expect("part");
+        drop(vmm);
+        assert!(matches!(receive(&handler), Err(HandoffError::Short { got }) if got == cut));
+
+        let (vmm, handler) = UnixStream::pair().expect("a pair");
+        scm::send_with_fd(vmm.as_raw_fd(), b"{\"not\":\"an array\"}", f.as_fd()).expect("sent");
+        assert!(matches!(receive(&handler), Err(HandoffError::Malformed(_))));
+
+        let (vmm, handler) = UnixStream::pair().expect("a pair");
+        io::Write::write_all(&mut &vmm, &body).expect("no descriptor");
+        assert!(matches!(
+            receive(&handler),
+            Err(HandoffError::Descriptors(0))
+        ));
+    }
+}
