@@ -121,6 +121,7 @@
 
 mod batch;
 mod fill;
+mod holes;
 mod install;
 mod ledger;
 mod map;
@@ -142,6 +143,7 @@ use crate::channels::ChannelError;
 use crate::copy::CopyStrategy;
 use crate::mc::{FaultKind, McError};
 
+pub use holes::Holes;
 pub use source::Source;
 
 /// One range to fill: `len` bytes at host address `addr`, whose contents
@@ -273,6 +275,12 @@ pub struct LazyProgress {
     pub skipped_pages: u64,
     /// Pages whose source could not be read.
     pub bad_pages: u64,
+    /// Pages of the faulted and filled ones installed as zeros without
+    /// reading the source: its holes ([`Source::holes`]). Base pages
+    /// got the shared zero page (`UFFDIO_ZEROPAGE`; a later write there
+    /// gets a base page of its own, also in THP-eligible memory, see the
+    /// module docs); hugetlb pages a copy from zeros.
+    pub zero_pages: u64,
     /// Faults served.
     pub faults: u64,
     /// The fill has ended and the ranges are unregistered.
@@ -387,6 +395,7 @@ struct Shared {
     filled: AtomicU64,
     skipped: AtomicU64,
     bad: AtomicU64,
+    zero: AtomicU64,
     faults: AtomicU64,
     total: AtomicU64,
     done: AtomicBool,
@@ -406,6 +415,7 @@ impl Shared {
             filled_pages: self.filled.load(Ordering::Relaxed),
             skipped_pages: self.skipped.load(Ordering::Relaxed),
             bad_pages: self.bad.load(Ordering::Relaxed),
+            zero_pages: self.zero.load(Ordering::Relaxed),
             faults: self.faults.load(Ordering::Relaxed),
             done: self.done.load(Ordering::Acquire),
         }
