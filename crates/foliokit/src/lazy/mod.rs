@@ -35,6 +35,23 @@
 //!   whose range `mprotect`, `mlock` or `madvise` split into two is
 //!   filled unit by unit, and only a unit refused on its own (`-ENOENT`)
 //!   is taken for unmapped.
+//! - Zeros cost nothing: where the source is a hole of a sparse snapshot
+//!   file ([`Source::holes`]) nothing is read nor copied. A base page
+//!   gets the shared zero page (`UFFDIO_ZEROPAGE`, anonymous and shared
+//!   memory): no memory is used until the guest writes there. In
+//!   THP-eligible memory that holds for a whole folio of holes too (it is
+//!   not moved in huge): the trade-off is memory and time now against a
+//!   huge page later, since a guest write into such a folio gets a base
+//!   page, not a huge one (khugepaged may collapse it once written). A
+//!   folio partly hole is copied and moved in whole as any other, its
+//!   holes read as zeros. hugetlb memory offers no `UFFDIO_ZEROPAGE`: an
+//!   all-hole huge page is installed with `UFFDIO_COPY` from a zero
+//!   mapping (the kernel writes the huge page from the zero page; no
+//!   snapshot byte is read). [`LazyProgress::zero_pages`] counts them.
+//!   A data page that is all zeros is copied as data: the source may
+//!   raise SIGBUS, so it is read only by the copies, and detecting zeros
+//!   would be a second read of every page (the snapshot writer,
+//!   `foliokit-vm-memory`, leaves holes for them instead).
 //!
 //! # Why no byte is lost, resurrected or exposed
 //!
