@@ -277,7 +277,6 @@ pub fn snapshot_to_file<B: Bitmap>(
     Ok(r)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,7 +308,14 @@ mod tests {
         assert_eq!(z, 7);
         assert_eq!(
             log.0,
-            vec![(true, 64), (false, 64), (true, 128), (false, 64), (true, 256), (false, 69)]
+            vec![
+                (true, 64),
+                (false, 64),
+                (true, 128),
+                (false, 64),
+                (true, 256),
+                (false, 69)
+            ]
         );
         assert!(all_zero(&[0; 100]) && !all_zero(&[0, 0, 3]) && all_zero(&[]));
     }

@@ -27,9 +27,7 @@ use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::zeros::Zeros;
-use crate::{
-    check_writable, io_err, pieces, push_bad, BadRange, Error, FaultKind, Result,
-};
+use crate::{check_writable, io_err, pieces, push_bad, BadRange, Error, FaultKind, Result};
 
 const MAGIC: &[u8; 8] = b"FKVMSNAP";
 pub(crate) const TRAILER_MAGIC: &[u8; 8] = b"FKVMBAD\0";
@@ -494,7 +492,10 @@ fn zero_piece<B: Bitmap>(
     page: usize,
     zeros: &Zeros,
 ) -> Result<u64> {
-    let (lo, hi) = (p.host as usize + start as usize, p.host as usize + end as usize);
+    let (lo, hi) = (
+        p.host as usize + start as usize,
+        p.host as usize + end as usize,
+    );
     let (first, last) = (lo.div_ceil(page) * page, hi / page * page);
     let untouched = if first < last {
         zeros.untouched(p.region, first, (last - first) / page, page)
@@ -507,7 +508,11 @@ fn zero_piece<B: Bitmap>(
         let k = at.checked_sub(first).map(|d| d / page);
         let skip = at >= first && at < last && k.is_some_and(|k| untouched[k]);
         // The run of pages (or the partial page at either end) alike.
-        let mut e = if at < first { first.min(hi) } else { (at / page + 1) * page };
+        let mut e = if at < first {
+            first.min(hi)
+        } else {
+            (at / page + 1) * page
+        };
         while e < last && e < hi && untouched[(e - first) / page] == skip {
             e += page;
         }

@@ -42,7 +42,10 @@ fn install_in_place(
 ) -> (usize, bool) {
     let page = crate::batch::page_size();
     let mut done = 0;
-    for (s, n, hole) in source.holes().pieces(src_off as u64, len as u64, unit as u64) {
+    for (s, n, hole) in source
+        .holes()
+        .pieces(src_off as u64, len as u64, unit as u64)
+    {
         let (s, n) = (s as usize, n as usize);
         let at = dst + (s - src_off);
         let r = if hole {

@@ -94,7 +94,11 @@ impl Holes {
     /// Whether `[off, off + len)` is all hole (an empty range is not).
     pub fn covers(&self, off: u64, len: u64) -> bool {
         let i = self.0.partition_point(|&(_, e)| e <= off);
-        len > 0 && self.0.get(i).is_some_and(|&(s, e)| s <= off && off + len <= e)
+        len > 0
+            && self
+                .0
+                .get(i)
+                .is_some_and(|&(s, e)| s <= off && off + len <= e)
     }
 
     /// Whether any byte of `[off, off + len)` is in a hole.
@@ -166,7 +170,13 @@ mod tests {
         // hole, 24..28 data.
         assert_eq!(
             h.pieces(0, 28, 4),
-            vec![(0, 4, false), (4, 8, true), (12, 4, false), (16, 8, true), (24, 4, false)]
+            vec![
+                (0, 4, false),
+                (4, 8, true),
+                (12, 4, false),
+                (16, 8, true),
+                (24, 4, false)
+            ]
         );
         // Units of 8: only 16..24 is a whole hole unit.
         assert_eq!(
@@ -212,12 +222,16 @@ mod tests {
         // data: what it reports lies inside the holes we made.
         for &(s, e) in h.intervals() {
             assert!(
-                (mb..3 * mb).contains(&s) && e <= 3 * mb || (4 * mb..6 * mb).contains(&s) && e <= 6 * mb,
+                (mb..3 * mb).contains(&s) && e <= 3 * mb
+                    || (4 * mb..6 * mb).contains(&s) && e <= 6 * mb,
                 "{s:#x}..{e:#x}"
             );
         }
         assert!(h.covers(mb, 2 * mb) && h.covers(4 * mb, 2 * mb));
         assert!(!h.touches(6 * mb, 2 * mb), "past the end is no hole");
-        assert_eq!(Holes::of_file(&f, 5 * mb).unwrap().intervals().last(), Some(&(4 * mb, 5 * mb)));
+        assert_eq!(
+            Holes::of_file(&f, 5 * mb).unwrap().intervals().last(),
+            Some(&(4 * mb, 5 * mb))
+        );
     }
 }
