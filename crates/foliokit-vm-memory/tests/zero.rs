@@ -39,7 +39,7 @@ fn vm() -> Ram {
 fn contents() -> (Vec<u8>, Vec<u8>, usize) {
     let mut a = pattern(A_LEN, 5);
     let mut b = pattern(B_LEN, 6);
-    let mut zero = |v: &mut Vec<u8>, page: usize| v[page * PAGE..(page + 1) * PAGE].fill(0);
+    let zero = |v: &mut Vec<u8>, page: usize| v[page * PAGE..(page + 1) * PAGE].fill(0);
     let mut n = 0;
     // Folio 0: every third page.
     for p in (0..512).step_by(3) {
