@@ -277,6 +277,7 @@ pub fn steps(
                 dir: std::env::temp_dir(),
                 serve_during_batches: false,
                 hugetlb: false,
+                zero_fraction: 0.0,
             }),
         ),
     ])

@@ -58,7 +58,9 @@
 mod lazy;
 mod migrate;
 mod prefault;
+mod save;
 mod snapshot;
+mod zeros;
 
 use std::io;
 
@@ -75,9 +77,9 @@ pub use lazy::{
 };
 pub use migrate::{migrate_range, migrate_range_with, GuestMigration};
 pub use prefault::{prefault, prefault_range, PrefaultReport};
+pub use save::{snapshot, snapshot_to_file, SnapshotReport};
 pub use snapshot::{
-    restore_from_bytes, restore_from_file, restore_from_path, restore_raw, snapshot,
-    snapshot_to_file, RestoreReport, SnapshotReport,
+    restore_from_bytes, restore_from_file, restore_from_path, restore_raw, RestoreReport,
 };
 
 /// A guest-physical range that could not be read, and why.

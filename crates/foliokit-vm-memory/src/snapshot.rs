@@ -17,54 +17,44 @@
 //! report says.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
+use foliokit::lazy::Holes;
 use foliokit::{CopyStrategy, McError};
 use vm_memory::bitmap::Bitmap;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryMmap, GuestMemoryRegion};
 
-use crate::{
-    check_writable, io_err, pieces, push_bad, region_host, BadRange, Error, FaultKind, Result,
-};
+use crate::zeros::Zeros;
+use crate::{check_writable, io_err, pieces, push_bad, BadRange, Error, FaultKind, Result};
 
 const MAGIC: &[u8; 8] = b"FKVMSNAP";
-const TRAILER_MAGIC: &[u8; 8] = b"FKVMBAD\0";
+pub(crate) const TRAILER_MAGIC: &[u8; 8] = b"FKVMBAD\0";
 const VERSION: u64 = 1;
 const HEADER_FIXED: u64 = 32;
 const ENTRY: u64 = 24;
 /// Bytes copied out of guest RAM per `write` call.
-const CHUNK: usize = 1 << 20;
+pub(crate) const CHUNK: usize = 1 << 20;
 /// More regions than this is not a header we wrote (vm-memory VMs have a
 /// handful; KVM allows 32k memory slots).
-const MAX_REGIONS: u64 = 1 << 16;
+pub(crate) const MAX_REGIONS: u64 = 1 << 16;
 /// Likewise for bad ranges in the trailer.
 const MAX_BAD: u64 = 1 << 24;
-
-/// What [`snapshot`] did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SnapshotReport {
-    /// Bytes written to the output, header and trailer included.
-    pub bytes_written: u64,
-    /// Guest bytes saved (the sum of the region lengths).
-    pub guest_bytes: u64,
-    /// Guest ranges that raised SIGBUS while read; saved as zeros and
-    /// listed in the snapshot's trailer.
-    pub bad: Vec<BadRange>,
-    /// The machine-check-safe copy strategy that ran last (`None`: no
-    /// copy ran).
-    pub strategy: Option<CopyStrategy>,
-    /// Wall time, in seconds.
-    pub secs: f64,
-}
 
 /// What a restore did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RestoreReport {
-    /// Guest bytes written (and marked dirty).
+    /// Guest bytes restored (and marked dirty), holes included.
     pub restored: u64,
+    /// Of those, bytes in holes of a sparse snapshot (the zero pages
+    /// [`crate::snapshot_to_file`] left out): neither read nor copied.
+    /// Guest RAM that reads zero already (private anonymous memory never
+    /// populated) is left alone there, not faulted in; the rest is
+    /// cleared.
+    pub zero_bytes: u64,
+    /// Of `zero_bytes`, those that had to be cleared.
+    pub cleared_bytes: u64,
     /// Guest ranges whose snapshot bytes could not be read now: pages past
     /// the end of a truncated snapshot ([`FaultKind::Vanished`]) or
     /// poisoned pages of it ([`FaultKind::Poison`]). Left as they were,
@@ -83,21 +73,21 @@ pub struct RestoreReport {
 
 /// Where each region lies in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Layout {
+pub(crate) struct Layout {
     page: u64,
     /// (guest address, length, file offset)
-    regions: Vec<(u64, u64, u64)>,
+    pub(crate) regions: Vec<(u64, u64, u64)>,
     /// Offset of the trailer (the end of the last region's padded data).
     data_end: u64,
 }
 
-fn round_up(x: u64, page: u64) -> Option<u64> {
+pub(crate) fn round_up(x: u64, page: u64) -> Option<u64> {
     x.checked_add(page - 1).map(|v| v / page * page)
 }
 
 impl Layout {
     /// Places `(guest address, length)` regions after the header.
-    fn new(page: u64, regions: &[(u64, u64)]) -> Option<Layout> {
+    pub(crate) fn new(page: u64, regions: &[(u64, u64)]) -> Option<Layout> {
         let table = (regions.len() as u64).checked_mul(ENTRY)?;
         let mut at = round_up(HEADER_FIXED.checked_add(table)?, page)?;
         let mut out = Vec::with_capacity(regions.len());
@@ -112,7 +102,7 @@ impl Layout {
         })
     }
 
-    fn header(&self) -> Vec<u8> {
+    pub(crate) fn header(&self) -> Vec<u8> {
         let mut h = Vec::with_capacity(self.regions[..].len() * ENTRY as usize + 32);
         h.extend_from_slice(MAGIC);
         for v in [VERSION, self.page, self.regions.len() as u64] {
@@ -135,11 +125,11 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-fn bad_format(why: impl Into<String>) -> Error {
+pub(crate) fn bad_format(why: impl Into<String>) -> Error {
     Error::Format(why.into())
 }
 
-fn kind_code(k: FaultKind) -> u64 {
+pub(crate) fn kind_code(k: FaultKind) -> u64 {
     match k {
         FaultKind::Poison => 1,
         FaultKind::Vanished => 2,
@@ -157,131 +147,8 @@ fn kind_from(code: u64) -> Option<FaultKind> {
 }
 
 /// Turns an mc error that is not a fault into this crate's error.
-fn mc_unavailable(e: McError) -> Error {
+pub(crate) fn mc_unavailable(e: McError) -> Error {
     Error::Copy(e)
-}
-
-/// Writes every region of `mem` to `out` as a snapshot (format in the
-/// module docs), reading guest RAM with machine-check-safe copies.
-///
-/// A guest page that raises SIGBUS while it is read (hardware poison, a
-/// memory file truncated under the VMM) is saved as zeros, listed in the
-/// snapshot's trailer and in the report; the rest is saved. Pause the vCPUs
-/// first for a consistent image: running vCPUs are allowed (no undefined
-/// behaviour, no reference is formed over guest RAM), but the bytes saved
-/// are then some interleaving of old and new values. Output errors stop the
-/// snapshot with [`Error::Io`].
-pub fn snapshot<B: Bitmap, W: Write + ?Sized>(
-    mem: &GuestMemoryMmap<B>,
-    out: &mut W,
-) -> Result<SnapshotReport> {
-    let t0 = Instant::now();
-    let page = foliokit::batch::page_size();
-    let regions: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
-    // Restore refuses more regions than this; refuse to write such a file.
-    if regions.len() as u64 > MAX_REGIONS {
-        return Err(bad_format(format!(
-            "{} guest regions, at most {MAX_REGIONS} fit a snapshot",
-            regions.len()
-        )));
-    }
-    let layout = Layout::new(page as u64, &regions)
-        .ok_or_else(|| bad_format("guest memory too large to describe"))?;
-    let header = layout.header();
-    out.write_all(&header)
-        .map_err(io_err("writing the snapshot header"))?;
-    let mut written = header.len() as u64;
-    let mut bad = Vec::new();
-    let mut strategy = None;
-    let mut buf = vec![0u8; CHUNK];
-    for (region, &(g, l, _)) in mem.iter().zip(&layout.regions) {
-        let host = region_host(region);
-        let len = l as usize;
-        let mut pos = 0;
-        while pos < len {
-            let n = CHUNK.min(len - pos);
-            let chunk = host.wrapping_add(pos);
-            let mut k = 0;
-            while k < n {
-                // SAFETY: `chunk + k .. chunk + n` lies inside the region's
-                // live host mapping (borrowed through `mem`), read only with
-                // the mc routine, which reports a SIGBUS instead of dying
-                // and tolerates concurrent vCPU writes; `buf` is our own
-                // buffer of CHUNK >= n bytes, disjoint from guest RAM.
-                let r = unsafe {
-                    foliokit::copy_mc_raw(
-                        buf.as_mut_ptr().add(k),
-                        chunk.wrapping_add(k),
-                        n - k,
-                        CopyStrategy::Auto,
-                    )
-                };
-                match r {
-                    Ok(s) => {
-                        strategy = Some(s);
-                        k = n;
-                    }
-                    Err(McError::Fault(f)) => {
-                        let stop = n - f.not_copied;
-                        let fault_addr = chunk as usize + stop;
-                        let next = (fault_addr / page + 1) * page;
-                        let end = (next - chunk as usize).min(n);
-                        buf[stop..end].fill(0);
-                        push_bad(
-                            &mut bad,
-                            g + (pos + stop) as u64,
-                            (end - stop) as u64,
-                            f.kind,
-                        );
-                        k = end;
-                    }
-                    Err(e) => return Err(mc_unavailable(e)),
-                }
-            }
-            out.write_all(&buf[..n])
-                .map_err(io_err("writing the snapshot"))?;
-            written += n as u64;
-            pos += n;
-        }
-        let pad = (round_up(l, page as u64).unwrap_or(l) - l) as usize;
-        out.write_all(&vec![0u8; pad])
-            .map_err(io_err("writing the snapshot"))?;
-        written += pad as u64;
-    }
-    let mut trailer = Vec::with_capacity(16 + bad.len() * 24);
-    trailer.extend_from_slice(TRAILER_MAGIC);
-    trailer.extend_from_slice(&(bad.len() as u64).to_le_bytes());
-    for b in &bad {
-        for v in [b.addr.0, b.len, kind_code(b.kind)] {
-            trailer.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    out.write_all(&trailer)
-        .map_err(io_err("writing the snapshot trailer"))?;
-    out.flush().map_err(io_err("flushing the snapshot"))?;
-    written += trailer.len() as u64;
-    Ok(SnapshotReport {
-        bytes_written: written,
-        guest_bytes: regions.iter().map(|r| r.1).sum(),
-        bad,
-        strategy,
-        secs: t0.elapsed().as_secs_f64(),
-    })
-}
-
-/// [`snapshot`] into a new file at `path` (created or truncated), synced to
-/// disk before returning.
-pub fn snapshot_to_file<B: Bitmap>(
-    mem: &GuestMemoryMmap<B>,
-    path: impl AsRef<Path>,
-) -> Result<SnapshotReport> {
-    let file = File::create(path).map_err(io_err("creating the snapshot file"))?;
-    let mut w = std::io::BufWriter::with_capacity(CHUNK, &file);
-    let r = snapshot(mem, &mut w)?;
-    drop(w);
-    file.sync_all()
-        .map_err(io_err("syncing the snapshot file"))?;
-    Ok(r)
 }
 
 /// A snapshot image in memory: mapped at `ptr` for `mapped` bytes, of
@@ -293,6 +160,8 @@ struct Image<'f> {
     /// The file behind the mapping, asked for its size again when a page
     /// vanishes (a truncation then explains every later page at once).
     file: Option<&'f File>,
+    /// The file's holes (offsets into the image): zeros not to be read.
+    holes: Holes,
 }
 
 impl Image<'_> {
@@ -459,6 +328,8 @@ fn restore_image<B: Bitmap>(
     let host_page = foliokit::batch::page_size();
     let mut bad = Vec::new();
     let mut restored = 0u64;
+    let (mut zero_bytes, mut cleared) = (0u64, 0u64);
+    let zeros = Zeros::new().map_err(io_err("mapping zeros"))?;
     // The known end when the copies began, and the file offset every copy
     // so far reached (regions lie in the file in this order).
     let start_end = img.known_end;
@@ -483,7 +354,23 @@ fn restore_image<B: Bitmap>(
         if at < g + len {
             segments.push((at - g, len));
         }
+        // Holes of a sparse snapshot: not read, and written only where
+        // guest RAM does not read zero already.
+        let mut cut = Vec::with_capacity(segments.len());
         for (start, end) in segments {
+            for (s, n, hole) in img.holes.pieces(o + start, end - start, 1) {
+                cut.push((s - o, s - o + n, hole));
+            }
+        }
+        for (start, end, hole) in cut {
+            if hole {
+                let n = zero_piece(&p, start, end, host_page, &zeros)?;
+                bitmap.mark_dirty(p.offset + start as usize, (end - start) as usize);
+                restored += end - start;
+                zero_bytes += end - start;
+                cleared += n;
+                continue;
+            }
             let mut pos = start;
             while pos < end {
                 let src_off = o + pos;
@@ -584,6 +471,8 @@ fn restore_image<B: Bitmap>(
     }
     Ok(RestoreReport {
         restored,
+        zero_bytes,
+        cleared_bytes: cleared,
         bad,
         bad_at_save,
         trailer_missing,
@@ -593,6 +482,58 @@ fn restore_image<B: Bitmap>(
 
 /// Reads and checks a snapshot file's header through read(2); returns its
 /// layout and the file's size.
+/// Makes `[start, end)` of guest piece `p` (offsets into it) read zero:
+/// whole pages that read zero already are left alone, the rest cleared.
+/// Returns the bytes cleared.
+fn zero_piece<B: Bitmap>(
+    p: &crate::Piece<'_, B>,
+    start: u64,
+    end: u64,
+    page: usize,
+    zeros: &Zeros,
+) -> Result<u64> {
+    let (lo, hi) = (
+        p.host as usize + start as usize,
+        p.host as usize + end as usize,
+    );
+    let (first, last) = (lo.div_ceil(page) * page, hi / page * page);
+    let untouched = if first < last {
+        zeros.untouched(p.region, first, (last - first) / page, page)
+    } else {
+        Vec::new()
+    };
+    let mut cleared = 0u64;
+    let mut at = lo;
+    while at < hi {
+        let k = at.checked_sub(first).map(|d| d / page);
+        let skip = at >= first && at < last && k.is_some_and(|k| untouched[k]);
+        // The run of pages (or the partial page at either end) alike.
+        let mut e = if at < first {
+            first.min(hi)
+        } else {
+            (at / page + 1) * page
+        };
+        while e < last && e < hi && untouched[(e - first) / page] == skip {
+            e += page;
+        }
+        let e = e.min(hi);
+        if !skip {
+            // SAFETY: inside the guest region's live writable host mapping
+            // (checked before the restore began), not the zero mapping.
+            unsafe { zeros.clear(at as *mut u8, e - at) }.map_err(|(done, err)| match err {
+                McError::DestinationFault(f) => Error::GuestMemoryFault {
+                    addr: GuestAddress(p.addr.0 + (at - p.host as usize + done) as u64),
+                    kind: f.kind,
+                },
+                other => mc_unavailable(other),
+            })?;
+            cleared += (e - at) as u64;
+        }
+        at = e;
+    }
+    Ok(cleared)
+}
+
 fn file_layout(file: &File) -> Result<(Layout, u64)> {
     let size = file
         .metadata()
@@ -620,6 +561,7 @@ fn file_layout(file: &File) -> Result<(Layout, u64)> {
         mapped: head_len as u64,
         known_end: head_len as u64,
         file: None,
+        holes: Holes::none(),
     };
     let layout = read_layout(&small)?;
     Ok((layout, size))
@@ -666,6 +608,7 @@ pub(crate) fn lazy_plan(file: &File) -> Result<LazyPlan> {
         mapped: map_len as u64,
         known_end: size,
         file: Some(file),
+        holes: Holes::none(),
     };
     let trailer = read_trailer(&img, &layout)?;
     Ok(LazyPlan {
@@ -753,6 +696,7 @@ pub fn restore_from_file<B: Bitmap>(
         mapped: map_len,
         known_end: size,
         file: Some(file),
+        holes: map.holes().clone(),
     };
     restore_image(mem, &mut img, Some(layout))
 }
@@ -789,6 +733,7 @@ pub unsafe fn restore_raw<B: Bitmap>(
         mapped: len as u64,
         known_end: len as u64,
         file: None,
+        holes: Holes::none(),
     };
     restore_image(mem, &mut img, None)
 }

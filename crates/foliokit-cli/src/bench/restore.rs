@@ -40,6 +40,12 @@ pub struct RestoreArgs {
     /// hugetlb pages with UFFDIO_COPY, which skips the kernel's zeroing.
     #[arg(long)]
     pub hugetlb: bool,
+    /// Share of the snapshot's folios that are zero, left as holes (0 to
+    /// below 1): above 0, a second snapshot with that share zero is
+    /// restored too (rows `..., zero share`), and the footer gives each
+    /// one's time until all resident over its twin's with none zero.
+    #[arg(long, default_value_t = 0.0)]
+    pub zero_fraction: f64,
     /// Directory for the snapshot file (removed at once; the bench keeps it open).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     pub dir: std::path::PathBuf,
@@ -143,6 +149,7 @@ pub fn run(a: RestoreArgs) -> Result<(), CliError> {
         dir: a.dir.clone(),
         serve_during_batches: a.serve_faults_during_batches,
         hugetlb: a.hugetlb,
+        zero_fraction: a.zero_fraction,
     };
     super::show(restore::report(&plan, &super::bars())?, a.format)
 }

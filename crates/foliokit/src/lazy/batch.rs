@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,49 @@ fn cut_due(watch: Option<&OwnedFd>, from: Instant) -> bool {
             Instant::now() >= from
                 && crate::sys::poll::readable([fd.as_raw_fd()], Some(Duration::ZERO))[0]
         })
+}
+
+/// Installs one block of a batch's copy in place: `len` bytes at
+/// (current) address `dst` from `src_off` in `source`, piece by piece,
+/// whole units of `unit` bytes: what the source has as data copied by the
+/// kernel (its page tables mapped in one call first: the kernel faulting
+/// the source in as it copies cost the fill about as much as the copy),
+/// holes installed as zeros without a read (`zero`: the zero mapping and
+/// the zero-page count). Returns the bytes installed and whether that was
+/// all of them (else a call failed there: the fill thread finishes the
+/// block with every error handled).
+fn install_in_place(
+    uffd: &crate::sys::uffd::Uffd,
+    source: &super::Source,
+    zero: (usize, usize, &AtomicU64),
+    dst: usize,
+    src_off: usize,
+    len: usize,
+    unit: usize,
+) -> (usize, bool) {
+    let page = crate::batch::page_size();
+    let mut done = 0;
+    for (s, n, hole) in source
+        .holes()
+        .pieces(src_off as u64, len as u64, unit as u64)
+    {
+        let (s, n) = (s as usize, n as usize);
+        let at = dst + (s - src_off);
+        let r = if hole {
+            let r = super::install::zero_run(uffd, (zero.0, zero.1), at, n, unit);
+            let z = r.as_ref().map_or_else(|p| p.done, |&n| n);
+            zero.2.fetch_add((z / page) as u64, Ordering::Relaxed);
+            r
+        } else {
+            source.prefault(s, n);
+            uffd.copy(at, source.as_ptr() as usize + s, n)
+        };
+        match r {
+            Ok(_) => done += n,
+            Err(p) => return (done + p.done, false),
+        }
+    }
+    (done, true)
 }
 
 /// What [`Filler::copy_parallel`] did with one block.
@@ -361,7 +404,7 @@ impl Filler {
         begun: Instant,
         offer: bool,
     ) -> (Vec<Tried>, Option<Instant>, Duration) {
-        let offered: Vec<Option<(usize, usize, usize)>> = bs
+        let offered: Vec<Option<(usize, usize, usize, usize)>> = bs
             .iter()
             .map(|&b| {
                 let blk = self.ledger.blocks[b];
@@ -371,6 +414,7 @@ impl Filler {
                         self.ledger.remaps.now(blk.start),
                         self.ledger.src_offset(seg, blk.start),
                         blk.len,
+                        self.ledger.segs[seg].unit,
                     )
                 })
             })
@@ -390,6 +434,7 @@ impl Filler {
         let watch = self.watch.as_deref();
         let uffd = &self.uffd;
         let source = &*self.source;
+        let zero = (self.zero.base, self.zero.len, &self.shared.zero);
         // Any error ends every run: the fill thread deals with that block
         // (events to read first, for EAGAIN), and the rest goes back to
         // the next batch rather than to this thread one by one, uncut.
@@ -407,16 +452,12 @@ impl Filler {
             let Some(&k) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 break;
             };
-            let (dst, src_off, len) = offered[k].expect("offered");
-            // The kernel faulting the source in as it copies cost the
-            // fill about as much as the copy: map it in one call first.
-            source.prefault(src_off, len);
-            let src = source.as_ptr() as usize + src_off;
-            let r = match uffd.copy(dst, src, len) {
-                Ok(_) => FINISHED | (1 + len),
-                Err(p) => {
+            let (dst, src_off, len, unit) = offered[k].expect("offered");
+            let r = match install_in_place(uffd, source, zero, dst, src_off, len, unit) {
+                (done, true) => FINISHED | (1 + done),
+                (done, false) => {
                     failed.store(true, Ordering::Relaxed);
-                    1 + p.done
+                    1 + done
                 }
             };
             results[k].store(r, Ordering::Relaxed);

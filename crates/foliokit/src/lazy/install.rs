@@ -36,7 +36,8 @@ impl Filler {
         self.fault_slot_ready = rc == 0;
     }
 
-    /// Whether block `b` can go in whole with `UFFDIO_MOVE`.
+    /// Whether block `b` can go in whole with `UFFDIO_MOVE`. A block whose
+    /// source is all hole does not: it gets zero pages, never a copy.
     pub(super) fn movable(&self, b: usize) -> bool {
         let blk = self.ledger.blocks[b];
         self.ledger.segs[blk.seg as usize].movable
@@ -44,6 +45,39 @@ impl Filler {
             && self.staging.is_some()
             && self.ledger.whole(b)
             && self.ledger.remaps.now(blk.start) % self.folio == 0
+            && !self.zero_source(blk.seg as usize, blk.start, blk.len)
+    }
+
+    /// Whether the source of `[at, at + len)` of segment `seg` (original
+    /// addresses) is all hole: zeros nobody need read.
+    pub(super) fn zero_source(&self, seg: usize, at: usize, len: usize) -> bool {
+        let off = self.ledger.src_offset(seg, at);
+        self.source.holes().covers(off as u64, len as u64)
+    }
+
+    /// Installs zeros over the `len` bytes at (current) address `dst`, a
+    /// run of whole units of `unit` bytes, without reading the source:
+    /// the shared zero page where the unit is a base page (the
+    /// registration offered `UFFDIO_ZEROPAGE` exactly there: setup takes
+    /// its absence for hugetlb), else a copy from the zero mapping unit
+    /// by unit (hugetlb: the kernel writes the huge page from the zero
+    /// page, reading no snapshot byte). Counts what it installed as zero
+    /// pages.
+    pub(super) fn install_zero_run(
+        &self,
+        dst: usize,
+        len: usize,
+        unit: usize,
+    ) -> Result<usize, crate::sys::uffd::Partial> {
+        let r = zero_run(&self.uffd, (self.zero.base, self.zero.len), dst, len, unit);
+        let done = match &r {
+            Ok(n) => *n,
+            Err(p) => p.done,
+        };
+        self.shared
+            .zero
+            .fetch_add((done / self.page) as u64, Ordering::Relaxed);
+        r
     }
 
     pub(super) fn slot(&self, k: usize) -> usize {
@@ -53,10 +87,16 @@ impl Filler {
 
     /// Maps the page tables of block `b`'s source in one call before the
     /// kernel copies it with `UFFDIO_COPY` (see [`Source::prefault`]).
+    /// Holes are left alone: reading one would fill the page cache (or a
+    /// tmpfs file) with pages of zeros.
     pub(super) fn prefault_source(&self, b: usize) {
         let blk = self.ledger.blocks[b];
-        self.source
-            .prefault(self.ledger.src_offset(blk.seg as usize, blk.start), blk.len);
+        let off = self.ledger.src_offset(blk.seg as usize, blk.start);
+        for (s, n, hole) in self.source.holes().pieces(off as u64, blk.len as u64, 1) {
+            if !hole {
+                self.source.prefault(s as usize, n as usize);
+            }
+        }
     }
 
     /// Fills block `b` now; with `staged`, its bytes are already in that
@@ -191,11 +231,15 @@ impl Filler {
                 at += unit;
                 continue;
             }
+            // A run is all zeros (hole in the source) or all data.
+            let zero = self.zero_source(seg, at, unit);
             let mut run_end = at + unit;
             if self.ledger.remaps.is_empty() && !single {
                 while run_end < end {
                     let j = self.ledger.page_index(seg, run_end);
-                    if self.ledger.any_gap(j, upages) {
+                    if self.ledger.any_gap(j, upages)
+                        || self.zero_source(seg, run_end, unit) != zero
+                    {
                         break;
                     }
                     run_end += unit;
@@ -203,7 +247,12 @@ impl Filler {
             }
             let dst = self.ledger.remaps.now(at);
             let src = self.src(seg, at);
-            let Err(p) = self.uffd.copy(dst, src, run_end - at) else {
+            let r = if zero {
+                self.install_zero_run(dst, run_end - at, unit)
+            } else {
+                self.uffd.copy(dst, src, run_end - at)
+            };
+            let Err(p) = r else {
                 installed += (run_end - at) / self.page;
                 at = run_end;
                 continue;
@@ -216,7 +265,8 @@ impl Filler {
                     let _ = self.uffd.wake(self.ledger.remaps.now(at), unit);
                     at += unit;
                 }
-                libc::EFAULT => {
+                // Only a source can be unreadable; the zero page cannot.
+                libc::EFAULT if !zero => {
                     installed += self.bad_unit(seg, at, unit);
                     at += unit;
                 }
@@ -329,4 +379,30 @@ impl Filler {
         }
         0
     }
+}
+
+/// Installs zeros over `[dst, dst + len)`, whole units of `unit` bytes,
+/// with `uffd`: `UFFDIO_ZEROPAGE` for base pages, else `UFFDIO_COPY` of
+/// each unit from `zero` (base, length: a read-only mapping never written,
+/// at least a unit long). Returns the bytes installed, or how far it got.
+pub(super) fn zero_run(
+    uffd: &crate::sys::uffd::Uffd,
+    zero: (usize, usize),
+    dst: usize,
+    len: usize,
+    unit: usize,
+) -> Result<usize, crate::sys::uffd::Partial> {
+    if unit == crate::batch::page_size() {
+        return uffd.zeropage(dst, len);
+    }
+    debug_assert!(unit <= zero.1);
+    let mut done = 0;
+    while done < len {
+        if let Err(mut p) = uffd.copy(dst + done, zero.0, unit) {
+            p.done += done;
+            return Err(p);
+        }
+        done += unit;
+    }
+    Ok(len)
 }

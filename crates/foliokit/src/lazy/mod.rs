@@ -35,6 +35,23 @@
 //!   whose range `mprotect`, `mlock` or `madvise` split into two is
 //!   filled unit by unit, and only a unit refused on its own (`-ENOENT`)
 //!   is taken for unmapped.
+//! - Zeros cost nothing: where the source is a hole of a sparse snapshot
+//!   file ([`Source::holes`]) nothing is read nor copied. A base page
+//!   gets the shared zero page (`UFFDIO_ZEROPAGE`, anonymous and shared
+//!   memory): no memory is used until the guest writes there. In
+//!   THP-eligible memory that holds for a whole folio of holes too (it is
+//!   not moved in huge): the trade-off is memory and time now against a
+//!   huge page later, since a guest write into such a folio gets a base
+//!   page, not a huge one (khugepaged may collapse it once written). A
+//!   folio partly hole is copied and moved in whole as any other, its
+//!   holes read as zeros. hugetlb memory offers no `UFFDIO_ZEROPAGE`: an
+//!   all-hole huge page is installed with `UFFDIO_COPY` from a zero
+//!   mapping (the kernel writes the huge page from the zero page; no
+//!   snapshot byte is read). [`LazyProgress::zero_pages`] counts them.
+//!   A data page that is all zeros is copied as data: the source may
+//!   raise SIGBUS, so it is read only by the copies, and detecting zeros
+//!   would be a second read of every page (the snapshot writer,
+//!   `foliokit-vm-memory`, leaves holes for them instead).
 //!
 //! # Why no byte is lost, resurrected or exposed
 //!
@@ -124,6 +141,7 @@ mod external;
 mod fill;
 #[cfg(feature = "serde")]
 pub mod firecracker;
+mod holes;
 mod install;
 mod ledger;
 mod map;
@@ -146,6 +164,7 @@ use crate::copy::CopyStrategy;
 use crate::mc::{FaultKind, McError};
 
 pub use external::{fill_external, External, ExternalSegment};
+pub use holes::Holes;
 pub use source::Source;
 
 /// One range to fill: `len` bytes at host address `addr`, whose contents
@@ -277,6 +296,12 @@ pub struct LazyProgress {
     pub skipped_pages: u64,
     /// Pages whose source could not be read.
     pub bad_pages: u64,
+    /// Pages of the faulted and filled ones installed as zeros without
+    /// reading the source: its holes ([`Source::holes`]). Base pages
+    /// got the shared zero page (`UFFDIO_ZEROPAGE`; a later write there
+    /// gets a base page of its own, also in THP-eligible memory, see the
+    /// module docs); hugetlb pages a copy from zeros.
+    pub zero_pages: u64,
     /// Faults served.
     pub faults: u64,
     /// The fill has ended and the ranges are unregistered.
@@ -391,6 +416,7 @@ struct Shared {
     filled: AtomicU64,
     skipped: AtomicU64,
     bad: AtomicU64,
+    zero: AtomicU64,
     faults: AtomicU64,
     total: AtomicU64,
     done: AtomicBool,
@@ -410,6 +436,7 @@ impl Shared {
             filled_pages: self.filled.load(Ordering::Relaxed),
             skipped_pages: self.skipped.load(Ordering::Relaxed),
             bad_pages: self.bad.load(Ordering::Relaxed),
+            zero_pages: self.zero.load(Ordering::Relaxed),
             faults: self.faults.load(Ordering::Relaxed),
             done: self.done.load(Ordering::Acquire),
         }

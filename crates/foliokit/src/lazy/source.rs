@@ -4,6 +4,8 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 
+use super::holes::Holes;
+
 /// The bytes a lazy fill copies from: a read-only mapping it owns (of a
 /// snapshot file) or memory the caller vouches for.
 ///
@@ -16,6 +18,8 @@ pub struct Source {
     ptr: *const u8,
     len: usize,
     owned: bool,
+    /// The file's holes when it was mapped: zeros nobody need read.
+    holes: Holes,
 }
 
 // SAFETY: the source is only read (through mc copies and the kernel), and
@@ -27,6 +31,11 @@ unsafe impl Sync for Source {}
 impl Source {
     /// Maps `len` bytes of `file` read-only (shared). `len` may exceed the
     /// file's size: pages past its end raise SIGBUS, reported as vanished.
+    ///
+    /// The file's holes (`SEEK_DATA`/`SEEK_HOLE`) are learned once, here:
+    /// what lies in them is installed as zeros, never read. The file must
+    /// not be written meanwhile (bytes written into a hole later are not
+    /// seen).
     pub fn map_file(file: &File, len: usize) -> io::Result<Source> {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty source"));
@@ -46,11 +55,15 @@ impl Source {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Source {
+        let mut source = Source {
             ptr: p.cast(),
             len,
             owned: true,
-        })
+            holes: Holes::none(),
+        };
+        // On error the drop of `source` unmaps it.
+        source.holes = Holes::of_file(file, len as u64)?;
+        Ok(source)
     }
 
     /// Memory the caller mapped (a memfd, pmem, a buffer).
@@ -64,7 +77,14 @@ impl Source {
             ptr,
             len,
             owned: false,
+            holes: Holes::none(),
         }
+    }
+
+    /// The holes of the file mapped (none for memory from
+    /// [`Source::from_raw`]), as offsets into the source.
+    pub fn holes(&self) -> &Holes {
+        &self.holes
     }
 
     /// Maps the page tables of `[off, off + len)` of the source in one

@@ -554,6 +554,24 @@ impl Uffd {
         partial(res, p.updated, len)
     }
 
+    /// `UFFDIO_ZEROPAGE`: maps the shared zero page over `[dst, dst + len)`
+    /// (registered, empty; anonymous memory, or a zeroed page of shmem):
+    /// reads give zeros without a page of memory being used, and a write
+    /// later gets its own page, as after a read fault. hugetlb ranges are
+    /// not offered it (`-EINVAL`). Wakes its waiters. Fails as a copy
+    /// does, with the same retry rules ([`after`]).
+    pub fn zeropage(&self, dst: usize, len: usize) -> Result<usize, Partial> {
+        // `struct uffdio_zeropage` has `struct uffdio_poison`'s layout.
+        const UFFDIO_ZEROPAGE: u64 = ioc(RW, 0x04, std::mem::size_of::<Poison>());
+        let mut z = Poison {
+            range: range(dst, len),
+            mode: 0,
+            updated: 0,
+        };
+        let res = ioctl(&self.fd, UFFDIO_ZEROPAGE, &mut z);
+        partial(res, z.updated, len)
+    }
+
     /// `UFFDIO_WAKE`: wakes the threads waiting on `[start, start + len)`
     /// (they retry their fault).
     pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
