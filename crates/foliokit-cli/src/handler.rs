@@ -164,11 +164,7 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
     let gone = firecracker::gone_signal(&stream, handoff.pid)?;
     let uffd = handoff.uffd.try_clone()?;
     let ext = External::adopt(uffd, gone)?.with_pid(handoff.pid);
-    if !a.quiet {
-        for c in ext.costs() {
-            eprintln!("foliokit: the VMM's userfaultfd has {c}");
-        }
-    }
+    let costs = ext.costs();
     let opts = LazyOptions {
         channels: a.channels.max(1),
         latency_budget: a.latency_budget,
@@ -178,6 +174,11 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
     // SAFETY: the descriptor is the VMM's (another process's address
     // space); the source is our own read-only mapping of MEM_FILE.
     let fill = unsafe { fill_external(ext, &segments, source, &opts)? };
+    if !a.quiet {
+        for c in costs {
+            eprintln!("foliokit: the VMM's userfaultfd has {c}");
+        }
+    }
     let t0 = Instant::now();
     let mut last = Instant::now();
     loop {
@@ -266,6 +267,10 @@ pub struct VmmArgs {
     pub message: Option<PathBuf>,
     #[arg(long, value_parser = parse_duration)]
     pub idle: Option<Duration>,
+    #[arg(long, value_parser = parse_size)]
+    pub claim_page_size: Option<usize>,
+    #[arg(long)]
+    pub no_touch: bool,
 }
 
 pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
@@ -286,6 +291,8 @@ pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
         exit_after: a.exit_after,
         message,
         idle: a.idle.unwrap_or(Duration::ZERO),
+        claim_page_size: a.claim_page_size,
+        no_touch: a.no_touch,
     };
     let r = play(&plan)?;
     println!("{}", serde_json::to_string(&r)?);

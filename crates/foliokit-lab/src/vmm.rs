@@ -61,6 +61,12 @@ pub struct VmmPlan {
     /// Give the handler this long to fill before the vCPUs start touching
     /// (time to all resident without a touch).
     pub idle: Duration,
+    /// Claim this page size for every region instead of the mapping's.
+    pub claim_page_size: Option<usize>,
+    /// Touch nothing: wait (up to 10 s) for the handler to close the
+    /// connection, then count the guest's resident pages (a handler that
+    /// refused must have installed none).
+    pub no_touch: bool,
 }
 
 /// What the player saw.
@@ -78,6 +84,8 @@ pub struct VmmResult {
     pub touch_us: [f64; 3],
     /// Seconds from the handoff until the vCPUs had touched every page.
     pub secs: f64,
+    /// With `no_touch`: guest pages resident once the handler hung up.
+    pub resident_pages: usize,
 }
 
 /// Why the player stopped.
@@ -241,6 +249,24 @@ fn handoff_uffd(guest: &Guest) -> Result<Uffd, VmmError> {
     Ok(uffd)
 }
 
+/// Waits (up to 10 s) for the handler to close the connection, then
+/// counts the guest's resident pages (`mincore`, which faults nothing in).
+fn after_hangup(stream: &UnixStream, guest: &Guest) -> Result<usize, VmmError> {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(sys("setting a timeout"))?;
+    let _ = (&*stream).read(&mut [0u8; 16]);
+    let mut vec = vec![0u8; guest.len / 4096];
+    // SAFETY: mincore writes one byte per page of our mapping into `vec`,
+    // which has room for every page.
+    let rc = unsafe { libc::mincore(guest.base as *mut libc::c_void, guest.len, vec.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(sys("mincore")(std::io::Error::last_os_error()));
+    }
+    Ok(vec.iter().filter(|&&b| b & 1 != 0).count())
+}
+
 /// Plays the VMM: hands the guest to the handler at `plan.socket`, then
 /// touches, writes and discards as planned, and checks every page.
 pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
@@ -270,19 +296,31 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
             )
         })
         .collect();
+    let table: Vec<GuestRegion> = match plan.claim_page_size {
+        Some(p) => table
+            .into_iter()
+            .map(|r| GuestRegion::new(r.base_host_virt_addr, r.size, r.offset, p as u64))
+            .collect(),
+        None => table,
+    };
     let t0 = Instant::now();
-    match &plan.message {
-        Some(bytes) => {
-            foliokit::lazy::firecracker::send_raw(&stream, bytes, uffd.as_fd())
-                .map_err(sys("sending the message"))?;
-            // A handler that refuses must not be waited for.
-            std::thread::sleep(Duration::from_millis(500));
-            return Ok(VmmResult::default());
+    let sent = match &plan.message {
+        Some(bytes) => firecracker::send_raw(&stream, bytes, uffd.as_fd()),
+        None => firecracker::send(&stream, &table, uffd.as_fd()),
+    };
+    if plan.no_touch || plan.message.is_some() {
+        // A handler that refuses may hang up before it has read it all.
+        if let Err(e) = sent {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                return Err(sys("sending the handoff")(e));
+            }
         }
-        None => {
-            firecracker::send(&stream, &table, uffd.as_fd()).map_err(sys("sending the regions"))?
-        }
+        return Ok(VmmResult {
+            resident_pages: after_hangup(&stream, &guest)?,
+            ..VmmResult::default()
+        });
     }
+    sent.map_err(sys("sending the handoff"))?;
     std::thread::sleep(plan.idle);
     let pages = plan.size / 4096;
     let per_unit = page / 4096;
@@ -398,5 +436,6 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
         ballooned: balloon.len() * per_unit,
         touch_us: [pct(0.5), pct(0.99), us.last().copied().unwrap_or(0.0)],
         secs,
+        resident_pages: 0,
     })
 }

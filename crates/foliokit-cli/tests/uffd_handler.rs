@@ -1,0 +1,319 @@
+//! `foliokit uffd-handler` against a process speaking Firecracker's side
+//! of the protocol (`foliokit __vmm`, see `foliokit_lab::vmm`): guest
+//! memory of 4 KiB anonymous and 2 MiB hugetlb pages, vCPU threads
+//! reading and writing (every read the file's byte or a newer write), a
+//! balloon discarding ranges during the fill (zeros there afterwards,
+//! never file bytes), the VMM exiting mid-fill, and VMMs that misbehave.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{foliokit, missing, say, Need, Scratch};
+use serde_json::Value;
+
+/// A memory file of `size` bytes: every 8-byte word names its offset, so
+/// no page equals another, and none is zeros.
+fn mem_file(path: &Path, size: usize) {
+    let mut bytes = Vec::with_capacity(size);
+    for w in 0..size / 8 {
+        bytes.extend_from_slice(&((w as u64) ^ 0xA5A5_0000_0000_0000).to_ne_bytes());
+    }
+    std::fs::write(path, bytes).expect("writing the memory file");
+}
+
+/// Starts the handler on `dir/sock` serving `mem`, and waits for its
+/// socket.
+fn handler(dir: &Scratch, mem: &Path, extra: &[&str]) -> Child {
+    let sock = dir.join("sock");
+    let child = foliokit()
+        .arg("uffd-handler")
+        .arg(&sock)
+        .arg(mem)
+        .args(["--format", "json", "--quiet"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the handler");
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the handler never bound its socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+/// Runs the VMM player against `dir/sock` for a guest of `size` bytes.
+fn vmm(dir: &Scratch, mem: &Path, size: &str, args: &[&str]) -> Output {
+    foliokit()
+        .arg("__vmm")
+        .arg("--socket")
+        .arg(dir.join("sock"))
+        .arg("--mem-file")
+        .arg(mem)
+        .args(["--size", size])
+        .args(args)
+        .output()
+        .expect("run the VMM")
+}
+
+/// Waits for the handler to end (60 s at most: it must exit once the VMM
+/// has gone), and returns what it said.
+fn finish(mut h: Child) -> Output {
+    let t = Instant::now();
+    while h.try_wait().expect("wait").is_none() {
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = h.kill();
+            panic!("the handler did not exit after the VMM had gone");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    h.wait_with_output().expect("its output")
+}
+
+/// Whether the VMM could not make its userfaultfd here (then the test is
+/// skipped with the reason).
+fn no_uffd(out: &Output) -> bool {
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("making a userfaultfd") {
+        missing(Need::Uffd, &format!("the VMM player: {}", err.trim()));
+        return true;
+    }
+    false
+}
+
+fn vmm_json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "the VMM failed ({}): {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the VMM's JSON")
+}
+
+fn handler_json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "the handler failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the handler's JSON")
+}
+
+/// Runs a guest against the handler and checks both sides' reports.
+fn guest(name: &str, size: usize, vmm_args: &[&str]) -> Option<(Value, Value)> {
+    let dir = Scratch::new(name);
+    let mem = dir.join("mem");
+    mem_file(&mem, size);
+    let h = handler(&dir, &mem, &[]);
+    let v = vmm(&dir, &mem, &size.to_string(), vmm_args);
+    if no_uffd(&v) {
+        let _ = finish(h);
+        return None;
+    }
+    let vj = vmm_json(&v);
+    let hj = handler_json(&finish(h));
+    say(&format!("{name}: vmm {vj}\n  handler {hj}"));
+    assert_eq!(vj["wrong_count"], 0, "{vj}");
+    assert_eq!(vj["pages"].as_u64(), Some(size as u64 / 4096));
+    assert_eq!(hj["total_bytes"].as_u64(), Some(size as u64));
+    assert_eq!(hj["bad_pages"], 0);
+    Some((vj, hj))
+}
+
+#[test]
+fn anonymous_guest_reads_the_file_or_newer_writes_and_zeros_where_ballooned() {
+    let Some((vj, hj)) = guest(
+        "fc-anon",
+        48 << 20,
+        &[
+            "--vcpus",
+            "3",
+            "--regions",
+            "3",
+            "--write-every",
+            "3",
+            "--balloon-every",
+            "40",
+        ],
+    ) else {
+        return;
+    };
+    assert!(vj["ballooned"].as_u64() > Some(0));
+    assert!(hj["faults"].as_u64() > Some(0), "{hj}");
+}
+
+#[test]
+fn hugetlb_guest_is_filled_a_huge_page_at_a_time() {
+    let size = 32usize << 20;
+    let grant = match foliokit_lab::hugetlb::HugetlbGrant::reserve(2 << 20, size / (2 << 20) + 4) {
+        Ok(g) => g,
+        Err(why) => {
+            missing(
+                Need::Hugetlb,
+                &format!("no 2 MiB hugetlb pages for the guest: {why}"),
+            );
+            return;
+        }
+    };
+    let r = guest(
+        "fc-hugetlb",
+        size,
+        &[
+            "--backing",
+            "hugetlb",
+            "--vcpus",
+            "2",
+            "--write-every",
+            "5",
+            "--balloon-every",
+            "2048",
+        ],
+    );
+    drop(grant);
+    let Some((vj, _)) = r else { return };
+    assert!(
+        vj["ballooned"].as_u64() >= Some(512),
+        "whole huge pages discarded: {vj}"
+    );
+}
+
+#[test]
+fn the_handler_exits_cleanly_when_the_vmm_dies_mid_fill() {
+    let dir = Scratch::new("fc-exit");
+    let mem = dir.join("mem");
+    let size = 256usize << 20;
+    mem_file(&mem, size);
+    // A small budget and one channel keep the fill running when it dies.
+    let h = handler(
+        &dir,
+        &mem,
+        &["--channels", "1", "--latency-budget", "200us"],
+    );
+    let v = vmm(&dir, &mem, &size.to_string(), &["--exit-after", "64"]);
+    if no_uffd(&v) {
+        let _ = finish(h);
+        return;
+    }
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+    let hj = handler_json(&finish(h));
+    say(&format!("after the VMM died: {hj}"));
+}
+
+/// Runs a VMM that sends `message` (or, with `None`, its regions with
+/// `vmm_args`) to a handler serving a file of `file_size` bytes: the
+/// handler must refuse in one line saying `want` and exit 1, with no
+/// guest page installed.
+fn refused(name: &str, file_size: usize, message: Option<&[u8]>, vmm_args: &[&str], want: &str) {
+    let dir = Scratch::new(name);
+    let mem = dir.join("mem");
+    mem_file(&mem, file_size);
+    let h = handler(&dir, &mem, &[]);
+    let msg = dir.join("message");
+    let mut args: Vec<String> = vmm_args.iter().map(|s| s.to_string()).collect();
+    args.push("--no-touch".into());
+    if let Some(m) = message {
+        std::fs::write(&msg, m).expect("the message");
+        args.push("--message".into());
+        args.push(msg.display().to_string());
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v = vmm(&dir, &mem, "16M", &argv);
+    if no_uffd(&v) {
+        let _ = finish(h);
+        return;
+    }
+    let vj = vmm_json(&v);
+    let out = finish(h);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+    assert!(
+        err.contains(want) && err.trim().lines().count() == 1,
+        "{name}: wanted one line saying {want:?}, got: {err}"
+    );
+    assert_eq!(
+        vj["resident_pages"], 0,
+        "{name}: the handler installed pages: {vj}"
+    );
+    say(&format!("{name}: {}", err.trim()));
+}
+
+#[test]
+fn a_malformed_message_is_refused_with_nothing_installed() {
+    refused(
+        "fc-malformed",
+        16 << 20,
+        Some(br#"{"base_host_virt_addr": 1}"#),
+        &[],
+        "not a JSON array of guest regions",
+    );
+}
+
+#[test]
+fn a_short_message_is_refused_with_nothing_installed() {
+    refused(
+        "fc-short",
+        16 << 20,
+        Some(br#"[{"base_host_virt_addr": 4096, "si"#),
+        &[],
+        "ended after",
+    );
+}
+
+#[test]
+fn an_oversized_message_is_refused_with_nothing_installed() {
+    let mut m = vec![b'['];
+    m.extend(std::iter::repeat_n(b' ', 2 << 20));
+    refused("fc-oversized", 16 << 20, Some(&m), &[], "is over");
+}
+
+#[test]
+fn a_memory_file_shorter_than_the_regions_is_refused() {
+    refused(
+        "fc-short-file",
+        8 << 20,
+        None,
+        &["--regions", "2"],
+        "of the memory file",
+    );
+}
+
+#[test]
+fn a_page_size_that_is_not_the_mappings_is_refused() {
+    refused(
+        "fc-page-size",
+        16 << 20,
+        None,
+        &["--claim-page-size", "2M"],
+        "its page size is not the mapping's",
+    );
+}
+
+#[test]
+fn a_socket_that_exists_is_refused_in_one_line() {
+    let dir = Scratch::new("fc-bound");
+    let mem = dir.join("mem");
+    mem_file(&mem, 1 << 20);
+    std::fs::write(dir.join("sock"), b"").expect("a file in the way");
+    let out = Command::new(env!("CARGO_BIN_EXE_foliokit"))
+        .arg("uffd-handler")
+        .arg(dir.join("sock"))
+        .arg(&mem)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("remove a stale socket first") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+}
