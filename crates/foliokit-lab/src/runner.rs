@@ -278,6 +278,9 @@ pub fn steps(
                 serve_during_batches: false,
                 hugetlb: false,
                 zero_fraction: 0.0,
+                // The seeds have no external handler; `bench restore` has
+                // those rows.
+                vmm_exe: None,
             }),
         ),
     ])

@@ -82,6 +82,9 @@ pub struct VmmResult {
     pub ballooned: usize,
     /// First-touch latency percentiles, microseconds (p50, p99, max).
     pub touch_us: [f64; 3],
+    /// Every first touch's latency, microseconds, in touch order per vCPU.
+    #[serde(default)]
+    pub lat_us: Vec<f64>,
     /// Seconds from the handoff until the vCPUs had touched every page.
     pub secs: f64,
     /// With `no_touch`: guest pages resident once the handler hung up.
@@ -419,7 +422,8 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
         };
         checker.check(i, got, file.page(i * 4096, 4096), want);
     }
-    let mut us: Vec<f64> = lat.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    let lat_us: Vec<f64> = lat.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    let mut us = lat_us.clone();
     us.sort_by(f64::total_cmp);
     let pct = |p: f64| {
         us.get(((us.len() as f64 - 1.0) * p) as usize)
@@ -437,5 +441,6 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
         touch_us: [pct(0.5), pct(0.99), us.last().copied().unwrap_or(0.0)],
         secs,
         resident_pages: 0,
+        lat_us,
     })
 }

@@ -24,6 +24,7 @@ pub fn hugetlb_dir(size: usize) -> String {
 }
 
 /// The userfaultfd a VMM makes, registers and hands to its page-fault
-/// handler: the lab's player of Firecracker's side opens it with the
-/// wrapper foliokit uses, not a second one.
-pub use crate::sys::uffd::{Uffd, FEATURE_EVENT_REMOVE};
+/// handler: the lab's player of Firecracker's side opens it, and the
+/// lab's one-fault-at-a-time handler serves it, with the wrapper foliokit
+/// uses, not a second one.
+pub use crate::sys::uffd::{Msg, Uffd, FEATURE_EVENT_REMOVE};

@@ -46,6 +46,16 @@ pub struct RestoreArgs {
     /// one's time until all resident over its twin's with none zero.
     #[arg(long, default_value_t = 0.0)]
     pub zero_fraction: f64,
+    /// Leave out the external-handler rows. By default guest memory also
+    /// lives in a second process that plays Firecracker (maps it, makes
+    /// and registers the userfaultfd, sends it over a socket, then two
+    /// vCPU threads touch every page), served by this one: `handler:
+    /// foliokit` (the `uffd-handler` fill), `handler: foliokit, no touch`
+    /// (time until every page is in), and `handler: one fault at a time`
+    /// (a thread copying the faulting page with UFFDIO_COPY, as
+    /// Firecracker's example handlers do).
+    #[arg(long)]
+    pub no_handler_rows: bool,
     /// Directory for the snapshot file (removed at once; the bench keeps it open).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     pub dir: std::path::PathBuf,
@@ -150,6 +160,11 @@ pub fn run(a: RestoreArgs) -> Result<(), CliError> {
         serve_during_batches: a.serve_faults_during_batches,
         hugetlb: a.hugetlb,
         zero_fraction: a.zero_fraction,
+        vmm_exe: if a.no_handler_rows {
+            None
+        } else {
+            Some(std::env::current_exe()?)
+        },
     };
     super::show(restore::report(&plan, &super::bars())?, a.format)
 }

@@ -278,6 +278,7 @@ pub fn retrying<S: ?Sized>(
 
 /// One message read from a userfaultfd.
 #[derive(Debug)]
+#[allow(missing_docs)] // each variant's fields are named in its doc
 pub enum Msg {
     /// A thread waits on a fault at `addr`; it is woken by a fill or
     /// unregistration. (Relocation needs no address: the install or

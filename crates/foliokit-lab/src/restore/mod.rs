@@ -60,6 +60,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use thiserror::Error;
 
+mod external;
+
 use crate::hugetlb::HugetlbGrant;
 use crate::measure::{
     probe, run_interleaved, AaControl, LimitOp, Limits, Order, Probe, Stats, Stores,
@@ -102,6 +104,10 @@ pub struct RestorePlan {
     /// Share of the snapshot's folios that are zero (holes): above 0, a
     /// second snapshot with that share zero and its three rows are added.
     pub zero_fraction: f64,
+    /// The program that plays the VMM for the external-handler rows
+    /// (`foliokit`, whose hidden `__vmm` command runs [`crate::vmm`]);
+    /// `None`: those rows are left out, and a note says so.
+    pub vmm_exe: Option<PathBuf>,
 }
 
 /// Why the bench could not run.
@@ -210,6 +216,14 @@ enum Method {
     FoliokitZero,
     LazyZero,
     LazyWaitZero,
+    /// Guest memory in a process playing Firecracker, served by this one
+    /// (see `external.rs`): foliokit's fill with the VMM's vCPUs
+    /// touching, the same touching nothing, one fault at a time with the
+    /// vCPUs touching, and the fill of the zero-share snapshot.
+    External,
+    ExternalWait,
+    ExternalOneAtATime,
+    ExternalWaitZero,
     Probe(Probe),
 }
 
@@ -218,13 +232,27 @@ impl Method {
     fn zeros(self) -> bool {
         matches!(
             self,
-            Method::FoliokitZero | Method::LazyZero | Method::LazyWaitZero
+            Method::FoliokitZero
+                | Method::LazyZero
+                | Method::LazyWaitZero
+                | Method::ExternalWaitZero
         )
+    }
+
+    /// How an external-handler row serves and whether its vCPUs touch.
+    fn external(self) -> Option<(external::Server, bool)> {
+        use external::Server;
+        match self {
+            Method::External => Some((Server::Foliokit, true)),
+            Method::ExternalWait | Method::ExternalWaitZero => Some((Server::Foliokit, false)),
+            Method::ExternalOneAtATime => Some((Server::OneAtATime, true)),
+            _ => None,
+        }
     }
 }
 
 #[derive(Default, Clone)]
-struct Sample {
+pub(super) struct Sample {
     start: f64,
     resident: f64,
     lat: Vec<f64>,
@@ -326,6 +354,8 @@ struct State {
     file: File,
     /// The snapshot with zero folios (a zero share asked for).
     zfile: Option<File>,
+    /// Their paths (the external rows' VMM maps them to check).
+    paths: (PathBuf, Option<PathBuf>),
     guest: Option<Region>,
     probe_buf: Region,
     named: CopyStrategy,
@@ -505,6 +535,20 @@ impl State {
             probe(p, self.probe_buf.as_mut_slice(), self.plan.channels, FOLIO)?;
             return Ok(());
         }
+        if let Some((server, touch)) = m.external() {
+            let exe = self
+                .plan
+                .vmm_exe
+                .clone()
+                .expect("external rows only with a VMM program");
+            let snap = match m.zeros() {
+                true => self.paths.1.clone().expect("a zero-share snapshot"),
+                false => self.paths.0.clone(),
+            };
+            let sample = external::sample(&self.plan, &exe, &snap, server, touch)?;
+            self.samples[c].push(sample);
+            return Ok(());
+        }
         let mut g = self.guest.take().expect("prepared");
         let t0 = Instant::now();
         let mut sample = match m {
@@ -547,7 +591,11 @@ impl State {
                 foliokit::mem::populate(g.as_mut_slice(), self.plan.channels)?;
                 Sample::default()
             }
-            Method::Probe(_) => unreachable!("handled above"),
+            Method::Probe(_)
+            | Method::External
+            | Method::ExternalWait
+            | Method::ExternalOneAtATime
+            | Method::ExternalWaitZero => unreachable!("handled above"),
         };
         let secs = t0.elapsed().as_secs_f64();
         if !matches!(
@@ -576,6 +624,17 @@ impl State {
 
     fn prepare(&mut self, c: usize) -> Result<(), RestoreError> {
         if let Method::Probe(_) = self.methods[c] {
+            return Ok(());
+        }
+        if self.methods[c].external().is_some() {
+            // The guest is the VMM's (from the pool, on hugetlb).
+            self.guest = None;
+            if self.plan.cold {
+                // SAFETY: advice on our own descriptor; pages are clean.
+                unsafe {
+                    libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+                };
+            }
             return Ok(());
         }
         self.guest = None;
@@ -611,8 +670,17 @@ fn name(m: Method, named: CopyStrategy) -> &'static str {
         Method::FoliokitZero => "foliokit, zero share",
         Method::LazyZero => "lazy, zero share",
         Method::LazyWaitZero => "lazy + wait, zero share",
+        Method::External => "handler: foliokit",
+        Method::ExternalWait => "handler: foliokit, no touch",
+        Method::ExternalOneAtATime => "handler: one fault at a time",
+        Method::ExternalWaitZero => "handler: foliokit, no touch, zero share",
         Method::Probe(p) => p.name(),
     }
+}
+
+/// A path another process of this user opens `f` by, unlinked or not.
+fn fd_path(f: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()))
 }
 
 /// Runs the bench; `tick` after every timed call (progress).
@@ -655,10 +723,10 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         )));
     }
     let file = write_snapshot(&path, plan.size, 0.0)?;
+    let zpath = plan
+        .dir
+        .join(format!("foliokit-restore-{}-zero.snap", std::process::id()));
     let zfile = if plan.zero_fraction > 0.0 {
-        let zpath = plan
-            .dir
-            .join(format!("foliokit-restore-{}-zero.snap", std::process::id()));
         Some(write_snapshot(&zpath, plan.size, plan.zero_fraction)?)
     } else {
         None
@@ -685,11 +753,24 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
     if zfile.is_some() {
         methods.extend([Method::FoliokitZero, Method::LazyZero, Method::LazyWaitZero]);
     }
+    if plan.vmm_exe.is_some() {
+        methods.extend([
+            Method::External,
+            Method::ExternalWait,
+            Method::ExternalOneAtATime,
+        ]);
+        if zfile.is_some() {
+            methods.push(Method::ExternalWaitZero);
+        }
+    }
     let order = Order::new(methods.len(), plan.loops);
     let mut st = State {
         samples: vec![Vec::new(); methods.len()],
         methods: methods.clone(),
         plan: plan.clone(),
+        // The files are unlinked once written: the VMM opens them
+        // through this process's descriptors.
+        paths: (fd_path(&file), zfile.as_ref().map(fd_path)),
         file,
         zfile,
         guest: None,
@@ -974,6 +1055,7 @@ mod tests {
             serve_during_batches: false,
             hugetlb: false,
             zero_fraction: 0.5,
+            vmm_exe: None,
         };
         match run(plan, || {}) {
             Ok(r) => {

@@ -1,0 +1,277 @@
+//! The external-handler rows: guest memory in another process that plays
+//! Firecracker (`__vmm`, see [`crate::vmm`]), served from the snapshot by
+//! this process, the way Firecracker's page-fault handler serves it:
+//! foliokit's fill ([`foliokit::lazy::fill_external`]), or one thread
+//! serving one fault at a time with `UFFDIO_COPY` of a page (the way
+//! Firecracker's example handlers do).
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use foliokit::internals::Uffd;
+use foliokit::lazy::firecracker::{self, Handoff};
+use foliokit::lazy::{fill_external, External, LazyOptions, Source};
+
+use super::{RestoreError, RestorePlan, Sample};
+use crate::vmm::VmmResult;
+
+/// Who serves the VMM's faults.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Server {
+    /// foliokit's fill: faults first, the rest in the background.
+    Foliokit,
+    /// One thread, one fault at a time, a page per `UFFDIO_COPY`.
+    OneAtATime,
+}
+
+fn plan_err(e: impl std::fmt::Display) -> RestoreError {
+    RestoreError::Plan(format!("external handler row: {e}"))
+}
+
+/// The VMM process, killed if the row fails before it exits; what it
+/// prints is read as it comes (its report outgrows a pipe's buffer before
+/// it exits).
+struct Vmm(Option<Child>, Option<std::thread::JoinHandle<Vec<u8>>>);
+
+/// Reads `from` to its end on a thread of its own.
+fn drain(mut from: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = from.read_to_end(&mut v);
+        v
+    })
+}
+
+impl Vmm {
+    fn start(
+        exe: &Path,
+        plan: &RestorePlan,
+        sock: &Path,
+        snap: &Path,
+        touch: bool,
+    ) -> Result<Vmm, RestoreError> {
+        let mut c = Command::new(exe);
+        c.arg("__vmm")
+            .arg("--socket")
+            .arg(sock)
+            .arg("--mem-file")
+            .arg(snap)
+            .args(["--size", &plan.size.to_string(), "--vcpus", "2"])
+            .args(["--backing", if plan.hugetlb { "hugetlb" } else { "anon" }]);
+        if !touch {
+            c.arg("--no-touch");
+        }
+        let mut child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| plan_err(format!("starting {} __vmm: {e}", exe.display())))?;
+        let out = child.stdout.take().map(drain);
+        Ok(Vmm(Some(child), out))
+    }
+
+    /// Accepts the VMM's connection, or says why it never came (the VMM
+    /// failed first).
+    fn connect(&mut self, listener: &UnixListener) -> Result<UnixStream, RestoreError> {
+        listener.set_nonblocking(true).map_err(plan_err)?;
+        loop {
+            match listener.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false).map_err(plan_err)?;
+                    return Ok(s);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(plan_err(e)),
+            }
+            let child = self.0.as_mut().expect("running");
+            if child.try_wait().map_err(plan_err)?.is_some() {
+                let out = self
+                    .0
+                    .take()
+                    .expect("running")
+                    .wait_with_output()
+                    .map_err(plan_err)?;
+                return Err(plan_err(format!(
+                    "the VMM exited before connecting: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn result(mut self) -> Result<VmmResult, RestoreError> {
+        let out = self
+            .0
+            .take()
+            .expect("running")
+            .wait_with_output()
+            .map_err(plan_err)?;
+        let stdout = self
+            .1
+            .take()
+            .map(|t| t.join().unwrap_or_default())
+            .unwrap_or_default();
+        if !out.status.success() {
+            return Err(plan_err(format!(
+                "the VMM failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        serde_json::from_slice(&stdout).map_err(plan_err)
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One restore of the snapshot at `snap` into a VMM's guest memory by
+/// `server`; with `touch`, the VMM's two vCPU threads touch every page
+/// (the latencies are theirs), else it touches nothing and the time is
+/// until every page is in.
+pub(super) fn sample(
+    plan: &RestorePlan,
+    exe: &Path,
+    snap: &Path,
+    server: Server,
+    touch: bool,
+) -> Result<Sample, RestoreError> {
+    let sock: PathBuf = plan
+        .dir
+        .join(format!("foliokit-restore-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).map_err(plan_err)?;
+    let mut vmm = Vmm::start(exe, plan, &sock, snap, touch)?;
+    let stream = vmm.connect(&listener)?;
+    let _ = std::fs::remove_file(&sock);
+    let t0 = Instant::now();
+    let handoff = firecracker::receive(&stream).map_err(plan_err)?;
+    let file = std::fs::File::open(snap).map_err(plan_err)?;
+    let len = file.metadata().map_err(plan_err)?.len();
+    let segments = handoff.segments(len).map_err(plan_err)?;
+    let source = Source::map_file(&file, len as usize).map_err(plan_err)?;
+    let mut s = match server {
+        Server::Foliokit => {
+            let gone = firecracker::gone_signal(&stream, handoff.pid).map_err(plan_err)?;
+            let ext = External::adopt(handoff.uffd.try_clone().map_err(plan_err)?, gone)?;
+            let opts = LazyOptions {
+                latency_budget: plan.budget,
+                channels: plan.channels,
+                ..LazyOptions::default()
+            };
+            // SAFETY: the descriptor is the VMM's, another process's
+            // address space; the source is our own mapping of the file.
+            let fill = unsafe { fill_external(ext, &segments, source, &opts)? };
+            while !fill.progress().done {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let resident = t0.elapsed().as_secs_f64();
+            // The VMM that touches nothing waits for us to hang up.
+            drop(stream);
+            let r = fill.wait();
+            let p = r.progress;
+            Sample {
+                resident,
+                faulted: p.faulted_pages,
+                filled: p.filled_pages,
+                faults: p.faults,
+                zero: p.zero_pages,
+                longest: Some(r.longest_batch_us),
+                ..Sample::default()
+            }
+        }
+        Server::OneAtATime => {
+            let (faults, resident) = one_at_a_time(&handoff, &stream, &source, &segments, t0)?;
+            drop(stream);
+            Sample {
+                resident,
+                faulted: (plan.size / 4096) as u64,
+                faults,
+                ..Sample::default()
+            }
+        }
+    };
+    let v = vmm.result()?;
+    if v.wrong_count > 0 {
+        return Err(plan_err(format!("the VMM read wrong bytes: {:?}", v.wrong)));
+    }
+    if !touch && v.resident_pages != plan.size / 4096 {
+        return Err(plan_err(format!(
+            "{} of {} guest pages resident after the fill",
+            v.resident_pages,
+            plan.size / 4096
+        )));
+    }
+    s.start = 0.0;
+    // UFFDIO_COPY installs base pages into anonymous memory; hugetlb
+    // pages are huge by construction.
+    s.thp = if plan.hugetlb { 1.0 } else { 0.0 };
+    if touch {
+        s.lat = v.lat_us.clone();
+    }
+    Ok(s)
+}
+
+/// The examples' handler: one thread reads a fault, copies that one page
+/// (a huge page on hugetlb) with `UFFDIO_COPY`, and reads the next, until
+/// every page is in (then the VMM, which touched them all, exits). Returns
+/// the faults served and the seconds until every page was in.
+fn one_at_a_time(
+    h: &Handoff,
+    stream: &UnixStream,
+    source: &Source,
+    segments: &[foliokit::lazy::ExternalSegment],
+    t0: Instant,
+) -> Result<(u64, f64), RestoreError> {
+    let (uffd, _) = Uffd::adopt(h.uffd.try_clone().map_err(plan_err)?).map_err(plan_err)?;
+    let total: usize = segments.iter().map(|s| s.segment.len / s.page_size).sum();
+    let mut installed = 0usize;
+    let mut faults = 0u64;
+    let gone = stream.as_raw_fd();
+    while installed < total {
+        let mut p = libc::pollfd {
+            fd: gone,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+            return Err(plan_err("the VMM went away before every page was in"));
+        }
+        uffd.poll(100);
+        for m in uffd.read_all().map_err(plan_err)? {
+            let foliokit::internals::Msg::Fault { addr } = m else {
+                continue;
+            };
+            faults += 1;
+            let Some(seg) = segments
+                .iter()
+                .find(|s| (s.segment.addr..s.segment.addr + s.segment.len).contains(&addr))
+            else {
+                continue;
+            };
+            let page = seg.page_size;
+            let at = addr / page * page;
+            let src =
+                source.as_ptr() as usize + seg.segment.offset as usize + (at - seg.segment.addr);
+            match uffd.copy(at, src, page) {
+                Ok(_) => installed += 1,
+                // Raced another fault on the same page: it is in.
+                Err(e) if e.error.raw_os_error() == Some(libc::EEXIST) => {
+                    let _ = uffd.wake(at, page);
+                }
+                Err(e) => return Err(plan_err(format!("UFFDIO_COPY at {at:#x}: {}", e.error))),
+            }
+        }
+    }
+    Ok((faults, t0.elapsed().as_secs_f64()))
+}
