@@ -263,7 +263,18 @@ fn one_at_a_time(
             let at = addr / page * page;
             let src =
                 source.as_ptr() as usize + seg.segment.offset as usize + (at - seg.segment.addr);
-            match uffd.copy(at, src, page) {
+            let mut r = uffd.copy(at, src, page);
+            // A hugetlb page the last guest freed may still be on its way
+            // back to the pool: short of memory is retried, as the kernel
+            // retries a fault.
+            let t = Instant::now();
+            while matches!(&r, Err(e) if e.error.raw_os_error() == Some(libc::ENOMEM))
+                && t.elapsed() < Duration::from_secs(5)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+                r = uffd.copy(at, src, page);
+            }
+            match r {
                 Ok(_) => installed += 1,
                 // Raced another fault on the same page: it is in.
                 Err(e) if e.error.raw_os_error() == Some(libc::EEXIST) => {
