@@ -43,7 +43,8 @@ const GUESTS: &[Guest] = &[
 ];
 
 /// Test binaries that exercise the kernel: NUMA, userfaultfd, poison, THP
-/// (the library's), and mTHP backing of the benches (the CLI's). The CPU sweeps (strategies, mc's fault
+/// (the library's), and mTHP backing of the benches and Firecracker's
+/// page-fault handler (the CLI's). The CPU sweeps (strategies, mc's fault
 /// injection by truncated files) run on the host only: under emulation
 /// they take many minutes and test nothing the guest kernel changes.
 const BINARIES: &[&str] = &[
@@ -58,6 +59,7 @@ const BINARIES: &[&str] = &[
     "migrate_latency",
     "nt_populate",
     "process",
+    "uffd_handler",
 ];
 
 /// A guest run longer than this has hung.

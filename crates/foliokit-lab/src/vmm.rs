@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use foliokit::internals::{Uffd, FEATURE_EVENT_REMOVE};
 use foliokit::lazy::firecracker::{self, GuestRegion};
+use foliokit::lazy::Source;
 use serde::{Deserialize, Serialize};
 
 /// The guest's memory.
@@ -158,51 +159,20 @@ impl Drop for Guest {
 }
 
 /// The memory file, mapped read-only for checking.
-struct FileMap {
-    base: *const u8,
-    len: usize,
-}
-
-// SAFETY: read-only shared mapping, read from several threads.
-unsafe impl Send for FileMap {}
-// SAFETY: as above.
-unsafe impl Sync for FileMap {}
+struct FileMap(Source);
 
 impl FileMap {
     fn open(path: &PathBuf, len: usize) -> Result<FileMap, VmmError> {
         let f = std::fs::File::open(path).map_err(sys(format!("opening {}", path.display())))?;
-        // SAFETY: a fresh read-only mapping of our descriptor.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(sys("mapping the memory file")(
-                std::io::Error::last_os_error(),
-            ));
-        }
-        Ok(FileMap {
-            base: p.cast(),
-            len,
-        })
+        Ok(FileMap(
+            Source::map_file(&f, len).map_err(sys("mapping the memory file"))?,
+        ))
     }
 
     fn page(&self, off: usize, len: usize) -> &[u8] {
-        // SAFETY: inside the mapping (the plan's size is the file's).
-        unsafe { std::slice::from_raw_parts(self.base.add(off), len) }
-    }
-}
-
-impl Drop for FileMap {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, unmapped once.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        // SAFETY: inside the mapping (the plan's size is the file's),
+        // which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().add(off), len) }
     }
 }
 

@@ -546,12 +546,18 @@ impl Uffd {
     /// (registered, empty): a touch there gets SIGBUS `BUS_MCEERR_AR`, as
     /// real poison would; wakes its waiters. Linux 6.6+.
     pub fn poison(&self, dst: usize, len: usize) -> Result<usize, Partial> {
+        self.range_mode(UFFDIO_POISON, dst, len)
+    }
+
+    /// A ranged install whose struct is a range, a mode and the bytes
+    /// done (`uffdio_poison`, `uffdio_zeropage`).
+    fn range_mode(&self, req: u64, dst: usize, len: usize) -> Result<usize, Partial> {
         let mut p = Poison {
             range: range(dst, len),
             mode: 0,
             updated: 0,
         };
-        let res = ioctl(&self.fd, UFFDIO_POISON, &mut p);
+        let res = ioctl(&self.fd, req, &mut p);
         partial(res, p.updated, len)
     }
 
@@ -564,13 +570,7 @@ impl Uffd {
     pub fn zeropage(&self, dst: usize, len: usize) -> Result<usize, Partial> {
         // `struct uffdio_zeropage` has `struct uffdio_poison`'s layout.
         const UFFDIO_ZEROPAGE: u64 = ioc(RW, 0x04, std::mem::size_of::<Poison>());
-        let mut z = Poison {
-            range: range(dst, len),
-            mode: 0,
-            updated: 0,
-        };
-        let res = ioctl(&self.fd, UFFDIO_ZEROPAGE, &mut z);
-        partial(res, z.updated, len)
+        self.range_mode(UFFDIO_ZEROPAGE, dst, len)
     }
 
     /// `UFFDIO_WAKE`: wakes the threads waiting on `[start, start + len)`
