@@ -258,6 +258,8 @@ pub struct VmmArgs {
     pub vcpus: usize,
     #[arg(long, default_value_t = 0)]
     pub write_every: usize,
+    #[arg(long, default_value_t = 1)]
+    pub touch_every: usize,
     #[arg(long, default_value_t = 0)]
     pub balloon_every: usize,
     #[arg(long)]
@@ -287,6 +289,7 @@ pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
         },
         vcpus: a.vcpus,
         write_every: a.write_every,
+        touch_every: a.touch_every,
         balloon_every: a.balloon_every,
         exit_after: a.exit_after,
         message,

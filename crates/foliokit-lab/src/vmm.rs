@@ -51,6 +51,11 @@ pub struct VmmPlan {
     pub vcpus: usize,
     /// Every n-th page a vCPU touches it also writes (0: none).
     pub write_every: usize,
+    /// The vCPUs touch one page, chosen at random, of every run of this
+    /// many (1: every page; 512: one of every 2 MiB, as a guest touching
+    /// its working set while the rest fills). Every page is checked at
+    /// the end regardless.
+    pub touch_every: usize,
     /// Pages the balloon discards while the handler fills, a run every
     /// `balloon_every` pages (0: no balloon).
     pub balloon_every: usize,
@@ -111,6 +116,14 @@ pub enum VmmError {
 fn sys(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmmError {
     let what = what.into();
     move |source| VmmError::Sys { what, source }
+}
+
+/// A well-mixed number for `b` (which page of a run a vCPU touches).
+fn mix(b: usize) -> usize {
+    let mut x = (b as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (x ^ (x >> 31)) as usize
 }
 
 /// A stamp a vCPU writes into page `i`: not the file's bytes, not zeros.
@@ -338,7 +351,11 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
                     let mut lat = Vec::new();
                     start.wait();
                     // Touch this vCPU's pages in a scattered order.
-                    let mine: Vec<usize> = (0..pages).filter(|i| i % vcpus == v).collect();
+                    let every = plan.touch_every.max(1);
+                    let mine: Vec<usize> = (0..pages.div_ceil(every))
+                        .filter(|b| b % vcpus == v)
+                        .map(|b| (b * every + mix(b) % every).min(pages - 1))
+                        .collect();
                     let n = mine.len();
                     for k in 0..n {
                         let i = mine[(k * 7919) % n];

@@ -48,12 +48,13 @@ pub struct RestoreArgs {
     pub zero_fraction: f64,
     /// Leave out the external-handler rows. By default guest memory also
     /// lives in a second process that plays Firecracker (maps it, makes
-    /// and registers the userfaultfd, sends it over a socket, then two
-    /// vCPU threads touch every page), served by this one: `handler:
-    /// foliokit` (the `uffd-handler` fill), `handler: foliokit, no touch`
-    /// (time until every page is in), and `handler: one fault at a time`
-    /// (a thread copying the faulting page with UFFDIO_COPY, as
-    /// Firecracker's example handlers do).
+    /// and registers the userfaultfd, sends it over a socket; two vCPU
+    /// threads touch pages and check every page at the end), served by
+    /// this one: `handler: foliokit` (the `uffd-handler` fill, the vCPUs
+    /// touching one random page of every 2 MiB), `handler: foliokit, no
+    /// touch` (time until every page is in), and `handler: one fault at a
+    /// time` (a thread copying the faulting page with UFFDIO_COPY, as
+    /// Firecracker's example handlers do, the vCPUs touching every page).
     #[arg(long)]
     pub no_handler_rows: bool,
     /// Directory for the snapshot file (removed at once; the bench keeps it open).

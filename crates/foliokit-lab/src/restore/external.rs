@@ -18,6 +18,17 @@ use foliokit::lazy::{fill_external, External, LazyOptions, Source};
 use super::{RestoreError, RestorePlan, Sample};
 use crate::vmm::VmmResult;
 
+/// What the VMM's two vCPU threads touch.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Touch {
+    /// Nothing: the row times the fill until every page is in.
+    None,
+    /// One random page of every 2 MiB.
+    Sparse,
+    /// Every page.
+    All,
+}
+
 /// Who serves the VMM's faults.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Server {
@@ -51,7 +62,7 @@ impl Vmm {
         plan: &RestorePlan,
         sock: &Path,
         snap: &Path,
-        touch: bool,
+        touch: Touch,
     ) -> Result<Vmm, RestoreError> {
         let mut c = Command::new(exe);
         c.arg("__vmm")
@@ -61,9 +72,14 @@ impl Vmm {
             .arg(snap)
             .args(["--size", &plan.size.to_string(), "--vcpus", "2"])
             .args(["--backing", if plan.hugetlb { "hugetlb" } else { "anon" }]);
-        if !touch {
-            c.arg("--no-touch");
-        }
+        match touch {
+            // A guest touching its working set while the rest fills: one
+            // random page of every 2 MiB, as the lazy row's vCPU.
+            Touch::Sparse => c.args(["--touch-every", "512"]),
+            // Every page: what brings a guest all in through its faults.
+            Touch::All => c.args(["--touch-every", "1"]),
+            Touch::None => c.arg("--no-touch"),
+        };
         let mut child = c
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -135,15 +151,14 @@ impl Drop for Vmm {
 }
 
 /// One restore of the snapshot at `snap` into a VMM's guest memory by
-/// `server`; with `touch`, the VMM's two vCPU threads touch every page
-/// (the latencies are theirs), else it touches nothing and the time is
-/// until every page is in.
+/// `server`, its vCPUs touching as `touch` says (the latencies are
+/// theirs); the time is until every page is in.
 pub(super) fn sample(
     plan: &RestorePlan,
     exe: &Path,
     snap: &Path,
     server: Server,
-    touch: bool,
+    touch: Touch,
 ) -> Result<Sample, RestoreError> {
     let sock: PathBuf = plan
         .dir
@@ -204,7 +219,7 @@ pub(super) fn sample(
     if v.wrong_count > 0 {
         return Err(plan_err(format!("the VMM read wrong bytes: {:?}", v.wrong)));
     }
-    if !touch && v.resident_pages != plan.size / 4096 {
+    if touch == Touch::None && v.resident_pages != plan.size / 4096 {
         return Err(plan_err(format!(
             "{} of {} guest pages resident after the fill",
             v.resident_pages,
@@ -215,7 +230,7 @@ pub(super) fn sample(
     // UFFDIO_COPY installs base pages into anonymous memory; hugetlb
     // pages are huge by construction.
     s.thp = if plan.hugetlb { 1.0 } else { 0.0 };
-    if touch {
+    if touch != Touch::None {
         s.lat = v.lat_us.clone();
     }
     Ok(s)

@@ -241,13 +241,15 @@ impl Method {
         )
     }
 
-    /// How an external-handler row serves and whether its vCPUs touch.
-    fn external(self) -> Option<(external::Server, bool)> {
-        use external::Server;
+    /// How an external-handler row serves and what its vCPUs touch.
+    fn external(self) -> Option<(external::Server, external::Touch)> {
+        use external::{Server, Touch};
         match self {
-            Method::External => Some((Server::Foliokit, true)),
-            Method::ExternalWait | Method::ExternalWaitZero => Some((Server::Foliokit, false)),
-            Method::ExternalOneAtATime => Some((Server::OneAtATime, true)),
+            Method::External => Some((Server::Foliokit, Touch::Sparse)),
+            Method::ExternalWait | Method::ExternalWaitZero => {
+                Some((Server::Foliokit, Touch::None))
+            }
+            Method::ExternalOneAtATime => Some((Server::OneAtATime, Touch::All)),
             _ => None,
         }
     }
