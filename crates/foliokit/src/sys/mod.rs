@@ -9,6 +9,8 @@ pub(crate) mod maps;
 pub mod numa;
 pub mod pagemap;
 pub(crate) mod poll;
+// The Firecracker handoff's plumbing (lazy::firecracker, behind serde).
+#[cfg(any(feature = "serde", test))]
 pub(crate) mod scm;
 pub mod smaps;
 pub mod uffd;

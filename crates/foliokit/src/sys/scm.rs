@@ -152,4 +152,20 @@ mod tests {
         let (n, fds) = recv_with_fds(b.as_raw_fd(), &mut buf).expect("end of stream");
         assert_eq!((n, fds.len()), (0, 0));
     }
+
+    #[test]
+    fn a_pidfd_is_readable_once_its_process_has_exited() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .expect("a child");
+        let fd = pidfd(child.id() as i32).expect("a pidfd");
+        let ready = |ms| {
+            crate::sys::poll::readable([fd.as_raw_fd()], Some(std::time::Duration::from_millis(ms)))
+                [0]
+        };
+        assert!(!ready(0), "running");
+        child.wait().expect("reaped");
+        assert!(ready(1000), "exited");
+    }
 }
