@@ -78,10 +78,13 @@ fn finish(mut h: Child) -> Output {
 }
 
 /// Whether the VMM could not make its userfaultfd here (then the test is
-/// skipped with the reason).
-fn no_uffd(out: &Output) -> bool {
+/// skipped with the reason, and the handler, which still waits for a
+/// connection that will never come, is stopped).
+fn no_uffd(out: &Output, h: &mut Child) -> bool {
     let err = String::from_utf8_lossy(&out.stderr);
     if err.contains("making a userfaultfd") {
+        let _ = h.kill();
+        let _ = h.wait();
         missing(Need::Uffd, &format!("the VMM player: {}", err.trim()));
         return true;
     }
@@ -114,10 +117,9 @@ fn guest(name: &str, size: usize, vmm_args: &[&str]) -> Option<(Value, Value)> {
     let dir = Scratch::new(name);
     let mem = dir.join("mem");
     mem_file(&mem, size);
-    let h = handler(&dir, &mem, &[]);
+    let mut h = handler(&dir, &mem, &[]);
     let v = vmm(&dir, &mem, &size.to_string(), vmm_args);
-    if no_uffd(&v) {
-        let _ = finish(h);
+    if no_uffd(&v, &mut h) {
         return None;
     }
     let vj = vmm_json(&v);
@@ -194,14 +196,13 @@ fn the_handler_exits_cleanly_when_the_vmm_dies_mid_fill() {
     let size = 256usize << 20;
     mem_file(&mem, size);
     // A small budget and one channel keep the fill running when it dies.
-    let h = handler(
+    let mut h = handler(
         &dir,
         &mem,
         &["--channels", "1", "--latency-budget", "200us"],
     );
     let v = vmm(&dir, &mem, &size.to_string(), &["--exit-after", "64"]);
-    if no_uffd(&v) {
-        let _ = finish(h);
+    if no_uffd(&v, &mut h) {
         return;
     }
     assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
@@ -217,7 +218,7 @@ fn refused(name: &str, file_size: usize, message: Option<&[u8]>, vmm_args: &[&st
     let dir = Scratch::new(name);
     let mem = dir.join("mem");
     mem_file(&mem, file_size);
-    let h = handler(&dir, &mem, &[]);
+    let mut h = handler(&dir, &mem, &[]);
     let msg = dir.join("message");
     let mut args: Vec<String> = vmm_args.iter().map(|s| s.to_string()).collect();
     args.push("--no-touch".into());
@@ -228,8 +229,7 @@ fn refused(name: &str, file_size: usize, message: Option<&[u8]>, vmm_args: &[&st
     }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let v = vmm(&dir, &mem, "16M", &argv);
-    if no_uffd(&v) {
-        let _ = finish(h);
+    if no_uffd(&v, &mut h) {
         return;
     }
     let vj = vmm_json(&v);
