@@ -133,6 +133,15 @@ fn summary<'r>(h: &Handoff, r: &'r LazyReport) -> Summary<'r> {
     }
 }
 
+/// Whether process `pid` still runs (not gone, not a zombie).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X'))
+    })
+}
+
 fn bind(path: &Path) -> Result<(UnixListener, Bound), CliError> {
     let l = UnixListener::bind(path).map_err(|e| {
         format!(
@@ -155,8 +164,11 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
     if file_len == 0 {
         return Err(format!("{} is empty", a.mem_file.display()).into());
     }
-    let (listener, _bound) = bind(&a.socket)?;
+    let (listener, bound) = bind(&a.socket)?;
     let (stream, _) = listener.accept()?;
+    // One VMM per handler: nobody else may connect (and be served, or
+    // wait for a handler that serves another) once it has.
+    drop((listener, bound));
     let handoff = firecracker::receive(&stream)?;
     let segments = handoff.segments(file_len)?;
     let source = Source::map_file(&file, file_len as usize)
@@ -199,10 +211,14 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
         std::thread::sleep(Duration::from_millis(20));
     }
     if !a.quiet {
-        eprintln!(
-            "foliokit: every page in after {:.3} s; serving the balloon's discards until the VMM exits",
-            t0.elapsed().as_secs_f64()
-        );
+        if running(handoff.pid) {
+            eprintln!(
+                "foliokit: every page in after {:.3} s; serving the balloon's discards until the VMM exits",
+                t0.elapsed().as_secs_f64()
+            );
+        } else {
+            eprintln!("foliokit: the VMM went away before every page was in");
+        }
     }
     let report = fill.wait();
     let s = summary(&handoff, &report);

@@ -208,6 +208,12 @@ fn the_handler_exits_cleanly_when_the_vmm_dies_mid_fill() {
     assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
     let hj = handler_json(&finish(h));
     say(&format!("after the VMM died: {hj}"));
+    // 64 touches take far less than a 256 MiB fill on one channel.
+    let notes = hj["notes"].to_string();
+    assert!(
+        notes.contains("went away before every page was in"),
+        "the fill was not cut short: {hj}"
+    );
 }
 
 /// Runs a VMM that sends `message` (or, with `None`, its regions with

@@ -138,16 +138,21 @@ struct Guest {
 }
 
 impl Guest {
+    /// Maps `len` bytes aligned to 2 MiB (Firecracker's guest memory is:
+    /// a region's page size may be a huge page's on any kernel).
     fn map(len: usize, backing: Backing) -> Result<Guest, VmmError> {
+        const ALIGN: usize = 2 << 20;
         let huge = match backing {
             Backing::Anon => 0,
             Backing::Hugetlb => libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT),
         };
+        // Room to align anonymous memory (hugetlb mappings are aligned).
+        let extra = if huge == 0 { ALIGN } else { 0 };
         // SAFETY: a fresh private mapping nobody else refers to.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                len + extra,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | huge,
                 -1,
@@ -157,10 +162,20 @@ impl Guest {
         if p == libc::MAP_FAILED {
             return Err(sys("mapping guest memory")(std::io::Error::last_os_error()));
         }
-        Ok(Guest {
-            base: p as usize,
-            len,
-        })
+        let start = p as usize;
+        let base = start.next_multiple_of(if extra > 0 { ALIGN } else { 1 });
+        // SAFETY: unmapping the unaligned head and tail of our own fresh
+        // mapping, outside [base, base + len).
+        unsafe {
+            if base > start {
+                libc::munmap(p, base - start);
+            }
+            let tail = start + len + extra - (base + len);
+            if tail > 0 {
+                libc::munmap((base + len) as *mut libc::c_void, tail);
+            }
+        }
+        Ok(Guest { base, len })
     }
 }
 

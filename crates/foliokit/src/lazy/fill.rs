@@ -62,6 +62,8 @@ pub(super) struct Filler {
     pub(super) shared: Arc<Shared>,
     /// What happens once every page is in.
     pub(super) end: End,
+    /// The owner went away before every page was in.
+    pub(super) abandoned: bool,
     pub(super) tally: Tally,
 }
 
@@ -121,10 +123,12 @@ impl Filler {
     pub(super) fn drain(&mut self) {
         match self.uffd.read_all() {
             Ok(msgs) => msgs.into_iter().for_each(|m| self.apply(m)),
-            Err(e) => self
-                .tally
-                .notes
-                .push(format!("reading the userfaultfd: {e}")),
+            Err(e) => {
+                let note = format!("reading the userfaultfd: {e}");
+                if self.tally.notes.last() != Some(&note) {
+                    self.tally.notes.push(note);
+                }
+            }
         }
     }
 
@@ -157,9 +161,12 @@ impl Filler {
         }
     }
 
-    pub(super) fn run(mut self, active: Active, mut parked: Parked) {
+    /// Runs the fill; `active` is its place in the fork gate (none for
+    /// another process's memory: a fork of ours raises no event on its
+    /// descriptor, so forks never wait for this thread).
+    pub(super) fn run(mut self, active: Option<Active>, mut parked: Parked) {
         loop {
-            if active.fork_pending() {
+            if let Some(active) = active.as_ref().filter(|a| a.fork_pending()) {
                 let u = &self.uffd;
                 active.park(|| {
                     // No allocation here: a fork holds the allocator's
@@ -198,7 +205,9 @@ impl Filler {
             self.batch();
         }
         if matches!(self.end, End::ServeUntil(_)) {
-            self.tally.resident = Some(self.tally.t0.elapsed());
+            if !self.abandoned {
+                self.tally.resident = Some(self.tally.t0.elapsed());
+            }
             // Every page is in: what the caller waits for (the report
             // comes when the owner has gone).
             self.shared.done.store(true, Ordering::Release);
@@ -221,6 +230,7 @@ impl Filler {
 
     /// The owner went away mid-fill: nothing left to fill is filled.
     fn abandon(&mut self) {
+        self.abandoned = true;
         self.tally
             .notes
             .push("the process whose memory this is went away before every page was in".into());

@@ -262,7 +262,7 @@ pub(super) fn start(
         end: End::Unregister,
         notes: Vec::new(),
     };
-    spawn(begun, source, opts, active)
+    spawn(begun, source, opts, Some(active))
 }
 
 /// Checks the segments of another process's memory, carves them and
@@ -316,7 +316,6 @@ pub(super) fn start_external(
     }
     let (copy_strategy, mc) = mc_for(opts, folio)?;
     let pool = crate::channels::shared(opts.channels.max(1))?;
-    let active = Active::enter();
     let poison = ext.poison();
     let begun = Begun {
         t0,
@@ -336,7 +335,7 @@ pub(super) fn start_external(
         end: End::ServeUntil(ext.gone),
         notes,
     };
-    spawn(begun, source, opts, active)
+    spawn(begun, source, opts, None)
 }
 
 /// Refuses a segment whose page size is not that of process `pid`'s
@@ -404,7 +403,7 @@ fn spawn(
     b: Begun,
     source: Source,
     opts: &LazyOptions,
-    active: Active,
+    active: Option<Active>,
 ) -> Result<LazyFill, LazyError> {
     let Begun {
         t0,
@@ -470,6 +469,7 @@ fn spawn(
         ),
         shared: shared.clone(),
         end,
+        abandoned: false,
         tally: Tally {
             bad: Vec::new(),
             notes,

@@ -635,9 +635,11 @@ impl Uffd {
     /// A userfaultfd another process made, initialised and registered (a
     /// VMM's, received over a socket), and the features its maker enabled
     /// (read from `/proc/self/fdinfo`; the API call that set them can be
-    /// made once only). Made non-blocking: this side polls before it
-    /// reads, and the kernel answers poll on a blocking descriptor with
-    /// an error. Refuses a descriptor that is no userfaultfd.
+    /// made once only). Made non-blocking (the flag is the open file's, so
+    /// its maker's reads stop blocking too; a VMM that hands its descriptor
+    /// over reads none): this side polls before it reads, and the kernel
+    /// answers poll on a blocking descriptor with an error. Refuses a
+    /// descriptor that is no userfaultfd, or one not initialised.
     pub fn adopt(fd: OwnedFd) -> io::Result<(Uffd, u64)> {
         let raw = fd.as_raw_fd();
         let what = std::fs::read_link(format!("/proc/self/fd/{raw}"))?;
@@ -660,6 +662,21 @@ impl Uffd {
             if fl < 0 || libc::fcntl(raw, libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
                 return Err(io::Error::last_os_error());
             }
+        }
+        // Non-blocking now, a descriptor polls in error only while no
+        // UFFDIO_API call was made on it (every install would fail).
+        let mut p = libc::pollfd {
+            fd: raw,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) };
+        if p.revents & libc::POLLERR != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the userfaultfd is not initialised (its maker made no UFFDIO_API call)",
+            ));
         }
         Ok((Uffd { fd }, features))
     }
