@@ -554,21 +554,14 @@ impl State {
         if let Method::Probe(_) = self.methods[c] {
             return Ok(());
         }
-        if self.methods[c].external().is_some() {
-            // The guest is the VMM's (from the pool, on hugetlb).
-            self.guest = None;
-            if self.plan.cold {
-                // SAFETY: advice on our own descriptor; pages are clean.
-                unsafe {
-                    libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
-                };
-            }
-            return Ok(());
-        }
         self.guest = None;
         if self.plan.cold {
             // SAFETY: advice on our own descriptor; pages are clean (synced).
             unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+        if self.methods[c].external().is_some() {
+            // The guest is the VMM's (from the pool, on hugetlb).
+            return Ok(());
         }
         let populate = self.methods[c] == Method::Prealloc;
         self.guest = Some(match (self.plan.hugetlb, populate) {
