@@ -354,12 +354,30 @@ fn restore_image<B: Bitmap>(
         if at < g + len {
             segments.push((at - g, len));
         }
-        // Holes of a sparse snapshot: not read, and written only where
-        // guest RAM does not read zero already.
+        // Holes of a sparse snapshot (not read) and zero pages of a dense
+        // one (read until their first nonzero byte, not copied): written
+        // only where guest RAM does not read zero already.
         let mut cut = Vec::with_capacity(segments.len());
         for (start, end) in segments {
-            for (s, n, hole) in img.holes.pieces(o + start, end - start, 1) {
+            // Only whole pages the file is known to hold are looked at: the
+            // page a cut file ends in reads zeros past the cut, which are
+            // no snapshot bytes (the copy below reports them lost).
+            let page = host_page as u64;
+            let known = (img.known_end.min(img.mapped).saturating_sub(o)).clamp(start, end);
+            let known = start + (known - start) / page * page;
+            // SAFETY: `[o + start, o + known)` lies below the image's
+            // known end and inside its mapping; a page poisoned (or cut
+            // since) raises SIGBUS, which the mc loads survive (it is then
+            // data, and the copy below reports it).
+            let pieces = unsafe {
+                img.holes
+                    .zero_pieces(img.ptr, o + start, known - start, page)
+            };
+            for (s, n, hole) in pieces {
                 cut.push((s - o, s - o + n, hole));
+            }
+            if known < end {
+                cut.push((known, end, false));
             }
         }
         for (start, end, hole) in cut {

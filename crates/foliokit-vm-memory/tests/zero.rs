@@ -2,7 +2,9 @@
 //! (single pages, a run in the middle of a 2 MiB folio, a whole folio, an
 //! odd-sized region's tail) is saved as a sparse file, and restored
 //! eagerly and lazily byte-exact, with the zero pages counted; a guest
-//! write after a zero page was installed is kept.
+//! write after a zero page was installed is kept. The same snapshot
+//! written densely (its zero pages as bytes) has its zero pages found by
+//! reading them, and installed as zero pages as well.
 #![cfg(target_arch = "x86_64")]
 
 #[path = "../../foliokit/tests/common/mod.rs"]
@@ -214,6 +216,116 @@ fn a_bare_fill_of_base_pages_installs_every_hole_page_as_a_zero_page() {
         Ok(h) => {
             let r = h.wait();
             assert_eq!(r.progress.zero_pages, holes as u64);
+            assert_eq!(r.progress.filled_pages + r.progress.faulted_pages, 64);
+            // SAFETY: our mapping, plain memory again.
+            let got = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+            assert!(got == want.as_slice(), "the fill differs");
+        }
+        Err(LazyError::Refused(why)) => {
+            missing(Need::Uffd, &format!("lazy fill unavailable here: {why}"))
+        }
+        Err(e) => panic!("{e}"),
+    }
+    // SAFETY: our mapping, no longer used.
+    unsafe { libc::munmap(p, len) };
+}
+
+/// A dense copy of `path`: every zero page written as bytes.
+fn dense(path: &std::path::Path, what: &str) -> std::path::PathBuf {
+    let bytes = std::fs::read(path).unwrap();
+    let out = temp_path(what);
+    std::fs::write(&out, &bytes).unwrap();
+    let f = std::fs::File::open(&out).unwrap();
+    assert_eq!(
+        Holes::of_file(&f, u64::MAX).unwrap().bytes(),
+        0,
+        "a hole in the dense copy"
+    );
+    out
+}
+
+#[test]
+fn a_dense_snapshot_has_its_zero_pages_found_eagerly_and_lazily() {
+    let (sparse_path, a, b, n, _) = saved("zero-dense-src");
+    let path = dense(&sparse_path, "zero-dense");
+    let _ = std::fs::remove_file(&sparse_path);
+    let fresh = vm();
+    let r = restore_from_path(&fresh, &path).unwrap();
+    assert!(r.bad.is_empty());
+    assert!(read(&fresh, 0, A_LEN) == a && read(&fresh, B, B_LEN) == b);
+    assert_eq!(r.zero_bytes, (n * PAGE) as u64, "{r:?}");
+    let dirty = vm();
+    dirty
+        .write_slice(&vec![0xa5; A_LEN], GuestAddress(0))
+        .unwrap();
+    dirty
+        .write_slice(&vec![0x5a; B_LEN], GuestAddress(B))
+        .unwrap();
+    let r = restore_from_path(&dirty, &path).unwrap();
+    assert!(read(&dirty, 0, A_LEN) == a, "a stale byte survived in A");
+    assert!(read(&dirty, B, B_LEN) == b, "a stale byte survived in B");
+    assert_eq!(r.cleared_bytes, r.zero_bytes);
+
+    let mem = vm();
+    let h = match restore_lazy_from_path(&mem, &path, &LazyRestoreOptions::default()) {
+        Ok(h) => h,
+        Err(Error::Lazy(LazyError::Refused(why))) => {
+            missing(Need::Uffd, &format!("lazy restore unavailable here: {why}"));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let r = h.wait();
+    assert!(r.bad.is_empty());
+    assert!(read(&mem, 0, A_LEN) == a, "region A differs");
+    assert!(read(&mem, B, B_LEN) == b, "region B differs");
+    // The two whole host folios in the zero run at least, as from holes.
+    let z = r.fill.progress.zero_pages;
+    assert!(z >= 2 * 512 && z <= n as u64, "{z} zero pages of {n}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_bare_fill_of_base_pages_finds_the_zero_pages_of_a_dense_file() {
+    let len = 64 * PAGE;
+    let mut want = pattern(len, 11);
+    // Zero pages: single ones, a run, one zero but for its last byte, and
+    // the last page.
+    for p in [3usize, 7, 20, 21, 22, 23, 40, 63] {
+        want[p * PAGE..(p + 1) * PAGE].fill(0);
+    }
+    want[41 * PAGE..42 * PAGE - 1].fill(0);
+    let path = temp_path("zero-dense-bare");
+    std::fs::write(&path, &want).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let src = Source::map_file(&f, len).unwrap();
+    // SAFETY: a fresh private anonymous mapping of ours.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let seg = Segment {
+        addr: p as usize,
+        len,
+        offset: 0,
+    };
+    let o = LazyOptions {
+        folio_size: PAGE,
+        ..LazyOptions::default()
+    };
+    // SAFETY: the range is ours and untouched until the fill ends.
+    match unsafe { fill_lazily(&[seg], src, &o) } {
+        Ok(h) => {
+            let r = h.wait();
+            assert_eq!(r.progress.zero_pages, 8);
             assert_eq!(r.progress.filled_pages + r.progress.faulted_pages, 64);
             // SAFETY: our mapping, plain memory again.
             let got = unsafe { std::slice::from_raw_parts(p as *const u8, len) };

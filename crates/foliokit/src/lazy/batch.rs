@@ -27,8 +27,8 @@ fn cut_due(watch: Option<&OwnedFd>, from: Instant) -> bool {
 /// whole units of `unit` bytes: what the source has as data copied by the
 /// kernel (its page tables mapped in one call first: the kernel faulting
 /// the source in as it copies cost the fill about as much as the copy),
-/// holes installed as zeros without a read (`zero`: the zero mapping and
-/// the zero-page count). Returns the bytes installed and whether that was
+/// holes and all-zero units installed as zeros without a copy (`zero`: the
+/// zero mapping and the zero-page count). Returns the bytes installed and whether that was
 /// all of them (else a call failed there: the fill thread finishes the
 /// block with every error handled).
 fn install_in_place(
@@ -42,19 +42,14 @@ fn install_in_place(
 ) -> (usize, bool) {
     let page = crate::batch::page_size();
     let mut done = 0;
-    for (s, n, hole) in source
-        .holes()
-        .pieces(src_off as u64, len as u64, unit as u64)
-    {
-        let (s, n) = (s as usize, n as usize);
+    for (s, n, zero_piece) in source.pieces(src_off, len, unit) {
         let at = dst + (s - src_off);
-        let r = if hole {
+        let r = if zero_piece {
             let r = super::install::zero_run(uffd, (zero.0, zero.1), at, n, unit);
             let z = r.as_ref().map_or_else(|p| p.done, |&n| n);
             zero.2.fetch_add((z / page) as u64, Ordering::Relaxed);
             r
         } else {
-            source.prefault(s, n);
             uffd.copy(at, source.as_ptr() as usize + s, n)
         };
         match r {

@@ -143,6 +143,65 @@ impl Holes {
         push(at, end, false);
         out
     }
+
+    /// As [`Holes::pieces`], and data units found all zero where the file
+    /// is mapped count as holes too (zeros nobody need copy; they are
+    /// read once, until their first nonzero byte, with machine-check-safe
+    /// loads). Where those loads are unavailable (not x86_64, SIGBUS
+    /// blocked or the handler refused) data stays data.
+    ///
+    /// # Safety
+    /// `base + o` maps the file's byte `o` readable for every `o` in
+    /// `[off, off + len)` for the whole call; its pages may raise SIGBUS
+    /// (a page that does is data: the copy that reads it reports it).
+    pub unsafe fn zero_pieces(
+        &self,
+        base: *const u8,
+        off: u64,
+        len: u64,
+        unit: u64,
+    ) -> Vec<(u64, u64, bool)> {
+        refine(self.pieces(off, len, unit), unit, |s, n| {
+            // SAFETY: `[s, s + n)` lies in `[off, off + len)`, readable
+            // by the caller's contract.
+            unsafe { crate::mc::zero_units_raw(base.add(s as usize), n as usize, unit as usize) }
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// `pieces` (in order, covering a range, units counted from its start)
+/// with each data piece cut where `scan(start, len)` says its units are all
+/// zero (one flag per unit, the last possibly short; fewer flags: the rest
+/// is data), neighbours of a kind merged.
+pub(crate) fn refine(
+    pieces: Vec<(u64, u64, bool)>,
+    unit: u64,
+    mut scan: impl FnMut(u64, u64) -> Vec<bool>,
+) -> Vec<(u64, u64, bool)> {
+    let unit = unit.max(1);
+    let mut out: Vec<(u64, u64, bool)> = Vec::with_capacity(pieces.len());
+    let mut push = |s: u64, n: u64, zero: bool| match out.last_mut() {
+        Some(l) if l.2 == zero && l.0 + l.1 == s => l.1 += n,
+        _ => out.push((s, n, zero)),
+    };
+    for (s, n, hole) in pieces {
+        if hole {
+            push(s, n, true);
+            continue;
+        }
+        let flags = scan(s, n);
+        let mut at = s;
+        for z in flags.into_iter().chain(std::iter::repeat(false)) {
+            if at >= s + n {
+                break;
+            }
+            let u = unit.min(s + n - at);
+            push(at, u, z);
+            at += u;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -193,6 +252,32 @@ mod tests {
             vec![(2, 4, false), (6, 4, true), (10, 8, false), (18, 4, true)]
         );
         assert_eq!(Holes::none().pieces(3, 9, 4), vec![(3, 9, false)]);
+    }
+
+    #[test]
+    fn refine_cuts_data_pieces_where_units_are_zero() {
+        let h = Holes::from_intervals(vec![(8, 12)]);
+        // Units of 4 from 0: data 0..8, hole 8..12, data 12..22 (units
+        // 12..16, 16..20, 20..22).
+        let mut asked = Vec::new();
+        let got = refine(h.pieces(0, 22, 4), 4, |s, n| {
+            asked.push((s, n));
+            match s {
+                0 => vec![false, true],
+                _ => vec![true, false, true],
+            }
+        });
+        assert_eq!(asked, vec![(0, 8), (12, 10)]);
+        // The zero unit 4..8, the hole and the zero unit 12..16 merge.
+        assert_eq!(
+            got,
+            vec![(0, 4, false), (4, 12, true), (16, 4, false), (20, 2, true)]
+        );
+        // A scan that says nothing (unavailable) leaves data as data.
+        assert_eq!(
+            refine(h.pieces(0, 8, 4), 4, |_, _| Vec::new()),
+            vec![(0, 8, false)]
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ impl Filler {
     }
 
     /// Whether block `b` can go in whole with `UFFDIO_MOVE`. A block whose
-    /// source is all hole does not: it gets zero pages, never a copy.
+    /// source reads all zero does not: it gets zero pages, never a copy.
     pub(super) fn movable(&self, b: usize) -> bool {
         let blk = self.ledger.blocks[b];
         self.ledger.segs[blk.seg as usize].movable
@@ -49,10 +49,11 @@ impl Filler {
     }
 
     /// Whether the source of `[at, at + len)` of segment `seg` (original
-    /// addresses) is all hole: zeros nobody need read.
+    /// addresses) reads all zero (holes, or bytes found zero): zeros
+    /// nobody need copy.
     pub(super) fn zero_source(&self, seg: usize, at: usize, len: usize) -> bool {
         let off = self.ledger.src_offset(seg, at);
-        self.source.holes().covers(off as u64, len as u64)
+        self.source.reads_zero(off, len)
     }
 
     /// Installs zeros over the `len` bytes at (current) address `dst`, a

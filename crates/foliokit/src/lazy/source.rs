@@ -111,6 +111,55 @@ impl Source {
         unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_POPULATE_READ) };
     }
 
+    /// `[off, off + len)` of the source cut into pieces `(start, len,
+    /// zero)` of whole `unit`s (counted from `off`): zero where a unit is
+    /// all hole or its bytes are all zero (see [`Holes::zero_pieces`]),
+    /// else data. Data is prefaulted first (see [`Source::prefault`]):
+    /// finding its zeros reads it, and the copy that follows then finds it
+    /// mapped.
+    pub(crate) fn pieces(&self, off: usize, len: usize, unit: usize) -> Vec<(usize, usize, bool)> {
+        self.cut(off, len, unit, true)
+    }
+
+    /// Whether `[off, off + len)` of the source reads all zero: all hole,
+    /// or bytes found zero (see [`Source::pieces`]; not prefaulted: a
+    /// unit's read faults in what it needs). A range past the mapping is
+    /// not.
+    pub(crate) fn reads_zero(&self, off: usize, len: usize) -> bool {
+        len > 0
+            && off.saturating_add(len) <= self.len
+            && matches!(self.cut(off, len, len, false)[..], [(_, _, true)])
+    }
+
+    fn cut(
+        &self,
+        off: usize,
+        len: usize,
+        unit: usize,
+        prefault: bool,
+    ) -> Vec<(usize, usize, bool)> {
+        let end = off.saturating_add(len).min(self.len);
+        if off >= end {
+            return Vec::new();
+        }
+        let pieces = self
+            .holes
+            .pieces(off as u64, (end - off) as u64, unit as u64);
+        super::holes::refine(pieces, unit as u64, |s, n| {
+            if prefault {
+                self.prefault(s as usize, n as usize);
+            }
+            // SAFETY: `[s, s + n)` lies inside the source's mapping, which
+            // stays readable while `self` lives; its pages may raise
+            // SIGBUS, which the mc loads survive.
+            unsafe { crate::mc::zero_units_raw(self.ptr.add(s as usize), n as usize, unit) }
+                .unwrap_or_default()
+        })
+        .into_iter()
+        .map(|(s, n, z)| (s as usize, n as usize, z))
+        .collect()
+    }
+
     /// First byte.
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr

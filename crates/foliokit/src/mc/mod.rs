@@ -10,6 +10,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod handler;
+mod zero;
 
 use thiserror::Error;
 
@@ -94,6 +95,7 @@ pub enum McError {
 }
 
 pub use crate::strategy::McCopyFn;
+pub(crate) use zero::zero_units_raw;
 /// A routine returning the bytes it did not copy.
 type McFn = McCopyFn;
 
