@@ -278,6 +278,7 @@ pub fn steps(
                 serve_during_batches: false,
                 hugetlb: false,
                 zero_fraction: 0.0,
+                dense_zeros: false,
                 // The seeds have no external handler; `bench restore` has
                 // those rows.
                 vmm_exe: None,

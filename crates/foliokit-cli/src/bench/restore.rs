@@ -46,6 +46,12 @@ pub struct RestoreArgs {
     /// one's time until all resident over its twin's with none zero.
     #[arg(long, default_value_t = 0.0)]
     pub zero_fraction: f64,
+    /// Write the zero share's folios as bytes of zeros instead of holes,
+    /// as a snapshot written by plain writes is (Firecracker's memory
+    /// file): foliokit then finds them by reading each page until its
+    /// first nonzero byte.
+    #[arg(long, requires = "zero_fraction")]
+    pub dense_zeros: bool,
     /// Leave out the external-handler rows. By default guest memory also
     /// lives in a second process that plays Firecracker (maps it, makes
     /// and registers the userfaultfd, sends it over a socket; two vCPU
@@ -161,6 +167,7 @@ pub fn run(a: RestoreArgs) -> Result<(), CliError> {
         serve_during_batches: a.serve_faults_during_batches,
         hugetlb: a.hugetlb,
         zero_fraction: a.zero_fraction,
+        dense_zeros: a.dense_zeros,
         vmm_exe: if a.no_handler_rows {
             None
         } else {

@@ -106,6 +106,9 @@ pub struct RestorePlan {
     /// Share of the snapshot's folios that are zero (holes): above 0, a
     /// second snapshot with that share zero and its three rows are added.
     pub zero_fraction: f64,
+    /// The zero share's folios are written as zero bytes (a dense file),
+    /// not holes.
+    pub dense_zeros: bool,
     /// The program that plays the VMM for the external-handler rows
     /// (`foliokit`, whose hidden `__vmm` command runs [`crate::vmm`]);
     /// `None`: those rows are left out, and a note says so.
@@ -330,8 +333,10 @@ impl State {
         })
     }
 
-    /// Folios whose source is all hole are skipped: guest RAM is fresh
-    /// (unpopulated anonymous or hugetlb memory), which reads zero.
+    /// Folios whose source reads all zero (holes, or zero bytes found
+    /// by reading them until their first nonzero byte) are skipped: guest
+    /// RAM is fresh (unpopulated anonymous or hugetlb memory), which reads
+    /// zero.
     fn eager_mc(
         &self,
         g: &mut Region,
@@ -339,8 +344,16 @@ impl State {
         zeros: bool,
     ) -> Result<(), RestoreError> {
         let map = self.map_snapshot(zeros)?;
-        let data: Vec<usize> = (0..self.plan.size / FOLIO)
-            .filter(|&i| !map.holes().covers((i * FOLIO) as u64, FOLIO as u64))
+        // SAFETY: the source maps the whole snapshot readable while `map`
+        // lives; a page that faults counts as data (the copy reports it).
+        let pieces = unsafe {
+            map.holes()
+                .zero_pieces(map.as_ptr(), 0, self.plan.size as u64, FOLIO as u64)
+        };
+        let data: Vec<usize> = pieces
+            .iter()
+            .filter(|p| !p.2)
+            .flat_map(|&(s, n, _)| (s as usize / FOLIO)..((s + n) as usize).div_ceil(FOLIO))
             .collect();
         let n = data.len();
         if n == 0 {
@@ -618,7 +631,11 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
         &plan.dir,
         plan.size
             + if plan.zero_fraction > 0.0 {
-                zero_data
+                if plan.dense_zeros {
+                    plan.size
+                } else {
+                    zero_data
+                }
             } else {
                 0
             },
@@ -638,12 +655,17 @@ pub fn run(plan: RestorePlan, mut tick: impl FnMut()) -> Result<RestoreResult, R
             plan.zero_fraction
         )));
     }
-    let file = write_snapshot(&path, plan.size, 0.0)?;
+    let file = write_snapshot(&path, plan.size, 0.0, false)?;
     let zpath = plan
         .dir
         .join(format!("foliokit-restore-{}-zero.snap", std::process::id()));
     let zfile = if plan.zero_fraction > 0.0 {
-        Some(write_snapshot(&zpath, plan.size, plan.zero_fraction)?)
+        Some(write_snapshot(
+            &zpath,
+            plan.size,
+            plan.zero_fraction,
+            plan.dense_zeros,
+        )?)
     } else {
         None
     };
@@ -821,6 +843,7 @@ mod tests {
             serve_during_batches: false,
             hugetlb: false,
             zero_fraction: 0.5,
+            dense_zeros: false,
             vmm_exe: None,
         };
         match run(plan, || {}) {

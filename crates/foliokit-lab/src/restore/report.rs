@@ -52,7 +52,8 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
     let params = json!({"size": plan.size, "channels": plan.channels, "loops": plan.loops,
                         "budget_us": budget_us, "cold": plan.cold,
                         "serve_during_batches": plan.serve_during_batches,
-                        "hugetlb": plan.hugetlb, "zero_fraction": plan.zero_fraction});
+                        "hugetlb": plan.hugetlb, "zero_fraction": plan.zero_fraction,
+                        "dense_zeros": plan.dense_zeros});
     let mut report = Report::<RestoreRow>::new("restore", title, params);
     report.rows = r.rows.clone();
     report.notes.extend(r.notes.iter().cloned());
@@ -119,7 +120,9 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
         }
     }
     if plan.zero_fraction > 0.0 {
-        report.footer.push(zero_line(&r.rows, plan.zero_fraction));
+        report
+            .footer
+            .push(zero_line(&r.rows, plan.zero_fraction, plan.dense_zeros));
     }
     if plan.vmm_exe.is_some() {
         report.footer.extend(handler_line(&r, plan));
@@ -136,7 +139,7 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
 
 /// The zero-share target: each zero-share row's time until all resident
 /// over its twin's from the none-zero snapshot, in the same run.
-fn zero_line(rows: &[RestoreRow], f: f64) -> String {
+fn zero_line(rows: &[RestoreRow], f: f64, dense: bool) -> String {
     let row = |n: &str| rows.iter().find(|x| x.function == n);
     let ratios: Vec<String> = [
         ("foliokit", "foliokit, zero share", "eager foliokit"),
@@ -164,8 +167,9 @@ fn zero_line(rows: &[RestoreRow], f: f64) -> String {
     })
     .collect();
     format!(
-        "zero pages: with {:.0}% of the snapshot's folios zero (holes), all resident in this share of the time of the same snapshot with none zero (≤0.6x): {}",
+        "zero pages: with {:.0}% of the snapshot's folios zero ({}), all resident in this share of the time of the same snapshot with none zero (≤0.6x): {}",
         f * 100.0,
+        if dense { "written as zero bytes" } else { "holes" },
         ratios.join("; ")
     )
 }

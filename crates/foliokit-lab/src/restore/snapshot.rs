@@ -24,11 +24,12 @@ pub(super) fn zero_folio(i: usize, f: f64) -> bool {
 /// Writes the snapshot file at `path` and returns it open, already
 /// unlinked: a run interrupted while writing (or killed later) leaves no
 /// file of `size` bytes behind. With zero share `zero`, the zero folios
-/// are holes.
+/// are holes, or with `dense` bytes of zeros.
 pub(super) fn write_snapshot(
     path: &std::path::Path,
     size: usize,
     zero: f64,
+    dense: bool,
 ) -> Result<File, RestoreError> {
     // Errors name the file: `--dir` is the user's.
     let io = |what| {
@@ -54,6 +55,9 @@ pub(super) fn write_snapshot(
                 w.copy_from_slice(&v.to_le_bytes());
             }
             f.write_all_at(&buf[..n], at as u64).map_err(io("write"))?;
+        } else if dense {
+            f.write_all_at(&vec![0u8; n], at as u64)
+                .map_err(io("write"))?;
         }
         at += n;
     }

@@ -22,27 +22,51 @@ fn cut_due(watch: Option<&OwnedFd>, from: Instant) -> bool {
         })
 }
 
-/// Installs one block of a batch's copy in place: `len` bytes at
+/// A block offered to the copy in place.
+#[derive(Debug, Clone, Copy)]
+struct Offer {
+    /// Its current address.
+    dst: usize,
+    /// Its offset in the source.
+    src_off: usize,
+    len: usize,
+    /// Its segment's unit.
+    unit: usize,
+    /// Its source is known to read all zero.
+    all_zero: bool,
+}
+
+/// Installs one block of a batch's copy in place (`o`): `len` bytes at
 /// (current) address `dst` from `src_off` in `source`, piece by piece,
 /// whole units of `unit` bytes: what the source has as data copied by the
 /// kernel (its page tables mapped in one call first: the kernel faulting
 /// the source in as it copies cost the fill about as much as the copy),
 /// holes and all-zero units installed as zeros without a copy (`zero`: the
-/// zero mapping and the zero-page count). Returns the bytes installed and whether that was
+/// zero mapping and the zero-page count; `all_zero`: the block is known to
+/// read all zero). Returns the bytes installed and whether that was
 /// all of them (else a call failed there: the fill thread finishes the
 /// block with every error handled).
 fn install_in_place(
     uffd: &crate::sys::uffd::Uffd,
     source: &super::Source,
     zero: (usize, usize, &AtomicU64),
-    dst: usize,
-    src_off: usize,
-    len: usize,
-    unit: usize,
+    o: Offer,
 ) -> (usize, bool) {
+    let Offer {
+        dst,
+        src_off,
+        len,
+        unit,
+        all_zero,
+    } = o;
     let page = crate::batch::page_size();
     let mut done = 0;
-    for (s, n, zero_piece) in source.pieces(src_off, len, unit) {
+    let pieces = if all_zero {
+        vec![(src_off, len, true)]
+    } else {
+        source.pieces(src_off, len, unit)
+    };
+    for (s, n, zero_piece) in pieces {
         let at = dst + (s - src_off);
         let r = if zero_piece {
             let r = super::install::zero_run(uffd, (zero.0, zero.1), at, n, unit);
@@ -399,18 +423,17 @@ impl Filler {
         begun: Instant,
         offer: bool,
     ) -> (Vec<Tried>, Option<Instant>, Duration) {
-        let offered: Vec<Option<(usize, usize, usize, usize)>> = bs
+        let offered: Vec<Option<Offer>> = bs
             .iter()
             .map(|&b| {
                 let blk = self.ledger.blocks[b];
                 let seg = blk.seg as usize;
-                (offer && self.offerable(b) && !self.ledger.done(b)).then(|| {
-                    (
-                        self.ledger.remaps.now(blk.start),
-                        self.ledger.src_offset(seg, blk.start),
-                        blk.len,
-                        self.ledger.segs[seg].unit,
-                    )
+                (offer && self.offerable(b) && !self.ledger.done(b)).then(|| Offer {
+                    dst: self.ledger.remaps.now(blk.start),
+                    src_off: self.ledger.src_offset(seg, blk.start),
+                    len: blk.len,
+                    unit: self.ledger.segs[seg].unit,
+                    all_zero: self.zero_block(b),
                 })
             })
             .collect();
@@ -447,8 +470,7 @@ impl Filler {
             let Some(&k) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 break;
             };
-            let (dst, src_off, len, unit) = offered[k].expect("offered");
-            let r = match install_in_place(uffd, source, zero, dst, src_off, len, unit) {
+            let r = match install_in_place(uffd, source, zero, offered[k].expect("offered")) {
                 (done, true) => FINISHED | (1 + done),
                 (done, false) => {
                     failed.store(true, Ordering::Relaxed);

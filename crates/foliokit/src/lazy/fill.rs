@@ -22,6 +22,11 @@ use crate::sys::uffd::{Msg, Uffd};
 use crate::uffd::child::{fill_child, Fill};
 
 /// The fill thread's state.
+/// A block's source holds data (see `Filler::zero_blocks`).
+pub(super) const ZERO_DATA: u8 = 1;
+/// A block's source reads all zero.
+pub(super) const ZERO_ALL: u8 = 2;
+
 pub(super) struct Filler {
     pub(super) uffd: Uffd,
     pub(super) poison: bool,
@@ -52,6 +57,10 @@ pub(super) struct Filler {
     /// [`Filler::ready_fault_slot`]).
     pub(super) fault_slot_ready: bool,
     pub(super) zero: Map,
+    /// Each block's source: 0 not looked at yet, else [`ZERO_DATA`] or
+    /// [`ZERO_ALL`] (found once: finding a dense block's zeros reads it,
+    /// and a block is asked about at every batch that considers it).
+    pub(super) zero_blocks: Vec<std::sync::atomic::AtomicU8>,
     pub(super) scratch: Vec<u8>,
     pub(super) folio: usize,
     pub(super) page: usize,

@@ -45,7 +45,22 @@ impl Filler {
             && self.staging.is_some()
             && self.ledger.whole(b)
             && self.ledger.remaps.now(blk.start) % self.folio == 0
-            && !self.zero_source(blk.seg as usize, blk.start, blk.len)
+            && !self.zero_block(b)
+    }
+
+    /// Whether block `b`'s source reads all zero, found once.
+    pub(super) fn zero_block(&self, b: usize) -> bool {
+        use super::fill::{ZERO_ALL, ZERO_DATA};
+        match self.zero_blocks[b].load(Ordering::Relaxed) {
+            ZERO_DATA => false,
+            ZERO_ALL => true,
+            _ => {
+                let blk = self.ledger.blocks[b];
+                let z = self.zero_source(blk.seg as usize, blk.start, blk.len);
+                self.zero_blocks[b].store(if z { ZERO_ALL } else { ZERO_DATA }, Ordering::Relaxed);
+                z
+            }
+        }
     }
 
     /// Whether the source of `[at, at + len)` of segment `seg` (original
@@ -225,6 +240,7 @@ impl Filler {
         let mut installed = 0;
         // Unit by unit from here: a run was refused whole.
         let mut single = false;
+        let all_zero = self.zero_block(b);
         let mut noted = false;
         while at < end {
             let i = self.ledger.page_index(seg, at);
@@ -233,13 +249,13 @@ impl Filler {
                 continue;
             }
             // A run is all zeros (hole in the source) or all data.
-            let zero = self.zero_source(seg, at, unit);
+            let zero = all_zero || self.zero_source(seg, at, unit);
             let mut run_end = at + unit;
             if self.ledger.remaps.is_empty() && !single {
                 while run_end < end {
                     let j = self.ledger.page_index(seg, run_end);
                     if self.ledger.any_gap(j, upages)
-                        || self.zero_source(seg, run_end, unit) != zero
+                        || (all_zero || self.zero_source(seg, run_end, unit)) != zero
                     {
                         break;
                     }

@@ -439,6 +439,9 @@ fn spawn(
         uffd,
         poison,
         source: Arc::new(source),
+        zero_blocks: (0..reg.ledger.blocks.len())
+            .map(|_| std::sync::atomic::AtomicU8::new(0))
+            .collect(),
         ledger: reg.ledger,
         order: Vec::new(),
         cursor: 0,
