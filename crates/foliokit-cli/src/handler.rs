@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use foliokit::lazy::firecracker::{self, Handoff};
-use foliokit::lazy::{fill_external, External, LazyOptions, LazyReport, Source};
+use foliokit::lazy::firecracker::{self, Served};
+use foliokit::lazy::{LazyOptions, LazyReport};
 use serde::Serialize;
 
 use crate::args::parse_size;
@@ -102,12 +102,12 @@ struct Summary<'a> {
     notes: &'a [String],
 }
 
-fn summary<'r>(h: &Handoff, r: &'r LazyReport) -> Summary<'r> {
+fn summary<'r>(vmm_pid: i32, regions: usize, r: &'r LazyReport) -> Summary<'r> {
     let p = &r.progress;
     let bytes = p.total_pages * foliokit::batch::page_size() as u64;
     Summary {
-        vmm_pid: h.pid,
-        regions: h.regions.len(),
+        vmm_pid,
+        regions,
         total_bytes: bytes,
         resident_secs: r.secs,
         resident_gbps: if r.secs > 0.0 {
@@ -169,14 +169,6 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
     // One VMM per handler: nobody else may connect (and be served, or
     // wait for a handler that serves another) once it has.
     drop((listener, bound));
-    let handoff = firecracker::receive(&stream)?;
-    let segments = handoff.segments(file_len)?;
-    let source = Source::map_file(&file, file_len as usize)
-        .map_err(|e| format!("mapping {}: {e}", a.mem_file.display()))?;
-    let gone = firecracker::gone_signal(&stream, handoff.pid)?;
-    let uffd = handoff.uffd.try_clone()?;
-    let ext = External::adopt(uffd, gone)?.with_pid(handoff.pid);
-    let costs = ext.costs();
     let opts = LazyOptions {
         channels: a.channels.max(1),
         latency_budget: a.latency_budget,
@@ -184,8 +176,13 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
         ..LazyOptions::default()
     };
     // SAFETY: the descriptor is the VMM's (another process's address
-    // space); the source is our own read-only mapping of MEM_FILE.
-    let fill = unsafe { fill_external(ext, &segments, source, &opts)? };
+    // space).
+    let Served {
+        pid,
+        regions,
+        costs,
+        fill,
+    } = unsafe { firecracker::serve(&stream, &file, &opts)? };
     if !a.quiet {
         for c in costs {
             eprintln!("foliokit: the VMM's userfaultfd has {c}");
@@ -211,7 +208,7 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
         std::thread::sleep(Duration::from_millis(20));
     }
     if !a.quiet {
-        if running(handoff.pid) {
+        if running(pid) {
             eprintln!(
                 "foliokit: every page in after {:.3} s; serving the balloon's discards until the VMM exits",
                 t0.elapsed().as_secs_f64()
@@ -221,7 +218,7 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
         }
     }
     let report = fill.wait();
-    let s = summary(&handoff, &report);
+    let s = summary(pid, regions.len(), &report);
     match a.format {
         ReportFormat::Json => println!("{}", serde_json::to_string(&s)?),
         ReportFormat::Text => {

@@ -12,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use foliokit::internals::Uffd;
-use foliokit::lazy::firecracker::{self, Handoff};
-use foliokit::lazy::{fill_external, External, LazyOptions, Source};
+use foliokit::lazy::firecracker::{self, Handoff, Served};
+use foliokit::lazy::{LazyOptions, Source};
 
 use super::{RestoreError, RestorePlan, Sample};
 use crate::vmm::VmmResult;
@@ -168,24 +168,22 @@ pub(super) fn sample(
     let mut vmm = Vmm::start(exe, plan, &sock, snap, touch)?;
     let stream = vmm.connect(&listener)?;
     let _ = std::fs::remove_file(&sock);
-    let t0 = Instant::now();
-    let handoff = firecracker::receive(&stream).map_err(plan_err)?;
     let file = std::fs::File::open(snap).map_err(plan_err)?;
-    let len = file.metadata().map_err(plan_err)?.len();
-    let segments = handoff.segments(len).map_err(plan_err)?;
-    let source = Source::map_file(&file, len as usize).map_err(plan_err)?;
+    let t0 = Instant::now();
     let mut s = match server {
         Server::Foliokit => {
-            let gone = firecracker::gone_signal(&stream, handoff.pid).map_err(plan_err)?;
-            let ext = External::adopt(handoff.uffd.try_clone().map_err(plan_err)?, gone)?;
             let opts = LazyOptions {
                 latency_budget: plan.budget,
                 channels: plan.channels,
                 ..LazyOptions::default()
             };
             // SAFETY: the descriptor is the VMM's, another process's
-            // address space; the source is our own mapping of the file.
-            let fill = unsafe { fill_external(ext, &segments, source, &opts)? };
+            // address space.
+            let Served { fill, .. } = unsafe { firecracker::serve(&stream, &file, &opts) }
+                .map_err(|e| match e {
+                    firecracker::ServeError::Fill(e) => RestoreError::Lazy(e),
+                    e => plan_err(e),
+                })?;
             while !fill.progress().done {
                 std::thread::sleep(Duration::from_micros(200));
             }
@@ -205,6 +203,10 @@ pub(super) fn sample(
             }
         }
         Server::OneAtATime => {
+            let handoff = firecracker::receive(&stream).map_err(plan_err)?;
+            let len = file.metadata().map_err(plan_err)?.len();
+            let segments = handoff.segments(len).map_err(plan_err)?;
+            let source = Source::map_file(&file, len as usize).map_err(plan_err)?;
             let (faults, resident) = one_at_a_time(&handoff, &stream, &source, &segments, t0)?;
             drop(stream);
             Sample {

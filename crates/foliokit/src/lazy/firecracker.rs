@@ -3,8 +3,10 @@
 //! array of its guest memory regions, with its userfaultfd attached
 //! (`SCM_RIGHTS`). Nothing more is said on the socket. Both sides are
 //! here: [`receive`] for a handler, [`send`] for a VMM (or a test playing
-//! one).
+//! one), and [`serve`], a handler's whole sequence from the connection to
+//! the running fill.
 
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -13,7 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::{ExternalSegment, Segment};
+use super::{fill_external, External, ExternalSegment, LazyError, LazyFill, LazyOptions};
+use super::{Segment, Source};
 use crate::sys::scm;
 
 /// The most a handoff message may be: a VMM has a handful of regions,
@@ -235,6 +238,86 @@ pub fn gone_signal(stream: &UnixStream, pid: i32) -> io::Result<OwnedFd> {
         Ok(fd) => Ok(fd),
         Err(_) => stream.as_fd().try_clone_to_owned(),
     }
+}
+
+/// A VMM's memory being served: what it handed over, what its
+/// descriptor's missing features cost, and the running fill.
+#[derive(Debug)]
+pub struct Served {
+    /// The VMM's pid (`SO_PEERCRED`).
+    pub pid: i32,
+    /// Its regions, as sent.
+    pub regions: Vec<GuestRegion>,
+    /// What the features its userfaultfd lacks cost the fill, a line
+    /// each ([`External::costs`]).
+    pub costs: Vec<String>,
+    /// The fill: [`LazyFill::progress`]'s `done` once every page is in,
+    /// [`LazyFill::wait`] returns once the VMM has gone.
+    pub fill: LazyFill,
+}
+
+/// Why [`serve`] did not start a fill; nothing was installed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The handoff could not be taken, or its regions do not fit the
+    /// memory file.
+    #[error(transparent)]
+    Handoff(#[from] HandoffError),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// The fill refused the VMM's descriptor or its regions.
+    #[error(transparent)]
+    Fill(#[from] LazyError),
+}
+
+/// A handler's sequence: takes the handoff of the VMM at the other end of
+/// `stream` ([`receive`]), checks its regions against `mem_file`
+/// ([`Handoff::segments`]), and fills them from it ([`fill_external`],
+/// with the VMM's pid to check its page sizes, until the VMM has gone,
+/// watched as [`gone_signal`] says). Every check is made before the first
+/// page goes in: a [`ServeError`] means nothing was installed.
+///
+/// `mem_file` is mapped as [`Source::map_file`] says: not to be written
+/// while the fill runs; a page that can no longer be read (the file
+/// truncated) is poisoned and reported, as in any fill.
+///
+/// # Safety
+/// The userfaultfd that comes over `stream` registers another process's
+/// memory, not this process's (see [`fill_external`]).
+pub unsafe fn serve(
+    stream: &UnixStream,
+    mem_file: &File,
+    opts: &LazyOptions,
+) -> Result<Served, ServeError> {
+    let sys = |what| move |source| ServeError::Sys { what, source };
+    let handoff = receive(stream)?;
+    let file_len = mem_file
+        .metadata()
+        .map_err(sys("reading the memory file's length"))?
+        .len();
+    let segments = handoff.segments(file_len)?;
+    let source =
+        Source::map_file(mem_file, file_len as usize).map_err(sys("mapping the memory file"))?;
+    let gone = gone_signal(stream, handoff.pid).map_err(sys("watching for the VMM's exit"))?;
+    let Handoff { regions, uffd, pid } = handoff;
+    let ext = External::adopt(uffd, gone)?.with_pid(pid);
+    let costs = ext.costs();
+    // SAFETY: the caller promises the descriptor registers another
+    // process's memory; the source is our own read-only mapping.
+    let fill = unsafe { fill_external(ext, &segments, source, opts)? };
+    Ok(Served {
+        pid,
+        regions,
+        costs,
+        fill,
+    })
 }
 
 #[cfg(test)]
