@@ -39,7 +39,8 @@ pub enum ReportFormat {
 /// Once every page is in, the handler stays to serve faults in what the
 /// balloon discards, until Firecracker exits; then it prints its report
 /// and exits 0. A message that is not Firecracker's (malformed, cut short,
-/// over 1 MiB, without its descriptor), a region outside MEM_FILE or not
+/// over 1 MiB, without its descriptor, or not there within
+/// --message-timeout of connecting), a region outside MEM_FILE or not
 /// aligned to its page size, or a page size that is not the mapping's:
 /// one line on stderr, exit 1, nothing installed.
 ///
@@ -64,12 +65,32 @@ pub struct HandlerArgs {
     /// (hugetlb guest memory: its huge page).
     #[arg(long, value_parser = parse_size, default_value = "2M")]
     pub block: usize,
+    /// The longest to wait, once Firecracker has connected, for its
+    /// message (it sends it at once): a peer that says nothing gets one
+    /// line on stderr and exit 1.
+    #[arg(long, value_parser = parse_wait, default_value_t = Wait(firecracker::MESSAGE_WAIT))]
+    pub message_timeout: Wait,
     /// How the final report is written.
     #[arg(long, value_enum, default_value = "text")]
     pub format: ReportFormat,
     /// No progress lines.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// A wait on the command line (`parse_duration`'s units), shown in
+/// seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Wait(pub Duration);
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}s", self.0.as_secs_f64())
+    }
+}
+
+fn parse_wait(t: &str) -> Result<Wait, String> {
+    parse_duration(t).map(Wait)
 }
 
 /// The socket file, removed when the handler ends.
@@ -182,7 +203,7 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
         regions,
         costs,
         fill,
-    } = unsafe { firecracker::serve(&stream, &file, &opts)? };
+    } = unsafe { firecracker::serve(&stream, &file, a.message_timeout.0, &opts)? };
     if !a.quiet {
         for c in costs {
             eprintln!("foliokit: the VMM's userfaultfd has {c}");

@@ -3,7 +3,8 @@
 //! memory of 4 KiB anonymous and 2 MiB hugetlb pages, vCPU threads
 //! reading and writing (every read the file's byte or a newer write), a
 //! balloon discarding ranges during the fill (zeros there afterwards,
-//! never file bytes), the VMM exiting mid-fill, and VMMs that misbehave.
+//! never file bytes), the VMM exiting mid-fill, and VMMs that misbehave
+//! (or connect and say nothing).
 
 mod common;
 
@@ -322,4 +323,29 @@ fn a_socket_that_exists_is_refused_in_one_line() {
         err.contains("remove a stale socket first") && err.trim().lines().count() == 1,
         "{err}"
     );
+}
+
+#[test]
+fn a_peer_that_connects_and_says_nothing_is_given_up_on() {
+    let dir = Scratch::new("fc-silent");
+    let mem = dir.join("mem");
+    mem_file(&mem, 1 << 20);
+    let h = handler(&dir, &mem, &["--message-timeout", "300ms"]);
+    // Connects as Firecracker would, and sends nothing.
+    let peer = std::os::unix::net::UnixStream::connect(dir.join("sock")).expect("connect");
+    let t = Instant::now();
+    let out = finish(h);
+    drop(peer);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no whole message from the VMM within 300ms")
+            && err.trim().lines().count() == 1,
+        "wanted one line saying the message never came, got: {err}"
+    );
+    say(&format!(
+        "fc-silent: {} (after {:.1} s)",
+        err.trim(),
+        t.elapsed().as_secs_f64()
+    ));
 }

@@ -179,11 +179,12 @@ pub(super) fn sample(
             };
             // SAFETY: the descriptor is the VMM's, another process's
             // address space.
-            let Served { fill, .. } = unsafe { firecracker::serve(&stream, &file, &opts) }
-                .map_err(|e| match e {
-                    firecracker::ServeError::Fill(e) => RestoreError::Lazy(e),
-                    e => plan_err(e),
-                })?;
+            let Served { fill, .. } =
+                unsafe { firecracker::serve(&stream, &file, firecracker::MESSAGE_WAIT, &opts) }
+                    .map_err(|e| match e {
+                        firecracker::ServeError::Fill(e) => RestoreError::Lazy(e),
+                        e => plan_err(e),
+                    })?;
             while !fill.progress().done {
                 std::thread::sleep(Duration::from_micros(200));
             }
@@ -203,7 +204,8 @@ pub(super) fn sample(
             }
         }
         Server::OneAtATime => {
-            let handoff = firecracker::receive(&stream).map_err(plan_err)?;
+            let handoff =
+                firecracker::receive(&stream, firecracker::MESSAGE_WAIT).map_err(plan_err)?;
             let len = file.metadata().map_err(plan_err)?.len();
             let segments = handoff.segments(len).map_err(plan_err)?;
             let source = Source::map_file(&file, len as usize).map_err(plan_err)?;

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -26,6 +26,10 @@ pub const MAX_MESSAGE: usize = 1 << 20;
 /// How long a handler waits for the rest of a message that arrived in
 /// part (a stream socket may split one send).
 const REST_WAIT: Duration = Duration::from_secs(2);
+
+/// How long [`receive`] should wait for a VMM's message by default: 30 s
+/// from its connection, where Firecracker sends it at once.
+pub const MESSAGE_WAIT: Duration = crate::params::HANDOFF_MESSAGE_WAIT;
 
 /// One guest memory region as Firecracker describes it: where the VMM
 /// mapped it, how long, where its bytes start in the memory file, and its
@@ -135,6 +139,16 @@ pub enum HandoffError {
     /// The socket failed.
     #[error("reading the VMM's message: {0}")]
     Io(#[from] io::Error),
+    /// No whole message came within the wait [`receive`] was given.
+    #[error(
+        "no whole message from the VMM within {waited:?} of its connecting ({got} bytes came)"
+    )]
+    Timeout {
+        /// Bytes received.
+        got: usize,
+        /// How long was waited.
+        waited: Duration,
+    },
     /// The VMM closed the connection before a whole message came.
     #[error("the VMM's message ended after {got} bytes, before its JSON did")]
     Short {
@@ -176,11 +190,28 @@ pub enum HandoffError {
 
 /// Reads a VMM's handoff from `stream`, a connection it made: one
 /// message, its JSON read to the end (the rest of a message the socket
-/// split is waited for briefly), one descriptor with it.
-pub fn receive(stream: &UnixStream) -> Result<Handoff, HandoffError> {
+/// split is waited for briefly), one descriptor with it, all within
+/// `wait` of the call ([`MESSAGE_WAIT`] is what a handler should give):
+/// a peer that sends nothing, or too little, gets
+/// [`HandoffError::Timeout`], never a handler waiting forever.
+pub fn receive(stream: &UnixStream, wait: Duration) -> Result<Handoff, HandoffError> {
     let pid = scm::peer_pid(stream.as_raw_fd())?;
+    let deadline = Instant::now() + wait;
+    let timeout = |got| HandoffError::Timeout { got, waited: wait };
+    // What is left of the wait; none once it is over (a zero read
+    // timeout would mean none at all).
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+    };
+    stream.set_read_timeout(Some(left().ok_or_else(|| timeout(0))?))?;
     let mut buf = vec![0u8; 64 << 10];
-    let (mut got, mut fds) = scm::recv_with_fds(stream.as_raw_fd(), &mut buf)?;
+    let (mut got, mut fds) = match scm::recv_with_fds(stream.as_raw_fd(), &mut buf) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(timeout(0)),
+        Err(e) => return Err(e.into()),
+    };
     let regions = loop {
         match serde_json::from_slice::<Vec<GuestRegion>>(&buf[..got]) {
             Ok(r) => break r,
@@ -193,9 +224,14 @@ pub fn receive(stream: &UnixStream) -> Result<Handoff, HandoffError> {
             }
             buf.resize((buf.len() * 2).min(MAX_MESSAGE), 0);
         }
-        stream.set_read_timeout(Some(REST_WAIT))?;
+        let remaining = left().ok_or_else(|| timeout(got))?;
+        stream.set_read_timeout(Some(remaining.min(REST_WAIT)))?;
         let n = match (&*stream).read(&mut buf[got..]) {
             Ok(n) => n,
+            // The whole wait is over, not just the wait for the rest.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && remaining <= REST_WAIT => {
+                return Err(timeout(got))
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e.into()),
         };
@@ -278,7 +314,7 @@ pub enum ServeError {
 }
 
 /// A handler's sequence: takes the handoff of the VMM at the other end of
-/// `stream` ([`receive`]), checks its regions against `mem_file`
+/// `stream` ([`receive`], within `message_wait`), checks its regions against `mem_file`
 /// ([`Handoff::segments`]), and fills them from it ([`fill_external`],
 /// with the VMM's pid to check its page sizes, until the VMM has gone,
 /// watched as [`gone_signal`] says). Every check is made before the first
@@ -294,10 +330,11 @@ pub enum ServeError {
 pub unsafe fn serve(
     stream: &UnixStream,
     mem_file: &File,
+    message_wait: Duration,
     opts: &LazyOptions,
 ) -> Result<Served, ServeError> {
     let sys = |what| move |source| ServeError::Sys { what, source };
-    let handoff = receive(stream)?;
+    let handoff = receive(stream, message_wait)?;
     let file_len = mem_file
         .metadata()
         .map_err(sys("reading the memory file's length"))?
@@ -386,23 +423,46 @@ mod tests {
         let cut = 10;
         scm::send_with_fd(vmm.as_raw_fd(), &body[..cut], f.as_fd()).expect("first part");
         io::Write::write_all(&mut &vmm, &body[cut..]).expect("rest");
-        let h = receive(&handler).expect("whole");
+        let h = receive(&handler, MESSAGE_WAIT).expect("whole");
         assert_eq!(h.regions, regions);
 
         let (vmm, handler) = UnixStream::pair().expect("a pair");
         scm::send_with_fd(vmm.as_raw_fd(), &body[..cut], f.as_fd()).expect("part");
         drop(vmm);
-        assert!(matches!(receive(&handler), Err(HandoffError::Short { got }) if got == cut));
+        assert!(
+            matches!(receive(&handler, MESSAGE_WAIT), Err(HandoffError::Short { got }) if got == cut)
+        );
 
         let (vmm, handler) = UnixStream::pair().expect("a pair");
         scm::send_with_fd(vmm.as_raw_fd(), b"{\"not\":\"an array\"}", f.as_fd()).expect("sent");
-        assert!(matches!(receive(&handler), Err(HandoffError::Malformed(_))));
+        assert!(matches!(
+            receive(&handler, MESSAGE_WAIT),
+            Err(HandoffError::Malformed(_))
+        ));
 
         let (vmm, handler) = UnixStream::pair().expect("a pair");
         io::Write::write_all(&mut &vmm, &body).expect("no descriptor");
         assert!(matches!(
-            receive(&handler),
+            receive(&handler, MESSAGE_WAIT),
             Err(HandoffError::Descriptors(0))
+        ));
+    }
+
+    #[test]
+    fn a_silent_peer_or_one_that_stops_midway_is_given_up_on() {
+        let wait = Duration::from_millis(50);
+        let (_vmm, handler) = UnixStream::pair().expect("a pair");
+        assert!(matches!(
+            receive(&handler, wait),
+            Err(HandoffError::Timeout { got: 0, waited }) if waited == wait
+        ));
+
+        let (vmm, handler) = UnixStream::pair().expect("a pair");
+        let f = std::fs::File::open("/proc/self/stat").expect("a file");
+        scm::send_with_fd(vmm.as_raw_fd(), b"[{\"base", f.as_fd()).expect("part");
+        assert!(matches!(
+            receive(&handler, wait),
+            Err(HandoffError::Timeout { got: 7, .. })
         ));
     }
 }
