@@ -307,6 +307,8 @@ pub struct VmmArgs {
     pub claim_page_size: Option<usize>,
     #[arg(long)]
     pub no_touch: bool,
+    #[arg(long, value_parser = parse_size)]
+    pub cut: Option<usize>,
 }
 
 pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
@@ -330,6 +332,7 @@ pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
         idle: a.idle.unwrap_or(Duration::ZERO),
         claim_page_size: a.claim_page_size,
         no_touch: a.no_touch,
+        cut: a.cut,
     };
     let r = play(&plan)?;
     println!("{}", serde_json::to_string(&r)?);
