@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use foliokit::lazy::firecracker::{self, Handoff};
-use foliokit::lazy::{fill_external, External, LazyOptions, LazyReport, Source};
+use foliokit::lazy::firecracker::{self, Served};
+use foliokit::lazy::{LazyOptions, LazyReport};
 use serde::Serialize;
 
 use crate::args::parse_size;
@@ -39,7 +39,8 @@ pub enum ReportFormat {
 /// Once every page is in, the handler stays to serve faults in what the
 /// balloon discards, until Firecracker exits; then it prints its report
 /// and exits 0. A message that is not Firecracker's (malformed, cut short,
-/// over 1 MiB, without its descriptor), a region outside MEM_FILE or not
+/// over 1 MiB, without its descriptor, or not there within
+/// --message-timeout of connecting), a region outside MEM_FILE or not
 /// aligned to its page size, or a page size that is not the mapping's:
 /// one line on stderr, exit 1, nothing installed.
 ///
@@ -64,12 +65,32 @@ pub struct HandlerArgs {
     /// (hugetlb guest memory: its huge page).
     #[arg(long, value_parser = parse_size, default_value = "2M")]
     pub block: usize,
+    /// The longest to wait, once Firecracker has connected, for its
+    /// message (it sends it at once): a peer that says nothing gets one
+    /// line on stderr and exit 1.
+    #[arg(long, value_parser = parse_wait, default_value_t = Wait(firecracker::MESSAGE_WAIT))]
+    pub message_timeout: Wait,
     /// How the final report is written.
     #[arg(long, value_enum, default_value = "text")]
     pub format: ReportFormat,
     /// No progress lines.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// A wait on the command line (`parse_duration`'s units), shown in
+/// seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Wait(pub Duration);
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}s", self.0.as_secs_f64())
+    }
+}
+
+fn parse_wait(t: &str) -> Result<Wait, String> {
+    parse_duration(t).map(Wait)
 }
 
 /// The socket file, removed when the handler ends.
@@ -102,12 +123,12 @@ struct Summary<'a> {
     notes: &'a [String],
 }
 
-fn summary<'r>(h: &Handoff, r: &'r LazyReport) -> Summary<'r> {
+fn summary<'r>(vmm_pid: i32, regions: usize, r: &'r LazyReport) -> Summary<'r> {
     let p = &r.progress;
     let bytes = p.total_pages * foliokit::batch::page_size() as u64;
     Summary {
-        vmm_pid: h.pid,
-        regions: h.regions.len(),
+        vmm_pid,
+        regions,
         total_bytes: bytes,
         resident_secs: r.secs,
         resident_gbps: if r.secs > 0.0 {
@@ -169,14 +190,6 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
     // One VMM per handler: nobody else may connect (and be served, or
     // wait for a handler that serves another) once it has.
     drop((listener, bound));
-    let handoff = firecracker::receive(&stream)?;
-    let segments = handoff.segments(file_len)?;
-    let source = Source::map_file(&file, file_len as usize)
-        .map_err(|e| format!("mapping {}: {e}", a.mem_file.display()))?;
-    let gone = firecracker::gone_signal(&stream, handoff.pid)?;
-    let uffd = handoff.uffd.try_clone()?;
-    let ext = External::adopt(uffd, gone)?.with_pid(handoff.pid);
-    let costs = ext.costs();
     let opts = LazyOptions {
         channels: a.channels.max(1),
         latency_budget: a.latency_budget,
@@ -184,8 +197,13 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
         ..LazyOptions::default()
     };
     // SAFETY: the descriptor is the VMM's (another process's address
-    // space); the source is our own read-only mapping of MEM_FILE.
-    let fill = unsafe { fill_external(ext, &segments, source, &opts)? };
+    // space).
+    let Served {
+        pid,
+        regions,
+        costs,
+        fill,
+    } = unsafe { firecracker::serve(&stream, &file, a.message_timeout.0, &opts)? };
     if !a.quiet {
         for c in costs {
             eprintln!("foliokit: the VMM's userfaultfd has {c}");
@@ -211,7 +229,7 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
         std::thread::sleep(Duration::from_millis(20));
     }
     if !a.quiet {
-        if running(handoff.pid) {
+        if running(pid) {
             eprintln!(
                 "foliokit: every page in after {:.3} s; serving the balloon's discards until the VMM exits",
                 t0.elapsed().as_secs_f64()
@@ -221,7 +239,7 @@ pub fn run(a: HandlerArgs) -> Result<(), CliError> {
         }
     }
     let report = fill.wait();
-    let s = summary(&handoff, &report);
+    let s = summary(pid, regions.len(), &report);
     match a.format {
         ReportFormat::Json => println!("{}", serde_json::to_string(&s)?),
         ReportFormat::Text => {
@@ -289,6 +307,8 @@ pub struct VmmArgs {
     pub claim_page_size: Option<usize>,
     #[arg(long)]
     pub no_touch: bool,
+    #[arg(long, value_parser = parse_size)]
+    pub cut: Option<usize>,
 }
 
 pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
@@ -312,6 +332,7 @@ pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
         idle: a.idle.unwrap_or(Duration::ZERO),
         claim_page_size: a.claim_page_size,
         no_touch: a.no_touch,
+        cut: a.cut,
     };
     let r = play(&plan)?;
     println!("{}", serde_json::to_string(&r)?);

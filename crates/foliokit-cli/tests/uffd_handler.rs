@@ -3,7 +3,9 @@
 //! memory of 4 KiB anonymous and 2 MiB hugetlb pages, vCPU threads
 //! reading and writing (every read the file's byte or a newer write), a
 //! balloon discarding ranges during the fill (zeros there afterwards,
-//! never file bytes), the VMM exiting mid-fill, and VMMs that misbehave.
+//! never file bytes), the memory file cut short mid-fill (the pages past
+//! the cut poisoned and reported), the VMM exiting mid-fill, and VMMs
+//! that misbehave (or connect and say nothing).
 
 mod common;
 
@@ -322,4 +324,178 @@ fn a_socket_that_exists_is_refused_in_one_line() {
         err.contains("remove a stale socket first") && err.trim().lines().count() == 1,
         "{err}"
     );
+}
+
+#[test]
+fn a_peer_that_connects_and_says_nothing_is_given_up_on() {
+    let dir = Scratch::new("fc-silent");
+    let mem = dir.join("mem");
+    mem_file(&mem, 1 << 20);
+    let h = handler(&dir, &mem, &["--message-timeout", "300ms"]);
+    // Connects as Firecracker would, and sends nothing.
+    let peer = std::os::unix::net::UnixStream::connect(dir.join("sock")).expect("connect");
+    let t = Instant::now();
+    let out = finish(h);
+    drop(peer);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no whole message from the VMM within 300ms")
+            && err.trim().lines().count() == 1,
+        "wanted one line saying the message never came, got: {err}"
+    );
+    say(&format!(
+        "fc-silent: {} (after {:.1} s)",
+        err.trim(),
+        t.elapsed().as_secs_f64()
+    ));
+}
+
+/// The handler, not quiet (its first line, the descriptor's costs, comes
+/// once the fill has started), its stderr read on a thread that says
+/// when that line came.
+fn loud_handler(
+    dir: &Scratch,
+    mem: &Path,
+    extra: &[&str],
+) -> (
+    Child,
+    std::sync::mpsc::Receiver<()>,
+    std::thread::JoinHandle<String>,
+) {
+    use std::io::BufRead;
+    let sock = dir.join("sock");
+    let mut child = foliokit()
+        .arg("uffd-handler")
+        .arg(&sock)
+        .arg(mem)
+        .args(["--format", "json"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the handler");
+    let err = child.stderr.take().expect("its stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let lines = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("the VMM's userfaultfd has") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the handler never bound its socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child, rx, lines)
+}
+
+#[test]
+fn snapshot_pages_cut_off_mid_fill_are_poisoned_and_reported() {
+    let dir = Scratch::new("fc-cut");
+    let mem = dir.join("mem");
+    let size = 256usize << 20;
+    let cut = size / 4 * 3;
+    mem_file(&mem, size);
+    // One channel and a small budget: the fill takes a while to reach
+    // the cut, which comes as soon as it has started.
+    let (mut h, started, lines) = loud_handler(
+        &dir,
+        &mem,
+        &["--channels", "1", "--latency-budget", "200us"],
+    );
+    // The VMM idles while the fill runs, then its vCPUs touch and check
+    // the pages below the cut, and it probes those from the cut.
+    let idle = Duration::from_secs(5);
+    let mut v = foliokit()
+        .arg("__vmm")
+        .arg("--socket")
+        .arg(dir.join("sock"))
+        .arg("--mem-file")
+        .arg(&mem)
+        .args(["--size", &size.to_string(), "--cut", &cut.to_string()])
+        .args(["--idle", "5s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the VMM");
+    let t = Instant::now();
+    loop {
+        if started.try_recv().is_ok() {
+            break;
+        }
+        if v.try_wait().expect("wait").is_some() || t.elapsed() > Duration::from_secs(30) {
+            let _ = v.kill();
+            let out = v.wait_with_output().expect("its output");
+            if no_uffd(&out, &mut h) {
+                return;
+            }
+            let _ = h.kill();
+            panic!(
+                "the fill never started: vmm {} {}; handler {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                lines.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The fill has started: the memory file loses its last quarter.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&mem)
+        .expect("open the memory file")
+        .set_len(cut as u64)
+        .expect("truncate");
+    let vj = vmm_json(&v.wait_with_output().expect("the VMM's output"));
+    let out = finish(h);
+    let said = lines.join().unwrap_or_default();
+    assert!(out.status.success(), "the handler failed: {said}");
+    let hj: Value = serde_json::from_slice(&out.stdout).expect("the handler's JSON");
+    say(&format!(
+        "fc-cut: vmm probes {}\n  handler {hj}",
+        vj["probes"]
+    ));
+    assert!(
+        hj["resident_secs"].as_f64() < Some(idle.as_secs_f64()),
+        "every page was in only after the VMM had begun its checks: {hj}"
+    );
+    // Below the cut: every page the file's bytes (the VMM checked each).
+    assert_eq!(vj["wrong_count"], 0, "{vj}");
+    assert_eq!(vj["pages"].as_u64(), Some(cut as u64 / 4096));
+    let p = |k: &str| hj[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(
+        p("faulted_pages") + p("filled_pages"),
+        cut as u64 / 4096,
+        "{hj}"
+    );
+    // From the cut: every page bad, in one range, reported as vanished.
+    assert_eq!(p("bad_pages"), (size - cut) as u64 / 4096, "{hj}");
+    let base = vj["base"].as_u64().expect("the guest's base");
+    assert_eq!(
+        hj["bad"],
+        serde_json::json!([[format!("{:#x}", base + cut as u64), size - cut, "Vanished"]]),
+        "{hj}"
+    );
+    // What a vCPU touching one gets: SIGBUS where the kernel installs
+    // poison (UFFDIO_POISON, 6.6), else zeros, as the report says.
+    let want = match hj["bad_outcome"].as_str() {
+        Some("Poisoned") => "sigbus",
+        Some("Zeroed") => "zeros",
+        o => panic!("bad_outcome {o:?}"),
+    };
+    let probes = vj["probes"].as_array().expect("probes");
+    assert_eq!(probes.len(), 3, "{vj}");
+    for pr in probes {
+        assert_eq!(pr[1], want, "page at guest offset {}: {vj}", pr[0]);
+    }
 }

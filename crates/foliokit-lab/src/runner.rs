@@ -282,6 +282,7 @@ pub fn steps(
                 // The seeds have no external handler; `bench restore` has
                 // those rows.
                 vmm_exe: None,
+                vmm_wait: None,
             }),
         ),
     ])

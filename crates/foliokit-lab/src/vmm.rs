@@ -73,6 +73,12 @@ pub struct VmmPlan {
     /// connection, then count the guest's resident pages (a handler that
     /// refused must have installed none).
     pub no_touch: bool,
+    /// Where the memory file is cut short during the fill (guest bytes
+    /// from the start; a test truncates the file there): the vCPUs touch
+    /// and check only pages below it; the first, middle and last page
+    /// from it are probed, each read by a forked child, whose SIGBUS says
+    /// the handler poisoned it (see [`VmmResult::probes`]).
+    pub cut: Option<usize>,
 }
 
 /// What the player saw.
@@ -95,6 +101,47 @@ pub struct VmmResult {
     pub secs: f64,
     /// With `no_touch`: guest pages resident once the handler hung up.
     pub resident_pages: usize,
+    /// Where the guest's memory starts (its first region's address).
+    #[serde(default)]
+    pub base: u64,
+    /// With `cut`: each probed page's guest offset and what reading it
+    /// gave: "sigbus" (poisoned), "zeros", or "data".
+    #[serde(default)]
+    pub probes: Vec<(usize, String)>,
+}
+
+/// Reads the page at `at` in a forked child: what a vCPU touching it
+/// would get, told without risking this process (a poisoned page raises
+/// SIGBUS). The child's copy of the page is the parent's: a poison
+/// marker is copied on fork; an empty page reads zeros there (the
+/// child's memory is registered with no userfaultfd).
+fn probe(at: usize) -> Result<String, VmmError> {
+    // SAFETY: the child only reads our mapping and leaves with _exit,
+    // running no code that could need a lock another thread held.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(sys("fork")(std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: a page of our guest mapping, copied into the child.
+        let page = unsafe { std::slice::from_raw_parts(at as *const u8, 4096) };
+        let zero = page.iter().all(|&b| std::hint::black_box(b) == 0);
+        // SAFETY: leaving the child without running the parent's exit
+        // handlers.
+        unsafe { libc::_exit(if zero { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
+        return Err(sys("waitpid")(std::io::Error::last_os_error()));
+    }
+    Ok(match () {
+        _ if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS => "sigbus",
+        _ if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 => "zeros",
+        _ if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 1 => "data",
+        _ => "the child died otherwise",
+    }
+    .to_string())
 }
 
 /// Why the player stopped.
@@ -323,7 +370,8 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
     }
     sent.map_err(sys("sending the handoff"))?;
     std::thread::sleep(plan.idle);
-    let pages = plan.size / 4096;
+    // Pages the vCPUs touch and the check reads: those below the cut.
+    let pages = plan.cut.map_or(plan.size, |c| c.min(plan.size)) / 4096;
     let per_unit = page / 4096;
     // Units (a page of the mapping: 4 KiB, or a whole huge page) the
     // balloon discards, and every 4 KiB page inside them.
@@ -424,6 +472,13 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
         };
         checker.check(i, got, file.page(i * 4096, 4096), want);
     }
+    let mut probes = Vec::new();
+    if let Some(cut) = plan.cut.filter(|&c| c < plan.size) {
+        let (first, last) = (cut / 4096, plan.size / 4096 - 1);
+        for i in [first, (first + last) / 2, last] {
+            probes.push((i * 4096, probe(guest.base + i * 4096)?));
+        }
+    }
     let lat_us: Vec<f64> = lat.iter().map(|d| d.as_secs_f64() * 1e6).collect();
     let mut us = lat_us.clone();
     us.sort_by(f64::total_cmp);
@@ -443,6 +498,8 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
         touch_us: [pct(0.5), pct(0.99), us.last().copied().unwrap_or(0.0)],
         secs,
         resident_pages: 0,
+        base: guest.base as u64,
+        probes,
         lat_us,
     })
 }

@@ -199,5 +199,11 @@ pub const LAZY_BATCH_POLL: std::time::Duration = std::time::Duration::from_micro
 /// fork; the room grows (by mremap, never the allocator) as needed.
 pub const LAZY_PARKED_MESSAGES: usize = 64;
 
+/// How long a Firecracker page-fault handler waits, from the VMM's
+/// connection, for its one message (Firecracker sends it as soon as it
+/// has connected): a peer that connects and says nothing must not hold
+/// the handler, and the socket it no longer listens on, forever.
+pub const HANDOFF_MESSAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Bump when the profile format or the meaning of its cells changes.
 pub const PROFILE_VERSION: u32 = 1;

@@ -173,6 +173,7 @@ pub fn run(a: RestoreArgs) -> Result<(), CliError> {
         } else {
             Some(std::env::current_exe()?)
         },
+        vmm_wait: None,
     };
     super::show(restore::report(&plan, &super::bars())?, a.format)
 }

@@ -12,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use foliokit::internals::Uffd;
-use foliokit::lazy::firecracker::{self, Handoff};
-use foliokit::lazy::{fill_external, External, LazyOptions, Source};
+use foliokit::lazy::firecracker::{self, Handoff, Served};
+use foliokit::lazy::{LazyOptions, Source};
 
 use super::{RestoreError, RestorePlan, Sample};
 use crate::vmm::VmmResult;
@@ -42,10 +42,30 @@ fn plan_err(e: impl std::fmt::Display) -> RestoreError {
     RestoreError::Plan(format!("external handler row: {e}"))
 }
 
+/// How long an external-handler row waits for each of the VMM's steps
+/// (connecting; every page in; exiting once every page is in) unless the
+/// plan says ([`RestorePlan::vmm_wait`]): a guard against a hang, far
+/// beyond what each takes (one fault at a time on a busy 2-vCPU machine
+/// brings a GiB in within seconds), not a timing.
+const VMM_WAIT: Duration = Duration::from_secs(60);
+/// What [`VMM_WAIT`] grows by per GiB of guest.
+const VMM_WAIT_PER_GIB: Duration = Duration::from_secs(30);
+
+/// The longest each of the VMM's steps may take in this row.
+fn vmm_wait(plan: &RestorePlan) -> Duration {
+    plan.vmm_wait.unwrap_or_else(|| {
+        VMM_WAIT + VMM_WAIT_PER_GIB.mul_f64(plan.size as f64 / (1u64 << 30) as f64)
+    })
+}
+
 /// The VMM process, killed if the row fails before it exits; what it
 /// prints is read as it comes (its report outgrows a pipe's buffer before
-/// it exits).
-struct Vmm(Option<Child>, Option<std::thread::JoinHandle<Vec<u8>>>);
+/// it exits, and a VMM blocked writing would never exit).
+struct Vmm {
+    child: Option<Child>,
+    out: Option<std::thread::JoinHandle<Vec<u8>>>,
+    err: Option<std::thread::JoinHandle<Vec<u8>>>,
+}
 
 /// Reads `from` to its end on a thread of its own.
 fn drain(mut from: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
@@ -54,6 +74,11 @@ fn drain(mut from: impl std::io::Read + Send + 'static) -> std::thread::JoinHand
         let _ = from.read_to_end(&mut v);
         v
     })
+}
+
+/// What a drain thread read.
+fn drained(t: Option<std::thread::JoinHandle<Vec<u8>>>) -> Vec<u8> {
+    t.map(|t| t.join().unwrap_or_default()).unwrap_or_default()
 }
 
 impl Vmm {
@@ -80,19 +105,30 @@ impl Vmm {
             Touch::All => c.args(["--touch-every", "1"]),
             Touch::None => c.arg("--no-touch"),
         };
-        let mut child = c
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| plan_err(format!("starting {} __vmm: {e}", exe.display())))?;
-        let out = child.stdout.take().map(drain);
-        Ok(Vmm(Some(child), out))
+        Vmm::spawn(c).map_err(|e| plan_err(format!("starting {} __vmm: {e}", exe.display())))
     }
 
-    /// Accepts the VMM's connection, or says why it never came (the VMM
-    /// failed first).
-    fn connect(&mut self, listener: &UnixListener) -> Result<UnixStream, RestoreError> {
+    /// Starts `c` as the VMM, its output read as it comes.
+    fn spawn(mut c: Command) -> std::io::Result<Vmm> {
+        let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        let out = child.stdout.take().map(drain);
+        let err = child.stderr.take().map(drain);
+        Ok(Vmm {
+            child: Some(child),
+            out,
+            err,
+        })
+    }
+
+    /// Accepts the VMM's connection within `wait`, or says why it never
+    /// came (the VMM failed first, or was killed for taking too long).
+    fn connect(
+        &mut self,
+        listener: &UnixListener,
+        wait: Duration,
+    ) -> Result<UnixStream, RestoreError> {
         listener.set_nonblocking(true).map_err(plan_err)?;
+        let t = Instant::now();
         loop {
             match listener.accept() {
                 Ok((s, _)) => {
@@ -102,39 +138,60 @@ impl Vmm {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(plan_err(e)),
             }
-            let child = self.0.as_mut().expect("running");
+            let child = self.child.as_mut().expect("running");
             if child.try_wait().map_err(plan_err)?.is_some() {
-                let out = self
-                    .0
-                    .take()
-                    .expect("running")
-                    .wait_with_output()
-                    .map_err(plan_err)?;
+                let err = drained(self.err.take());
                 return Err(plan_err(format!(
                     "the VMM exited before connecting: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
+                    String::from_utf8_lossy(&err).trim()
                 )));
+            }
+            if t.elapsed() >= wait {
+                return Err(self.kill("the VMM did not connect", wait));
             }
             std::thread::sleep(Duration::from_millis(2));
         }
     }
 
-    fn result(mut self) -> Result<VmmResult, RestoreError> {
-        let out = self
-            .0
+    /// Kills the VMM (and reaps it): the row fails saying `what` did not
+    /// happen within `waited`.
+    fn kill(&mut self, what: &'static str, waited: Duration) -> RestoreError {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        RestoreError::VmmStuck { what, waited }
+    }
+
+    /// Waits up to `wait` for the VMM to exit; past it, kills it and fails
+    /// (a fill serving it then ends: it serves until the VMM has gone).
+    fn exit_within(&mut self, wait: Duration) -> Result<(), RestoreError> {
+        let t = Instant::now();
+        let child = self.child.as_mut().expect("running");
+        while child.try_wait().map_err(plan_err)?.is_none() {
+            if t.elapsed() >= wait {
+                return Err(self.kill("every page was in, but the VMM did not exit", wait));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
+    /// What the VMM reported, once it has exited within `wait`.
+    fn result(mut self, wait: Duration) -> Result<VmmResult, RestoreError> {
+        self.exit_within(wait)?;
+        let status = self
+            .child
             .take()
             .expect("running")
-            .wait_with_output()
+            .wait()
             .map_err(plan_err)?;
-        let stdout = self
-            .1
-            .take()
-            .map(|t| t.join().unwrap_or_default())
-            .unwrap_or_default();
-        if !out.status.success() {
+        let stdout = drained(self.out.take());
+        if !status.success() {
+            let err = drained(self.err.take());
             return Err(plan_err(format!(
                 "the VMM failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
+                String::from_utf8_lossy(&err).trim()
             )));
         }
         serde_json::from_slice(&stdout).map_err(plan_err)
@@ -143,7 +200,7 @@ impl Vmm {
 
 impl Drop for Vmm {
     fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
+        if let Some(c) = &mut self.child {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -153,6 +210,11 @@ impl Drop for Vmm {
 /// One restore of the snapshot at `snap` into a VMM's guest memory by
 /// `server`, its vCPUs touching as `touch` says (the latencies are
 /// theirs); the time is until every page is in.
+///
+/// Nothing here waits on the VMM without a deadline ([`vmm_wait`] for
+/// each step: its connection, every page in, its exit afterwards; its
+/// message, [`firecracker::MESSAGE_WAIT`]): past one the VMM is killed
+/// and the row fails with [`RestoreError::VmmStuck`].
 pub(super) fn sample(
     plan: &RestorePlan,
     exe: &Path,
@@ -160,38 +222,45 @@ pub(super) fn sample(
     server: Server,
     touch: Touch,
 ) -> Result<Sample, RestoreError> {
+    let wait = vmm_wait(plan);
     let sock: PathBuf = plan
         .dir
         .join(format!("foliokit-restore-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock).map_err(plan_err)?;
     let mut vmm = Vmm::start(exe, plan, &sock, snap, touch)?;
-    let stream = vmm.connect(&listener)?;
+    let stream = vmm.connect(&listener, wait)?;
     let _ = std::fs::remove_file(&sock);
-    let t0 = Instant::now();
-    let handoff = firecracker::receive(&stream).map_err(plan_err)?;
     let file = std::fs::File::open(snap).map_err(plan_err)?;
-    let len = file.metadata().map_err(plan_err)?.len();
-    let segments = handoff.segments(len).map_err(plan_err)?;
-    let source = Source::map_file(&file, len as usize).map_err(plan_err)?;
+    let t0 = Instant::now();
     let mut s = match server {
         Server::Foliokit => {
-            let gone = firecracker::gone_signal(&stream, handoff.pid).map_err(plan_err)?;
-            let ext = External::adopt(handoff.uffd.try_clone().map_err(plan_err)?, gone)?;
             let opts = LazyOptions {
                 latency_budget: plan.budget,
                 channels: plan.channels,
                 ..LazyOptions::default()
             };
             // SAFETY: the descriptor is the VMM's, another process's
-            // address space; the source is our own mapping of the file.
-            let fill = unsafe { fill_external(ext, &segments, source, &opts)? };
+            // address space.
+            let Served { fill, .. } =
+                unsafe { firecracker::serve(&stream, &file, firecracker::MESSAGE_WAIT, &opts) }
+                    .map_err(|e| match e {
+                        firecracker::ServeError::Fill(e) => RestoreError::Lazy(e),
+                        e => plan_err(e),
+                    })?;
+            // From here the fill serves until the VMM has gone: dropping
+            // it before the VMM is gone waits for that, so every way out
+            // kills the VMM first (`Vmm::kill`, `exit_within`).
             while !fill.progress().done {
+                if t0.elapsed() >= wait {
+                    return Err(vmm.kill("not every page was in", wait));
+                }
                 std::thread::sleep(Duration::from_micros(200));
             }
             let resident = t0.elapsed().as_secs_f64();
             // The VMM that touches nothing waits for us to hang up.
             drop(stream);
+            vmm.exit_within(wait)?;
             let r = fill.wait();
             let p = r.progress;
             Sample {
@@ -205,7 +274,17 @@ pub(super) fn sample(
             }
         }
         Server::OneAtATime => {
-            let (faults, resident) = one_at_a_time(&handoff, &stream, &source, &segments, t0)?;
+            let handoff =
+                firecracker::receive(&stream, firecracker::MESSAGE_WAIT).map_err(plan_err)?;
+            let len = file.metadata().map_err(plan_err)?.len();
+            let segments = handoff.segments(len).map_err(plan_err)?;
+            let source = Source::map_file(&file, len as usize).map_err(plan_err)?;
+            let until = t0 + wait;
+            let (faults, resident) =
+                match one_at_a_time(&handoff, &stream, &source, &segments, t0, until)? {
+                    Some(done) => done,
+                    None => return Err(vmm.kill("not every page was in", wait)),
+                };
             drop(stream);
             Sample {
                 resident,
@@ -215,7 +294,7 @@ pub(super) fn sample(
             }
         }
     };
-    let v = vmm.result()?;
+    let v = vmm.result(wait)?;
     if v.wrong_count > 0 {
         return Err(plan_err(format!("the VMM read wrong bytes: {:?}", v.wrong)));
     }
@@ -239,14 +318,16 @@ pub(super) fn sample(
 /// The examples' handler: one thread reads a fault, copies that one page
 /// (a huge page on hugetlb) with `UFFDIO_COPY`, and reads the next, until
 /// every page is in (then the VMM, which touched them all, exits). Returns
-/// the faults served and the seconds until every page was in.
+/// the faults served and the seconds until every page was in; `None`
+/// where `until` came first.
 fn one_at_a_time(
     h: &Handoff,
     stream: &UnixStream,
     source: &Source,
     segments: &[foliokit::lazy::ExternalSegment],
     t0: Instant,
-) -> Result<(u64, f64), RestoreError> {
+    until: Instant,
+) -> Result<Option<(u64, f64)>, RestoreError> {
     let (uffd, _) = Uffd::adopt(h.uffd.try_clone().map_err(plan_err)?).map_err(plan_err)?;
     let total: usize = segments.iter().map(|s| s.segment.len / s.page_size).sum();
     let mut installed = 0usize;
@@ -261,6 +342,9 @@ fn one_at_a_time(
         // SAFETY: one valid pollfd, no wait.
         if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
             return Err(plan_err("the VMM went away before every page was in"));
+        }
+        if Instant::now() >= until {
+            return Ok(None);
         }
         uffd.poll(100);
         for m in uffd.read_all().map_err(plan_err)? {
@@ -299,5 +383,62 @@ fn one_at_a_time(
             }
         }
     }
-    Ok((faults, t0.elapsed().as_secs_f64()))
+    Ok(Some((faults, t0.elapsed().as_secs_f64())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VMM that does nothing for ten minutes (`sleep`): one that never
+    /// connects, never exits.
+    fn stuck() -> Vmm {
+        let mut c = Command::new("sleep");
+        c.arg("600");
+        Vmm::spawn(c).expect("sleep runs")
+    }
+
+    fn gone(v: &mut Vmm) -> bool {
+        v.child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().expect("wait").is_some())
+    }
+
+    #[test]
+    fn a_vmm_that_never_exits_is_killed_and_the_row_fails() {
+        let mut v = stuck();
+        let e = v
+            .exit_within(Duration::from_millis(50))
+            .expect_err("it never exits");
+        assert!(
+            matches!(e, RestoreError::VmmStuck { what, .. } if what.contains("did not exit")),
+            "{e}"
+        );
+        assert!(gone(&mut v), "the VMM was not killed");
+        let v = stuck();
+        assert!(matches!(
+            v.result(Duration::from_millis(50)),
+            Err(RestoreError::VmmStuck { .. })
+        ));
+    }
+
+    #[test]
+    fn a_vmm_that_never_connects_is_killed_and_the_row_fails() {
+        let sock = std::env::temp_dir().join(format!(
+            "foliokit-external-test-{}.sock",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&sock);
+        let listener = UnixListener::bind(&sock).expect("bind");
+        let mut v = stuck();
+        let e = v
+            .connect(&listener, Duration::from_millis(50))
+            .expect_err("it never connects");
+        let _ = std::fs::remove_file(&sock);
+        assert!(
+            matches!(e, RestoreError::VmmStuck { what, .. } if what.contains("connect")),
+            "{e}"
+        );
+        assert!(gone(&mut v), "the VMM was not killed");
+    }
 }

@@ -113,6 +113,11 @@ pub struct RestorePlan {
     /// (`foliokit`, whose hidden `__vmm` command runs [`crate::vmm`]);
     /// `None`: those rows are left out, and a note says so.
     pub vmm_exe: Option<PathBuf>,
+    /// The longest an external-handler row waits for each of the VMM's
+    /// steps (connecting; every page in; exiting afterwards) before it
+    /// kills the VMM and fails; `None`: 60 s and 30 s per GiB of guest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vmm_wait: Option<Duration>,
 }
 
 /// Why the bench could not run.
@@ -144,6 +149,16 @@ pub enum RestoreError {
     /// The kernel could not fault guest RAM in (`populate only`).
     #[error("{0}")]
     Populate(#[from] foliokit::mem::PopulateError),
+    /// An external-handler row's VMM did not do its part in time (see
+    /// [`RestorePlan::vmm_wait`]): it was killed, and the row fails
+    /// rather than hang.
+    #[error("external handler row: {what} within {waited:?}; the VMM was killed")]
+    VmmStuck {
+        /// What did not happen.
+        what: &'static str,
+        /// How long was waited.
+        waited: Duration,
+    },
     /// Bad options.
     #[error("{0}")]
     Plan(String),
@@ -845,6 +860,7 @@ mod tests {
             zero_fraction: 0.5,
             dense_zeros: false,
             vmm_exe: None,
+            vmm_wait: None,
         };
         match run(plan, || {}) {
             Ok(r) => {

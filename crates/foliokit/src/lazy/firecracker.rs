@@ -3,17 +3,20 @@
 //! array of its guest memory regions, with its userfaultfd attached
 //! (`SCM_RIGHTS`). Nothing more is said on the socket. Both sides are
 //! here: [`receive`] for a handler, [`send`] for a VMM (or a test playing
-//! one).
+//! one), and [`serve`], a handler's whole sequence from the connection to
+//! the running fill.
 
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::{ExternalSegment, Segment};
+use super::{fill_external, External, ExternalSegment, LazyError, LazyFill, LazyOptions};
+use super::{Segment, Source};
 use crate::sys::scm;
 
 /// The most a handoff message may be: a VMM has a handful of regions,
@@ -23,6 +26,10 @@ pub const MAX_MESSAGE: usize = 1 << 20;
 /// How long a handler waits for the rest of a message that arrived in
 /// part (a stream socket may split one send).
 const REST_WAIT: Duration = Duration::from_secs(2);
+
+/// How long [`receive`] should wait for a VMM's message by default: 30 s
+/// from its connection, where Firecracker sends it at once.
+pub const MESSAGE_WAIT: Duration = crate::params::HANDOFF_MESSAGE_WAIT;
 
 /// One guest memory region as Firecracker describes it: where the VMM
 /// mapped it, how long, where its bytes start in the memory file, and its
@@ -132,6 +139,16 @@ pub enum HandoffError {
     /// The socket failed.
     #[error("reading the VMM's message: {0}")]
     Io(#[from] io::Error),
+    /// No whole message came within the wait [`receive`] was given.
+    #[error(
+        "no whole message from the VMM within {waited:?} of its connecting ({got} bytes came)"
+    )]
+    Timeout {
+        /// Bytes received.
+        got: usize,
+        /// How long was waited.
+        waited: Duration,
+    },
     /// The VMM closed the connection before a whole message came.
     #[error("the VMM's message ended after {got} bytes, before its JSON did")]
     Short {
@@ -173,11 +190,28 @@ pub enum HandoffError {
 
 /// Reads a VMM's handoff from `stream`, a connection it made: one
 /// message, its JSON read to the end (the rest of a message the socket
-/// split is waited for briefly), one descriptor with it.
-pub fn receive(stream: &UnixStream) -> Result<Handoff, HandoffError> {
+/// split is waited for briefly), one descriptor with it, all within
+/// `wait` of the call ([`MESSAGE_WAIT`] is what a handler should give):
+/// a peer that sends nothing, or too little, gets
+/// [`HandoffError::Timeout`], never a handler waiting forever.
+pub fn receive(stream: &UnixStream, wait: Duration) -> Result<Handoff, HandoffError> {
     let pid = scm::peer_pid(stream.as_raw_fd())?;
+    let deadline = Instant::now() + wait;
+    let timeout = |got| HandoffError::Timeout { got, waited: wait };
+    // What is left of the wait; none once it is over (a zero read
+    // timeout would mean none at all).
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+    };
+    stream.set_read_timeout(Some(left().ok_or_else(|| timeout(0))?))?;
     let mut buf = vec![0u8; 64 << 10];
-    let (mut got, mut fds) = scm::recv_with_fds(stream.as_raw_fd(), &mut buf)?;
+    let (mut got, mut fds) = match scm::recv_with_fds(stream.as_raw_fd(), &mut buf) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(timeout(0)),
+        Err(e) => return Err(e.into()),
+    };
     let regions = loop {
         match serde_json::from_slice::<Vec<GuestRegion>>(&buf[..got]) {
             Ok(r) => break r,
@@ -190,9 +224,14 @@ pub fn receive(stream: &UnixStream) -> Result<Handoff, HandoffError> {
             }
             buf.resize((buf.len() * 2).min(MAX_MESSAGE), 0);
         }
-        stream.set_read_timeout(Some(REST_WAIT))?;
+        let remaining = left().ok_or_else(|| timeout(got))?;
+        stream.set_read_timeout(Some(remaining.min(REST_WAIT)))?;
         let n = match (&*stream).read(&mut buf[got..]) {
             Ok(n) => n,
+            // The whole wait is over, not just the wait for the rest.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && remaining <= REST_WAIT => {
+                return Err(timeout(got))
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e.into()),
         };
@@ -235,6 +274,87 @@ pub fn gone_signal(stream: &UnixStream, pid: i32) -> io::Result<OwnedFd> {
         Ok(fd) => Ok(fd),
         Err(_) => stream.as_fd().try_clone_to_owned(),
     }
+}
+
+/// A VMM's memory being served: what it handed over, what its
+/// descriptor's missing features cost, and the running fill.
+#[derive(Debug)]
+pub struct Served {
+    /// The VMM's pid (`SO_PEERCRED`).
+    pub pid: i32,
+    /// Its regions, as sent.
+    pub regions: Vec<GuestRegion>,
+    /// What the features its userfaultfd lacks cost the fill, a line
+    /// each ([`External::costs`]).
+    pub costs: Vec<String>,
+    /// The fill: [`LazyFill::progress`]'s `done` once every page is in,
+    /// [`LazyFill::wait`] returns once the VMM has gone.
+    pub fill: LazyFill,
+}
+
+/// Why [`serve`] did not start a fill; nothing was installed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The handoff could not be taken, or its regions do not fit the
+    /// memory file.
+    #[error(transparent)]
+    Handoff(#[from] HandoffError),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// The fill refused the VMM's descriptor or its regions.
+    #[error(transparent)]
+    Fill(#[from] LazyError),
+}
+
+/// A handler's sequence: takes the handoff of the VMM at the other end of
+/// `stream` ([`receive`], within `message_wait`), checks its regions against `mem_file`
+/// ([`Handoff::segments`]), and fills them from it ([`fill_external`],
+/// with the VMM's pid to check its page sizes, until the VMM has gone,
+/// watched as [`gone_signal`] says). Every check is made before the first
+/// page goes in: a [`ServeError`] means nothing was installed.
+///
+/// `mem_file` is mapped as [`Source::map_file`] says: not to be written
+/// while the fill runs; a page that can no longer be read (the file
+/// truncated) is poisoned and reported, as in any fill.
+///
+/// # Safety
+/// The userfaultfd that comes over `stream` registers another process's
+/// memory, not this process's (see [`fill_external`]).
+pub unsafe fn serve(
+    stream: &UnixStream,
+    mem_file: &File,
+    message_wait: Duration,
+    opts: &LazyOptions,
+) -> Result<Served, ServeError> {
+    let sys = |what| move |source| ServeError::Sys { what, source };
+    let handoff = receive(stream, message_wait)?;
+    let file_len = mem_file
+        .metadata()
+        .map_err(sys("reading the memory file's length"))?
+        .len();
+    let segments = handoff.segments(file_len)?;
+    let source =
+        Source::map_file(mem_file, file_len as usize).map_err(sys("mapping the memory file"))?;
+    let gone = gone_signal(stream, handoff.pid).map_err(sys("watching for the VMM's exit"))?;
+    let Handoff { regions, uffd, pid } = handoff;
+    let ext = External::adopt(uffd, gone)?.with_pid(pid);
+    let costs = ext.costs();
+    // SAFETY: the caller promises the descriptor registers another
+    // process's memory; the source is our own read-only mapping.
+    let fill = unsafe { fill_external(ext, &segments, source, opts)? };
+    Ok(Served {
+        pid,
+        regions,
+        costs,
+        fill,
+    })
 }
 
 #[cfg(test)]
@@ -303,23 +423,46 @@ mod tests {
         let cut = 10;
         scm::send_with_fd(vmm.as_raw_fd(), &body[..cut], f.as_fd()).expect("first part");
         io::Write::write_all(&mut &vmm, &body[cut..]).expect("rest");
-        let h = receive(&handler).expect("whole");
+        let h = receive(&handler, MESSAGE_WAIT).expect("whole");
         assert_eq!(h.regions, regions);
 
         let (vmm, handler) = UnixStream::pair().expect("a pair");
         scm::send_with_fd(vmm.as_raw_fd(), &body[..cut], f.as_fd()).expect("part");
         drop(vmm);
-        assert!(matches!(receive(&handler), Err(HandoffError::Short { got }) if got == cut));
+        assert!(
+            matches!(receive(&handler, MESSAGE_WAIT), Err(HandoffError::Short { got }) if got == cut)
+        );
 
         let (vmm, handler) = UnixStream::pair().expect("a pair");
         scm::send_with_fd(vmm.as_raw_fd(), b"{\"not\":\"an array\"}", f.as_fd()).expect("sent");
-        assert!(matches!(receive(&handler), Err(HandoffError::Malformed(_))));
+        assert!(matches!(
+            receive(&handler, MESSAGE_WAIT),
+            Err(HandoffError::Malformed(_))
+        ));
 
         let (vmm, handler) = UnixStream::pair().expect("a pair");
         io::Write::write_all(&mut &vmm, &body).expect("no descriptor");
         assert!(matches!(
-            receive(&handler),
+            receive(&handler, MESSAGE_WAIT),
             Err(HandoffError::Descriptors(0))
+        ));
+    }
+
+    #[test]
+    fn a_silent_peer_or_one_that_stops_midway_is_given_up_on() {
+        let wait = Duration::from_millis(50);
+        let (_vmm, handler) = UnixStream::pair().expect("a pair");
+        assert!(matches!(
+            receive(&handler, wait),
+            Err(HandoffError::Timeout { got: 0, waited }) if waited == wait
+        ));
+
+        let (vmm, handler) = UnixStream::pair().expect("a pair");
+        let f = std::fs::File::open("/proc/self/stat").expect("a file");
+        scm::send_with_fd(vmm.as_raw_fd(), b"[{\"base", f.as_fd()).expect("part");
+        assert!(matches!(
+            receive(&handler, wait),
+            Err(HandoffError::Timeout { got: 7, .. })
         ));
     }
 }
