@@ -36,6 +36,7 @@ fn a_vmm_that_lingers_is_killed_and_its_row_fails() {
         serve_during_batches: false,
         hugetlb: false,
         zero_fraction: 0.0,
+        dense_zeros: false,
         vmm_exe: Some(vmm),
         vmm_wait: Some(Duration::from_secs(3)),
     };

@@ -240,7 +240,17 @@ impl Filler {
         let mut installed = 0;
         // Unit by unit from here: a run was refused whole.
         let mut single = false;
-        let all_zero = self.zero_block(b);
+        // Which units read zero, found once for the call (not unit by
+        // unit: each look at a page past a truncated file's end is a
+        // SIGBUS).
+        let first = at;
+        let zeros = if self.zero_block(b) {
+            vec![true; (end - first).div_ceil(unit)]
+        } else {
+            self.source
+                .zero_units(self.ledger.src_offset(seg, first), end - first, unit)
+        };
+        let zero_at = |x: usize| zeros.get((x - first) / unit).copied().unwrap_or(false);
         let mut noted = false;
         while at < end {
             let i = self.ledger.page_index(seg, at);
@@ -249,14 +259,12 @@ impl Filler {
                 continue;
             }
             // A run is all zeros (hole in the source) or all data.
-            let zero = all_zero || self.zero_source(seg, at, unit);
+            let zero = zero_at(at);
             let mut run_end = at + unit;
             if self.ledger.remaps.is_empty() && !single {
                 while run_end < end {
                     let j = self.ledger.page_index(seg, run_end);
-                    if self.ledger.any_gap(j, upages)
-                        || (all_zero || self.zero_source(seg, run_end, unit)) != zero
-                    {
+                    if self.ledger.any_gap(j, upages) || zero_at(run_end) != zero {
                         break;
                     }
                     run_end += unit;

@@ -131,6 +131,17 @@ impl Source {
             && matches!(self.cut(off, len, len, false)[..], [(_, _, true)])
     }
 
+    /// Whether each `unit` of `[off, off + len)` reads zero (see
+    /// [`Source::reads_zero`]); units past the mapping do not.
+    pub(crate) fn zero_units(&self, off: usize, len: usize, unit: usize) -> Vec<bool> {
+        let mut v = Vec::with_capacity(len.div_ceil(unit));
+        for (_, n, z) in self.cut(off, len, unit, false) {
+            v.extend(std::iter::repeat_n(z, n.div_ceil(unit)));
+        }
+        v.resize(len.div_ceil(unit), false);
+        v
+    }
+
     fn cut(
         &self,
         off: usize,

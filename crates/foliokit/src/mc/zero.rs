@@ -15,7 +15,9 @@ const CHUNK: usize = 4096;
 /// Whether each `unit`-byte unit of `[src, src + len)` is all zero (the
 /// last unit may be shorter). A unit whose read faults is not zero: the
 /// copy that reads it later reports the fault. A unit is read only until
-/// its first nonzero byte.
+/// its first nonzero byte, and none is read after a page past the end of
+/// its file (a truncated snapshot): what follows is past it too, and each
+/// SIGBUS costs a signal.
 ///
 /// # Safety
 /// `src` is mapped readable for `len` bytes for the whole call; its pages
@@ -38,7 +40,8 @@ pub(crate) unsafe fn zero_units_raw(
     runs_here()?;
     let mut out = Vec::with_capacity(len.div_ceil(unit));
     let mut at = 0;
-    while at < len {
+    let mut past_end = false;
+    while at < len && !past_end {
         let n = unit.min(len - at);
         let mut off = 0;
         let mut zero = true;
@@ -49,12 +52,14 @@ pub(crate) unsafe fn zero_units_raw(
             // caller's readable range (off + step <= n, at + n <= len);
             // the handler mc_fn installed turns a SIGBUS into a short copy.
             let r = unsafe { run_one(f, dst, src.add(at + off), step) };
+            past_end = matches!(&r, Err(McError::Fault(x)) if x.kind == super::FaultKind::Vanished);
             zero = r.is_ok() && all_zero(&buf.0[..step]);
             off += step;
         }
         out.push(zero);
         at += n;
     }
+    out.resize(len.div_ceil(unit), false);
     Ok(out)
 }
 
@@ -124,6 +129,10 @@ mod tests {
         // which the mc read survives.
         let z = unsafe { zero_units_raw(p.cast(), 3 * page, page) }.unwrap();
         assert_eq!(z, vec![true, true, false]);
+        // SAFETY: as above; the units after the first past the end are not
+        // read, and not zero.
+        let z = unsafe { zero_units_raw(p.cast::<u8>().add(page), 2 * page, page / 2) }.unwrap();
+        assert_eq!(z, vec![true, true, false, false]);
         // SAFETY: our own mapping, unused after this.
         unsafe { libc::munmap(p, 3 * page) };
     }
