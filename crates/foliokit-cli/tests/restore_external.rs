@@ -39,6 +39,7 @@ fn a_vmm_that_lingers_is_killed_and_its_row_fails() {
         dense_zeros: false,
         vmm_exe: Some(vmm),
         vmm_wait: Some(Duration::from_secs(3)),
+        handler_block: 2 << 20,
     };
     let t = Instant::now();
     match run(plan, || {}) {

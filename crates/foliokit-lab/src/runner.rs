@@ -283,6 +283,7 @@ pub fn steps(
                 // those rows.
                 vmm_exe: None,
                 vmm_wait: None,
+                handler_block: 2 << 20,
             }),
         ),
     ])

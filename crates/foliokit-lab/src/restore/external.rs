@@ -238,6 +238,7 @@ pub(super) fn sample(
             let opts = LazyOptions {
                 latency_budget: plan.budget,
                 channels: plan.channels,
+                folio_size: plan.handler_block,
                 ..LazyOptions::default()
             };
             // SAFETY: the descriptor is the VMM's, another process's

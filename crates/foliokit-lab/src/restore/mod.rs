@@ -118,6 +118,9 @@ pub struct RestorePlan {
     /// kills the VMM and fails; `None`: 60 s and 30 s per GiB of guest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vmm_wait: Option<Duration>,
+    /// The block the external handler installs around a fault in 4 KiB
+    /// guest memory (`uffd-handler --block`; hugetlb: its page).
+    pub handler_block: usize,
 }
 
 /// Why the bench could not run.
@@ -861,6 +864,7 @@ mod tests {
             dense_zeros: false,
             vmm_exe: None,
             vmm_wait: None,
+            handler_block: FOLIO,
         };
         match run(plan, || {}) {
             Ok(r) => {

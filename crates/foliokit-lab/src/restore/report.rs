@@ -53,7 +53,7 @@ pub fn report(plan: &RestorePlan, progress: &dyn Progress) -> Result<Report<Rest
                         "budget_us": budget_us, "cold": plan.cold,
                         "serve_during_batches": plan.serve_during_batches,
                         "hugetlb": plan.hugetlb, "zero_fraction": plan.zero_fraction,
-                        "dense_zeros": plan.dense_zeros});
+                        "dense_zeros": plan.dense_zeros, "handler_block": plan.handler_block});
     let mut report = Report::<RestoreRow>::new("restore", title, params);
     report.rows = r.rows.clone();
     report.notes.extend(r.notes.iter().cloned());
@@ -198,12 +198,17 @@ fn handler_line(r: &RestoreResult, plan: &RestorePlan) -> Option<String> {
         false => ("the target is for hugetlb guests; ", ""),
     };
     Some(format!(
-        "handler targets: every page in without a touch at {} of the limit ({huge}≥50%: {}); the background fill {:.2}x the rate of one fault at a time with the vCPUs touching every page ({small}≥3x: {}); touch p99 {:.0} µs, vCPUs touching one page of every 2 MiB, vs budget + one folio's copy {:.0} µs ({})",
+        "handler targets: every page in without a touch at {} of the limit ({huge}≥50%: {}); the background fill {:.2}x the rate of one fault at a time with the vCPUs touching every page ({small}≥3x: {}); touch p99 {:.0} µs (handler block {}), vCPUs touching one page of every 2 MiB, vs budget + one folio's copy {:.0} µs ({})",
         pct(Some(still.share)),
         verdict(still.share >= 0.5),
         rate,
         verdict(rate >= 3.0),
         p99,
+        if plan.hugetlb {
+            "2M: the huge page".to_string()
+        } else {
+            crate::units::show_size(plan.handler_block)
+        },
         bound,
         verdict(p99 <= bound),
     ))
