@@ -283,7 +283,7 @@ pub fn steps(
                 // those rows.
                 vmm_exe: None,
                 vmm_wait: None,
-                handler_block: 2 << 20,
+                handler_block: foliokit::lazy::firecracker::BLOCK,
             }),
         ),
     ])

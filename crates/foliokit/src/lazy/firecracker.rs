@@ -31,6 +31,12 @@ const REST_WAIT: Duration = Duration::from_secs(2);
 /// from its connection, where Firecracker sends it at once.
 pub const MESSAGE_WAIT: Duration = crate::params::HANDOFF_MESSAGE_WAIT;
 
+/// The block a handler should install around a fault in 4 KiB guest
+/// memory ([`LazyOptions::folio_size`]; hugetlb memory takes its huge
+/// page): small enough that a touch waits little behind the background
+/// fill, large enough for the fill to run at memory bandwidth.
+pub const BLOCK: usize = crate::params::HANDOFF_BLOCK;
+
 /// One guest memory region as Firecracker describes it: where the VMM
 /// mapped it, how long, where its bytes start in the memory file, and its
 /// page size (`page_size` in bytes; older versions send only
