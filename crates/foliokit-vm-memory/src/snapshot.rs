@@ -387,6 +387,9 @@ fn restore_image<B: Bitmap>(
                 restored += end - start;
                 zero_bytes += end - start;
                 cleared += n;
+                // Taken as the file's bytes, as a copy is: a cut below
+                // them later is a loss to report.
+                copied_to = copied_to.max(o + end);
                 continue;
             }
             let mut pos = start;

@@ -153,6 +153,26 @@ impl Vmm {
         }
     }
 
+    /// The error to fail the row with if the VMM has failed already
+    /// (before every page was in): what it said on stderr. One that
+    /// exited well has read every page (the fill's `done` may trail its
+    /// last read), and is reaped as usual.
+    fn exited_early(&mut self) -> Option<RestoreError> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(None) => None,
+            Ok(Some(status)) if status.success() => None,
+            Ok(Some(status)) => {
+                let err = drained(self.err.take());
+                Some(plan_err(format!(
+                    "the VMM failed ({status}) before every page was in: {}",
+                    String::from_utf8_lossy(&err).trim()
+                )))
+            }
+            Err(e) => Some(plan_err(e)),
+        }
+    }
+
     /// Kills the VMM (and reaps it): the row fails saying `what` did not
     /// happen within `waited`.
     fn kill(&mut self, what: &'static str, waited: Duration) -> RestoreError {
@@ -255,6 +275,9 @@ pub(super) fn sample(
             while !fill.progress().done {
                 if t0.elapsed() >= wait {
                     return Err(vmm.kill("not every page was in", wait));
+                }
+                if let Some(e) = vmm.exited_early() {
+                    return Err(e);
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }

@@ -433,7 +433,9 @@ impl Filler {
                     src_off: self.ledger.src_offset(seg, blk.start),
                     len: blk.len,
                     unit: self.ledger.segs[seg].unit,
-                    all_zero: self.zero_block(b),
+                    // Only a verdict already found: a scan here would read
+                    // zero blocks one after another on this thread, uncut.
+                    all_zero: self.zero_known(b),
                 })
             })
             .collect();

@@ -48,6 +48,12 @@ impl Filler {
             && !self.zero_block(b)
     }
 
+    /// Whether block `b`'s source is already known to read all zero (no
+    /// look now).
+    pub(super) fn zero_known(&self, b: usize) -> bool {
+        self.zero_blocks[b].load(Ordering::Relaxed) == super::fill::ZERO_ALL
+    }
+
     /// Whether block `b`'s source reads all zero, found once.
     pub(super) fn zero_block(&self, b: usize) -> bool {
         use super::fill::{ZERO_ALL, ZERO_DATA};

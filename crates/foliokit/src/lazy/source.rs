@@ -121,14 +121,27 @@ impl Source {
         self.cut(off, len, unit, true)
     }
 
-    /// Whether `[off, off + len)` of the source reads all zero: all hole,
-    /// or bytes found zero (see [`Source::pieces`]; not prefaulted: a
-    /// unit's read faults in what it needs). A range past the mapping is
-    /// not.
+    /// Whether `[off, off + len)` of the source reads all zero: its holes
+    /// are not read (reading one would fill the page cache, or a tmpfs
+    /// file, with pages of zeros), its data is read until the first
+    /// nonzero byte (not prefaulted: the read faults in what it needs). A
+    /// range past the mapping does not.
     pub(crate) fn reads_zero(&self, off: usize, len: usize) -> bool {
         len > 0
             && off.saturating_add(len) <= self.len
-            && matches!(self.cut(off, len, len, false)[..], [(_, _, true)])
+            && self
+                .holes
+                .pieces(off as u64, len as u64, 1)
+                .into_iter()
+                .all(|(s, n, hole)| {
+                    // SAFETY: `[s, s + n)` lies inside the source's
+                    // mapping (checked above), readable while `self`
+                    // lives; a page raising SIGBUS is survived (data).
+                    hole || unsafe {
+                        crate::mc::zero_units_raw(self.ptr.add(s as usize), n as usize, n as usize)
+                    }
+                    .is_ok_and(|z| z == [true])
+                })
     }
 
     /// Whether each `unit` of `[off, off + len)` reads zero (see

@@ -17,7 +17,8 @@ const CHUNK: usize = 4096;
 /// copy that reads it later reports the fault. A unit is read only until
 /// its first nonzero byte, and none is read after a page past the end of
 /// its file (a truncated snapshot): what follows is past it too, and each
-/// SIGBUS costs a signal.
+/// SIGBUS costs a signal. (An I/O error reading the file raises the same
+/// SIGBUS: the units after it are then not looked at, only copied.)
 ///
 /// # Safety
 /// `src` is mapped readable for `len` bytes for the whole call; its pages
