@@ -199,6 +199,7 @@ impl Filler {
         let want = self.ctl.pages() * self.page;
         let mut picks = Vec::new();
         let (mut bytes, mut moving, mut in_place) = (0, 0, 0);
+        let begun = Instant::now();
         while self.cursor < self.order.len() {
             let b = self.order[self.cursor] as usize;
             if self.ledger.done(b) {
@@ -206,6 +207,16 @@ impl Filler {
                 continue;
             }
             let len = self.ledger.blocks[b].len;
+            // Whether it is moved in whole depends on its source holding
+            // data, found by reading it on this thread: its first bytes
+            // mostly tell; a longer look (a dense zero block is read
+            // whole) waits for the next batch where a message waits.
+            if self.could_move(b) && !self.zero_found(b) && !self.data_at_start(b) {
+                if !picks.is_empty() && cut_due(self.watch.as_deref(), begun) {
+                    break;
+                }
+                self.zero_block(b);
+            }
             let how = if self.movable(b) {
                 if moving == self.slots || bytes >= want {
                     break;

@@ -39,19 +39,42 @@ impl Filler {
     /// Whether block `b` can go in whole with `UFFDIO_MOVE`. A block whose
     /// source reads all zero does not: it gets zero pages, never a copy.
     pub(super) fn movable(&self, b: usize) -> bool {
+        self.could_move(b) && !self.zero_block(b)
+    }
+
+    /// Whether block `b` could go in whole with `UFFDIO_MOVE` if its
+    /// source holds data (not looked at here).
+    pub(super) fn could_move(&self, b: usize) -> bool {
         let blk = self.ledger.blocks[b];
         self.ledger.segs[blk.seg as usize].movable
             && blk.len == self.folio
             && self.staging.is_some()
             && self.ledger.whole(b)
             && self.ledger.remaps.now(blk.start) % self.folio == 0
-            && !self.zero_block(b)
+    }
+
+    /// Whether block `b`'s source has been looked at (zero or not).
+    pub(super) fn zero_found(&self, b: usize) -> bool {
+        self.zero_blocks[b].load(Ordering::Relaxed) != 0
     }
 
     /// Whether block `b`'s source is already known to read all zero (no
     /// look now).
     pub(super) fn zero_known(&self, b: usize) -> bool {
         self.zero_blocks[b].load(Ordering::Relaxed) == super::fill::ZERO_ALL
+    }
+
+    /// Whether block `b`'s source shows data in its first bytes (then kept
+    /// as its verdict): a look that costs one short read.
+    pub(super) fn data_at_start(&self, b: usize) -> bool {
+        let blk = self.ledger.blocks[b];
+        let data = self
+            .source
+            .starts_with_data(self.ledger.src_offset(blk.seg as usize, blk.start));
+        if data {
+            self.zero_blocks[b].store(super::fill::ZERO_DATA, Ordering::Relaxed);
+        }
+        data
     }
 
     /// Whether block `b`'s source reads all zero, found once.
@@ -62,19 +85,12 @@ impl Filler {
             ZERO_ALL => true,
             _ => {
                 let blk = self.ledger.blocks[b];
-                let z = self.zero_source(blk.seg as usize, blk.start, blk.len);
+                let off = self.ledger.src_offset(blk.seg as usize, blk.start);
+                let z = self.source.reads_zero(off, blk.len);
                 self.zero_blocks[b].store(if z { ZERO_ALL } else { ZERO_DATA }, Ordering::Relaxed);
                 z
             }
         }
-    }
-
-    /// Whether the source of `[at, at + len)` of segment `seg` (original
-    /// addresses) reads all zero (holes, or bytes found zero): zeros
-    /// nobody need copy.
-    pub(super) fn zero_source(&self, seg: usize, at: usize, len: usize) -> bool {
-        let off = self.ledger.src_offset(seg, at);
-        self.source.reads_zero(off, len)
     }
 
     /// Installs zeros over the `len` bytes at (current) address `dst`, a

@@ -144,6 +144,18 @@ impl Source {
                 })
     }
 
+    /// Whether the first bytes at `off` are data and not all zero (a
+    /// quick look: false says nothing).
+    pub(crate) fn starts_with_data(&self, off: usize) -> bool {
+        const PROBE: usize = 64;
+        off.saturating_add(PROBE) <= self.len
+            && !self.holes.touches(off as u64, PROBE as u64)
+            // SAFETY: `[off, off + PROBE)` lies inside the mapping,
+            // readable while `self` lives; a SIGBUS is survived.
+            && unsafe { crate::mc::zero_units_raw(self.ptr.add(off), PROBE, PROBE) }
+                .is_ok_and(|z| z == [false])
+    }
+
     /// Whether each `unit` of `[off, off + len)` reads zero (see
     /// [`Source::reads_zero`]); units past the mapping do not.
     pub(crate) fn zero_units(&self, off: usize, len: usize, unit: usize) -> Vec<bool> {
