@@ -4,6 +4,10 @@ use clap::{Args, ValueEnum};
 
 /// Parses a byte size: `4096`, `4K`, `512M`, `1G` (binary units; a trailing
 /// `B` or `iB` is accepted).
+/// [`foliokit::lazy::firecracker::BLOCK`] as the command line writes it
+/// (`uffd-handler --block`, `bench restore --handler-block`).
+pub const HANDLER_BLOCK: &str = "256K";
+
 pub fn parse_size(text: &str) -> Result<usize, String> {
     let t = text.trim();
     // Any case: 4kb, 4KiB, 2mib (the suffix is ASCII, so the byte cut is
@@ -102,6 +106,14 @@ pub struct BenchArgs {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_handler_block_argument_is_the_library_default() {
+        assert_eq!(
+            super::parse_size(super::HANDLER_BLOCK),
+            Ok(foliokit::lazy::firecracker::BLOCK)
+        );
+    }
+
     use super::*;
 
     #[test]

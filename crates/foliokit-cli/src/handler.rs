@@ -65,7 +65,7 @@ pub struct HandlerArgs {
     /// (hugetlb guest memory: its huge page), and the unit the background
     /// fill is cut between: smaller, a touch waits less behind the fill;
     /// larger, the fill runs a little faster (docs/firecracker.md).
-    #[arg(long, value_parser = parse_size, default_value = BLOCK_ARG)]
+    #[arg(long, value_parser = parse_size, default_value = crate::args::HANDLER_BLOCK)]
     pub block: usize,
     /// The longest to wait, once Firecracker has connected, for its
     /// message (it sends it at once): a peer that says nothing gets one
@@ -94,9 +94,6 @@ impl std::fmt::Display for Wait {
 fn parse_wait(t: &str) -> Result<Wait, String> {
     parse_duration(t).map(Wait)
 }
-
-/// [`firecracker::BLOCK`] as the command line writes it.
-pub const BLOCK_ARG: &str = "256K";
 
 /// The socket file, removed when the handler ends.
 struct Bound(PathBuf);
@@ -345,15 +342,4 @@ pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
         return Err(format!("{} pages held what they must not", r.wrong_count).into());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_block_argument_is_the_library_default() {
-        assert_eq!(
-            crate::args::parse_size(super::BLOCK_ARG),
-            Ok(foliokit::lazy::firecracker::BLOCK)
-        );
-    }
 }

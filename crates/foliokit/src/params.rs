@@ -203,6 +203,7 @@ pub const LAZY_PARKED_MESSAGES: usize = 64;
 /// connection, for its one message (Firecracker sends it as soon as it
 /// has connected): a peer that connects and says nothing must not hold
 /// the handler, and the socket it no longer listens on, forever.
+#[cfg(feature = "serde")]
 pub const HANDOFF_MESSAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The block a Firecracker page-fault handler installs around a fault in
@@ -214,6 +215,7 @@ pub const HANDOFF_MESSAGE_WAIT: std::time::Duration = std::time::Duration::from_
 /// against 259 ms all in). Large
 /// enough to be copied in place on several threads
 /// ([`LAZY_PARALLEL_COPY_LEAST_BYTES`]).
+#[cfg(feature = "serde")]
 pub const HANDOFF_BLOCK: usize = 256 << 10;
 
 /// Bump when the profile format or the meaning of its cells changes.

@@ -67,7 +67,7 @@ pub struct RestoreArgs {
     /// 4 KiB guest memory (`uffd-handler --block`): smaller blocks cut the
     /// background fill finer, so a touch waits less behind it, at some
     /// cost to the fill's rate.
-    #[arg(long, value_parser = crate::args::parse_size, default_value = crate::handler::BLOCK_ARG)]
+    #[arg(long, value_parser = crate::args::parse_size, default_value = crate::args::HANDLER_BLOCK)]
     pub handler_block: usize,
     /// Directory for the snapshot file (removed at once; the bench keeps it open).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
