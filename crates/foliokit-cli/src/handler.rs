@@ -116,6 +116,7 @@ struct Summary<'a> {
     faulted_pages: u64,
     filled_pages: u64,
     discarded_pages: u64,
+    zero_pages: u64,
     bad_pages: u64,
     bad: Vec<(String, usize, String)>,
     bad_outcome: String,
@@ -142,6 +143,7 @@ fn summary<'r>(vmm_pid: i32, regions: usize, r: &'r LazyReport) -> Summary<'r> {
         faulted_pages: p.faulted_pages,
         filled_pages: p.filled_pages,
         discarded_pages: p.skipped_pages,
+        zero_pages: p.zero_pages,
         bad_pages: p.bad_pages,
         bad: r
             .bad

@@ -157,6 +157,43 @@ fn anonymous_guest_reads_the_file_or_newer_writes_and_zeros_where_ballooned() {
 }
 
 #[test]
+fn zero_pages_of_a_dense_memory_file_go_in_as_zero_pages() {
+    use std::os::unix::fs::FileExt;
+    let dir = Scratch::new("fc-zero");
+    let mem = dir.join("mem");
+    let size = 64usize << 20;
+    let chunk = 2usize << 20;
+    mem_file(&mem, size);
+    // Every other 2 MiB all zero, and three single pages in a data chunk,
+    // written as bytes: a dense file, as Firecracker writes it.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&mem)
+        .expect("the memory file");
+    for i in (0..size / chunk).step_by(2) {
+        f.write_all_at(&vec![0u8; chunk], (i * chunk) as u64)
+            .expect("zeros");
+    }
+    for p in [512 + 7, 512 + 100, 512 + 511] {
+        f.write_all_at(&[0u8; 4096], (p * 4096) as u64)
+            .expect("a zero page");
+    }
+    drop(f);
+    // Both copy threads take blocks: zeros are found on each.
+    let mut h = handler(&dir, &mem, &["--channels", "2"]);
+    let v = vmm(&dir, &mem, &size.to_string(), &["--no-touch"]);
+    if no_uffd(&v, &mut h) {
+        return;
+    }
+    let vj = vmm_json(&v);
+    let hj = handler_json(&finish(h));
+    say(&format!("fc-zero: vmm {vj}\n  handler {hj}"));
+    assert_eq!(vj["wrong_count"], 0, "{vj}");
+    let zero = (size / chunk / 2 * 512 + 3) as u64;
+    assert_eq!(hj["zero_pages"].as_u64(), Some(zero), "{hj}");
+}
+
+#[test]
 fn hugetlb_guest_is_filled_a_huge_page_at_a_time() {
     let size = 32usize << 20;
     let grant = match foliokit_lab::hugetlb::HugetlbGrant::reserve(2 << 20, size / (2 << 20) + 4) {
