@@ -313,6 +313,8 @@ pub struct VmmArgs {
     pub no_touch: bool,
     #[arg(long, value_parser = parse_size)]
     pub cut: Option<usize>,
+    #[arg(long)]
+    pub go_file: Option<PathBuf>,
 }
 
 pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
@@ -337,6 +339,7 @@ pub fn vmm(a: VmmArgs) -> Result<(), CliError> {
         claim_page_size: a.claim_page_size,
         no_touch: a.no_touch,
         cut: a.cut,
+        go_file: a.go_file,
     };
     let r = play(&plan)?;
     println!("{}", serde_json::to_string(&r)?);

@@ -79,7 +79,14 @@ pub struct VmmPlan {
     /// from it are probed, each read by a forked child, whose SIGBUS says
     /// the handler poisoned it (see [`VmmResult::probes`]).
     pub cut: Option<usize>,
+    /// After the idle, wait (at most [`GO_WAIT`]) until this file exists
+    /// before the vCPUs start: a test says "go" once the handler has
+    /// said every page is in, whatever the machine's speed.
+    pub go_file: Option<std::path::PathBuf>,
 }
+
+/// The longest [`VmmPlan::go_file`] is waited for.
+pub const GO_WAIT: Duration = Duration::from_secs(600);
 
 /// What the player saw.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -370,6 +377,18 @@ pub fn play(plan: &VmmPlan) -> Result<VmmResult, VmmError> {
     }
     sent.map_err(sys("sending the handoff"))?;
     std::thread::sleep(plan.idle);
+    if let Some(go) = &plan.go_file {
+        let t = Instant::now();
+        while !go.exists() {
+            if t.elapsed() > GO_WAIT {
+                return Err(VmmError::Plan(format!(
+                    "{} did not appear within {GO_WAIT:?}",
+                    go.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     // Pages the vCPUs touch and the check reads: those below the cut.
     let pages = plan.cut.map_or(plan.size, |c| c.min(plan.size)) / 4096;
     let per_unit = page / 4096;
