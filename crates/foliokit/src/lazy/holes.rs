@@ -161,7 +161,25 @@ impl Holes {
         len: u64,
         unit: u64,
     ) -> Vec<(u64, u64, bool)> {
+        // SAFETY: forwarded contract.
+        unsafe { self.zero_pieces_with(base, off, len, unit, |_, _| {}) }
+    }
+
+    /// [`Holes::zero_pieces`], calling `before(start, len)` on each data
+    /// piece before it is read (to prefault it).
+    ///
+    /// # Safety
+    /// As [`Holes::zero_pieces`].
+    pub(crate) unsafe fn zero_pieces_with(
+        &self,
+        base: *const u8,
+        off: u64,
+        len: u64,
+        unit: u64,
+        mut before: impl FnMut(u64, u64),
+    ) -> Vec<(u64, u64, bool)> {
         refine(self.pieces(off, len, unit), unit, |s, n| {
+            before(s, n);
             // SAFETY: `[s, s + n)` lies in `[off, off + len)`, readable
             // by the caller's contract.
             unsafe { crate::mc::zero_units_raw(base.add(s as usize), n as usize, unit as usize) }

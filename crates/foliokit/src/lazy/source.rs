@@ -178,22 +178,26 @@ impl Source {
         if off >= end {
             return Vec::new();
         }
-        let pieces = self
-            .holes
-            .pieces(off as u64, (end - off) as u64, unit as u64);
-        super::holes::refine(pieces, unit as u64, |s, n| {
-            if prefault {
-                self.prefault(s as usize, n as usize);
-            }
-            // SAFETY: `[s, s + n)` lies inside the source's mapping, which
-            // stays readable while `self` lives; its pages may raise
-            // SIGBUS, which the mc loads survive.
-            unsafe { crate::mc::zero_units_raw(self.ptr.add(s as usize), n as usize, unit) }
-                .unwrap_or_default()
-        })
-        .into_iter()
-        .map(|(s, n, z)| (s as usize, n as usize, z))
-        .collect()
+        // SAFETY: `[off, end)` lies inside the source's mapping, which
+        // stays readable while `self` lives; its pages may raise SIGBUS,
+        // which the mc loads survive.
+        let pieces = unsafe {
+            self.holes.zero_pieces_with(
+                self.ptr,
+                off as u64,
+                (end - off) as u64,
+                unit as u64,
+                |s, n| {
+                    if prefault {
+                        self.prefault(s as usize, n as usize);
+                    }
+                },
+            )
+        };
+        pieces
+            .into_iter()
+            .map(|(s, n, z)| (s as usize, n as usize, z))
+            .collect()
     }
 
     /// First byte.
