@@ -26,6 +26,18 @@ fn mem_file(path: &Path, size: usize) {
     std::fs::write(path, bytes).expect("writing the memory file");
 }
 
+/// Waits (20 s at most) for the handler to bind `sock`.
+fn wait_for_socket(sock: &Path) {
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the handler never bound its socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Starts the handler on `dir/sock` serving `mem`, and waits for its
 /// socket.
 fn handler(dir: &Scratch, mem: &Path, extra: &[&str]) -> Child {
@@ -40,14 +52,7 @@ fn handler(dir: &Scratch, mem: &Path, extra: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the handler");
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the handler never bound its socket"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_socket(&sock);
     child
 }
 
@@ -428,14 +433,7 @@ fn loud_handler(
         }
         all
     });
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the handler never bound its socket"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_socket(&sock);
     (child, rx, lines)
 }
 
